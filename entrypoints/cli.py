@@ -1,0 +1,38 @@
+"""The ``verl-consistency`` command: one typer app, one sub-command per stage.
+
+Each stage owns its own module; this file only wires them together, so that adding a stage
+never touches another stage's code.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from verl_consistency import __version__
+from verl_consistency.patches import pins
+
+app = typer.Typer(
+    name="verl-consistency",
+    help="Collect, pair and compare vLLM-vs-training msprobe dumps for verl on Ascend NPUs.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Collect, pair and compare vLLM-vs-training msprobe dumps for verl on Ascend NPUs."""
+
+
+@app.command("version")
+def version_cmd() -> None:
+    """Print the bundle version and the pinned upstream versions."""
+    p = pins.load()
+    typer.echo(f"verl-consistency {__version__}")
+    for name, value in p.upstream.model_dump().items():
+        typer.echo(f"  {name} {value}")
+
+
+def main() -> int:
+    app()
+    return 0

@@ -1,0 +1,124 @@
+"""The JSONL log records: written by the hooks, read by the postprocess. Defined once, here.
+
+Field names are the public recipe's (``source, timestamp, pid, rank, step, phase,
+total_num_scheduled_tokens, requests[].request_id/type/tokens``; ``request_ids,
+num_requests``), so that users' existing grep/jq scripts keep working. Everything else is an
+addition; readers must ignore fields they do not know (``extra="allow"``), so that a newer
+writer never breaks an older postprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import IO, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+DISPATCH_LOG = "dispatch_log.jsonl"
+"""File name of the vLLM-side log, one per worker pid (recipe name)."""
+
+UPDATE_ACTOR_LOG = "update_actor_log.jsonl"
+"""File name of the training-side log, one per trainer pid (recipe name)."""
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = SCHEMA_VERSION
+    timestamp: str
+    pid: int
+    rank: int
+    step: int = Field(description="msprobe's service.current_iter: the N of the step{N} folder")
+    dump_path: str | None = Field(
+        default=None,
+        description="msprobe's dump_path when this step was dumped; step{N}/ lies under it",
+    )
+
+
+class ScheduledRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    request_id: str = Field(description="vLLM's internal id, with its -[0-9a-f]{8} suffix")
+    type: Literal["new", "cached"]
+    tokens: int = Field(description="tokens scheduled for this request in this step")
+    prompt_tokens: int | None = Field(default=None, description="prompt length (new requests)")
+    num_computed_tokens: int | None = Field(
+        default=None, description=">0 on a new request means a prefix-cache hit"
+    )
+
+
+class DispatchRecord(_Record):
+    """One vLLM model-runner step, written where msprobe's ``debugger.start`` runs."""
+
+    source: Literal["dispatch_logger"] = "dispatch_logger"
+    phase: Literal["prefill", "decode"]
+    attn_state: str | None = Field(default=None, description="AscendAttentionState member name")
+    total_num_scheduled_tokens: int
+    requests: list[ScheduledRequest]
+    dumped: bool = Field(default=True, description="False when the selective mode skipped the dump")
+
+
+class UpdateActorRecord(_Record):
+    """One training micro batch (FSDP) or ``forward_step`` (Megatron) that msprobe dumped."""
+
+    source: Literal["update_actor"] = "update_actor"
+    phase: Literal["log_prob", "update_actor"] | None = None
+    backend: Literal["fsdp", "megatron"] | None = None
+    request_ids: list[str]
+    num_requests: int
+
+
+def now() -> str:
+    """The recipe's timestamp format (local time, second resolution)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+
+
+class JsonlWriter:
+    """Append-only JSONL file, flushed per line so that a killed worker loses at most one line."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: IO[bytes] | None = self.path.open("ab")
+
+    def write(self, record: BaseModel) -> None:
+        if self._fh is None:
+            raise ValueError(f"{self.path} is closed")
+        self._fh.write(orjson.dumps(record.model_dump(mode="json", exclude_none=True)) + b"\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+_VLLM_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+_CHILD_PREFIX = re.compile(r"^(\d+)_(.+)$")
+
+
+def split_vllm_request_id(vllm_id: str) -> tuple[str, int | None]:
+    """vLLM's internal id → (the id verl sent, n>1 child index or None).
+
+    From vLLM 0.14 on the engine rewrites an external id to ``f"{external}-{8 hex}"``, and with
+    n>1 the children are ``"{i}_{external}-{8 hex}"``. Only a trailing ``-[0-9a-f]{8}`` is
+    stripped: verl's own ids are 32 hex characters with no dash, but a user's custom agent loop
+    may use dashes, and a greedier rule would cut those.
+    """
+    base = _VLLM_SUFFIX.sub("", vllm_id)
+    if base == vllm_id:
+        return vllm_id, None
+    m = _CHILD_PREFIX.match(base)
+    if m:
+        return m.group(2), int(m.group(1))
+    return base, None
+
+
+def base_request_id(vllm_id: str) -> str:
+    return split_vllm_request_id(vllm_id)[0]

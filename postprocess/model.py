@@ -1,0 +1,69 @@
+"""What the postprocess stages hand to each other. Pairing produces it; compare, report and
+the bundle manifest consume it. Every path is relative to the run folder (``RunLayout.run_dir``),
+which is also the bundle root, so a manifest stays valid after download and extraction.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DumpRef(_Model):
+    """One msprobe step folder: ``<dump_path>/step{N}/<rank folder>``."""
+
+    side: Literal["rollout", "actor"]
+    pid: int
+    rank: int
+    step: int
+    dir: str
+    """Run-relative path of the folder holding dump.json (and stack.json, construct.json)."""
+
+
+class Pair(_Model):
+    """A vLLM prefill of one request, and a training micro batch of exactly that request."""
+
+    pair_id: str
+    """Stable, file-name safe: ``<request_id>.r<rollout rank>.a<actor rank>``."""
+    request_id: str
+    """The id verl sent (vLLM's suffix stripped)."""
+    vllm_request_id: str
+    rollout: DumpRef
+    actor: DumpRef
+    backend: Literal["fsdp", "megatron"]
+    prompt_tokens: int
+    scoped: bool = False
+    """True when the rollout dump was cut out of a multi-request step (request-scoped mode)."""
+    task: Literal["statistics", "tensor"] = "statistics"
+
+
+class UnpairedReason(StrEnum):
+    MULTI_REQUEST_STEP = "multi_request_step"
+    DECODE_ONLY = "decode_only"
+    CHUNKED_PREFILL = "chunked_prefill"
+    PREFIX_CACHE_HIT = "prefix_cache_hit"
+    NOT_DUMPED = "not_dumped"
+    NO_TRAINING_MICRO_BATCH = "no_training_micro_batch"
+    MULTI_REQUEST_MICRO_BATCH = "multi_request_micro_batch"
+    NO_ROLLOUT_PREFILL = "no_rollout_prefill"
+    DUMP_MISSING = "dump_missing"
+    DUMP_UNREADABLE = "dump_unreadable"
+    DUPLICATE_ID = "duplicate_id"
+    OUTSIDE_RUN = "outside_run"
+    BAD_LOG_LINE = "bad_log_line"
+
+
+class Unpaired(_Model):
+    """Why a request, a rollout step or a training step did not become a pair."""
+
+    subject: Literal["request", "rollout_step", "actor_step", "log_line"]
+    ref: str
+    """A request id, a run-relative step folder, or ``file:line``."""
+    reason: UnpairedReason
+    detail: str = ""
