@@ -10,6 +10,7 @@ import typer
 
 from verl_consistency import __version__
 from verl_consistency.patches import pins
+from verl_consistency.patches.cli import app as patches_app
 
 app = typer.Typer(
     name="verl-consistency",
@@ -17,6 +18,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+app.add_typer(patches_app, name="patches")
 
 
 @app.callback()
