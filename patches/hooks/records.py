@@ -62,6 +62,16 @@ class DispatchRecord(_Record):
     total_num_scheduled_tokens: int
     requests: list[ScheduledRequest]
     dumped: bool = Field(default=True, description="False when the selective mode skipped the dump")
+    captured_request_id: str | None = Field(
+        default=None,
+        description="selective mode: the one request (vLLM id) whose rows this step's dump holds; "
+        "None when the whole step was dumped (capture 'all') or nothing was dumped",
+    )
+    runner_step: int | None = Field(
+        default=None,
+        description="this worker's count of model-runner steps, dumped or not (orders the records "
+        "when msprobe's step does not advance)",
+    )
 
 
 class UpdateActorRecord(_Record):
