@@ -157,6 +157,12 @@ def start_step(
     if capture_request_id is None:
         return False
     tokens = scoped_tokens(scheduled_tokens, capture_request_id, packing_order)
+    # msprobe's start() first re-reads a changed config file (at most every 0.5 s), which would
+    # drop a request_id that only ensure_request_scope set. Run that check now, so the one inside
+    # start() finds nothing new; a file that carries the sentinel needs none of this.
+    reload_now = getattr(debugger, "_maybe_reload_config", None)
+    if callable(reload_now):
+        reload_now(force=True)
     ensure_request_scope(debugger)
     if model is None:
         debugger.start(scheduled_tokens=tokens)
