@@ -21,7 +21,8 @@ prefill step holding a captured request whose whole prompt is computed in this s
 cache hit, no chunking), because only such a step can be compared with the training forward.
 Every other step gets a record with ``dumped=false`` and no msprobe start/stop/step at all, so
 msprobe's step counter advances only on dumped steps and ``step{N}`` always matches a record.
-The dump is scoped to that one request's token rows with msprobe's ``scheduled_tokens``.
+The dump is scoped to that one request's token rows with msprobe's ``scheduled_tokens``, in
+the runner's packing order (``verl_consistency.hooks.request_scope`` owns the msprobe side).
 
 This module must import without torch_npu, vllm or vllm_ascend: the scheduler output and
 ``attn_state`` are taken as plain objects (duck-typed, ``attn_state.name``).
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from verl_consistency import layout
-from verl_consistency.hooks import capture, records
+from verl_consistency.hooks import capture, records, request_scope
 from verl_consistency.hooks.env import RUN_DIR
 
 DECODE_STATE = "DecodeOnly"
@@ -140,70 +141,19 @@ def phase_of(state_name: str | None, reqs: Sequence[records.ScheduledRequest]) -
     return "decode" if reqs and all(r.tokens == 1 and r.type == "cached" for r in reqs) else "prefill"
 
 
-def comparable(req: records.ScheduledRequest) -> bool:
-    """A new request whose whole prompt is computed in this step: what the training forward sees.
+def in_batch_order(
+    reqs: Sequence[records.ScheduledRequest], batch_order: Sequence[str] | None
+) -> list[records.ScheduledRequest]:
+    """The step's requests in the order the runner packs their tokens (``input_batch.req_ids``).
 
-    A prefix-cache hit (``num_computed_tokens > 0``) or a chunked prefill (fewer tokens than the
-    prompt) computes only part of the prompt, and cannot be compared row for row.
+    msprobe finds a request's rows by summing the counts of the requests packed before it, and
+    the runner reorders requests (decodes first) and fills freed slots, so the scheduler's order
+    is not the packing order. Requests missing from ``batch_order`` keep their place at the end.
     """
-    return (
-        req.type == "new"
-        and req.num_computed_tokens == 0
-        and req.prompt_tokens is not None
-        and req.prompt_tokens > 0
-        and req.tokens == req.prompt_tokens
-    )
-
-
-def choose_captured(
-    reqs: Sequence[records.ScheduledRequest],
-    phase: str,
-    rule: capture.CaptureRule,
-    batch_order: Sequence[str] | None = None,
-) -> str | None:
-    """The request this step's request-scoped dump is for, or None when the step is skipped.
-
-    msprobe scopes a dump to a single ``request_id``, so at most one request per step is dumped:
-    the first comparable, captured request in batch order. Other captured requests in the same
-    step are not dumped (their base ids stay in the capture set; the pairing reports them).
-    """
-    if phase != "prefill":
-        return None
-    by_id = {r.request_id: r for r in reqs}
-    order = [rid for rid in batch_order if rid in by_id] if batch_order is not None else list(by_id)
-    for rid in order:
-        req = by_id[rid]
-        if comparable(req) and rule.captures(records.base_request_id(rid)):
-            return rid
-    return None
-
-
-def packed_scheduled_tokens(so: SchedulerOutputLike, batch_order: Sequence[str] | None) -> dict[str, int]:
-    """Per-request token counts in the order the runner packs the tokens into the batch.
-
-    msprobe finds a request's rows by summing the counts of the requests before it, so the order
-    must be the input batch's (``NPUModelRunner.input_batch.req_ids``), not the scheduler dict's:
-    the runner reorders requests (decodes first) and fills freed slots.
-    """
-    counts = so.num_scheduled_tokens
     if batch_order is None:
-        return {str(k): int(v) for k, v in counts.items()}
-    return {rid: int(counts[rid]) for rid in batch_order if rid in counts}
-
-
-def _request_scoped_start(
-    debugger: Any, kwargs: dict[str, Any], scheduled_tokens: dict[str, int], request_id: str
-) -> None:
-    """Start msprobe for one request's rows of a batched step (mindstudio-probe 26.2.0).
-
-    msprobe reads ``request_id`` from the service's config copy and slices every dumped tensor
-    along dim 0 to that request's rows of ``scheduled_tokens``. The one call to replace once
-    ``verl_consistency.hooks.request_scope`` (which owns the msprobe-facing details) lands.
-    """
-    for cfg in (getattr(debugger, "config", None), debugger.service.config):
-        if cfg is not None:
-            cfg.request_id = request_id
-    debugger.start(**kwargs, scheduled_tokens=scheduled_tokens)
+        return list(reqs)
+    rank = {rid: i for i, rid in enumerate(batch_order)}
+    return sorted(reqs, key=lambda r: rank.get(r.request_id, len(rank)))
 
 
 def _dist_rank() -> int:
@@ -281,7 +231,9 @@ class DispatchLogger:
         if self.rule.is_all:
             run = True
         else:
-            captured = choose_captured(reqs, phase, self.rule, batch_order)
+            # one request per step (msprobe scopes by one id): the first captured, comparable
+            # prefill in packing order; see request_scope.should_dump
+            captured = request_scope.should_dump(in_batch_order(reqs, batch_order), phase, self.rule)
             run = captured is not None
 
         service = debugger.service
@@ -291,8 +243,13 @@ class DispatchLogger:
             if captured is None:
                 debugger.start(**kwargs)
             else:
-                tokens = packed_scheduled_tokens(scheduler_output, batch_order)
-                _request_scoped_start(debugger, kwargs, tokens, captured)
+                request_scope.start_step(
+                    debugger,
+                    kwargs.get("model"),
+                    capture_request_id=captured,
+                    scheduled_tokens=scheduler_output.num_scheduled_tokens,
+                    packing_order=batch_order,
+                )
             dumped = _dumped_now(service)
             step = int(service.current_iter)
         else:
@@ -316,7 +273,7 @@ class DispatchLogger:
                 total_num_scheduled_tokens=int(scheduler_output.total_num_scheduled_tokens),
                 requests=reqs,
                 dumped=dumped,
-                captured_request_id=captured,
+                scoped_request_id=captured,
                 runner_step=self.runner_step,
             )
         )

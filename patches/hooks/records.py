@@ -62,10 +62,9 @@ class DispatchRecord(_Record):
     total_num_scheduled_tokens: int
     requests: list[ScheduledRequest]
     dumped: bool = Field(default=True, description="False when the selective mode skipped the dump")
-    captured_request_id: str | None = Field(
+    scoped_request_id: str | None = Field(
         default=None,
-        description="selective mode: the one request (vLLM id) whose rows this step's dump holds; "
-        "None when the whole step was dumped (capture 'all') or nothing was dumped",
+        description="selective mode: the vLLM id whose rows alone step{N} holds (request_scope.start_step)",
     )
     runner_step: int | None = Field(
         default=None,

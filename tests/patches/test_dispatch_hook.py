@@ -80,16 +80,8 @@ def test_phase_follows_upstream_rule_and_falls_back_on_tokens():
     assert dispatch.phase_of(None, [_req("a", 3, prompt=3)]) == "prefill"
 
 
-def test_only_whole_uncached_prompts_are_comparable():
-    assert dispatch.comparable(_req("a", 5, prompt=5))
-    assert not dispatch.comparable(_req("a", 4, prompt=20, computed=16))  # prefix-cache hit
-    assert not dispatch.comparable(_req("a", 8, prompt=20))  # chunked prefill
-    assert not dispatch.comparable(_req("a", 1))  # cached (decode)
-
-
-def test_choose_captured_takes_the_first_in_batch_order():
-    rule = dispatch.capture.parse("fraction:1")
-    reqs = [_req("x-0000abcd", 3, prompt=3), _req("y-0000abcd", 4, prompt=4)]
-    assert dispatch.choose_captured(reqs, "prefill", rule) == "x-0000abcd"
-    assert dispatch.choose_captured(reqs, "prefill", rule, ["y-0000abcd", "x-0000abcd"]) == "y-0000abcd"
-    assert dispatch.choose_captured(reqs, "decode", rule) is None
+def test_requests_are_put_in_packing_order():
+    reqs = [_req("new-0000abcd", 3, prompt=3), _req("old-0000abcd", 1)]
+    got = dispatch.in_batch_order(reqs, ["old-0000abcd", "new-0000abcd"])
+    assert [r.request_id for r in got] == ["old-0000abcd", "new-0000abcd"]
+    assert dispatch.in_batch_order(reqs, None) == reqs

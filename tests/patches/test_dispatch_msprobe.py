@@ -298,7 +298,7 @@ def test_capture_all_logs_every_step_with_msprobes_step_and_per_pid_folder(tmp_p
     recs = _records(folder)
     assert [r.step for r in recs] == [0, 1, 2, 3] == _step_folders(folder)
     assert [r.runner_step for r in recs] == [0, 1, 2, 3]
-    assert all(r.dumped and r.captured_request_id is None for r in recs)
+    assert all(r.dumped and r.scoped_request_id is None for r in recs)
     assert all(r.dump_path == f"rollout/{result['pid']}" and r.pid == result["pid"] for r in recs)
     assert [r.phase for r in recs] == ["prefill", "decode", "prefill", "prefill"]
     assert [r.attn_state for r in recs] == ["PrefillNoCache", "DecodeOnly", "ChunkedPrefill", "SpecDecoding"]
@@ -369,7 +369,7 @@ def test_selective_skips_decode_uncaptured_and_partial_prefills_and_keeps_steps_
     recs = _records(folder)
     assert [r.runner_step for r in recs] == list(range(7)), "every step is logged, dumped or not"
     assert [r.dumped for r in recs] == [False, False, True, False, False, False, True]
-    assert [r.captured_request_id for r in recs] == [None, None, cap1, None, None, None, cap4]
+    assert [r.scoped_request_id for r in recs] == [None, None, cap1, None, None, None, cap4]
     dumped = [r for r in recs if r.dumped]
     assert [r.step for r in dumped] == [0, 1] == _step_folders(folder), "msprobe folders align with records"
     assert all(r.dump_path is None for r in recs if not r.dumped)
