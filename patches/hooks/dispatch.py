@@ -89,14 +89,20 @@ def rollout_dump_path(
     if run_dir:
         return layout.process_dump_dir(Path(run_dir) / layout.ROLLOUT_DIR, pid)
     path = Path(config_path)
+    root = _read_config(path).get("dump_path")
+    if not isinstance(root, str) or not root:
+        raise ConfigError(f'{path}: no "dump_path" string; set it, or set ${RUN_DIR} to the run folder')
+    return layout.process_dump_dir(root, pid)
+
+
+def _read_config(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot read the msprobe config ({exc}); fix dump_config_path") from None
-    root = data.get("dump_path") if isinstance(data, dict) else None
-    if not isinstance(root, str) or not root:
-        raise ConfigError(f'{path}: no "dump_path" string; set it, or set ${RUN_DIR} to the run folder')
-    return layout.process_dump_dir(root, pid)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the msprobe config must be a JSON object")
+    return data
 
 
 def attn_state_name(attn_state: object) -> str | None:
@@ -209,9 +215,16 @@ class DispatchLogger:
     ) -> DispatchLogger:
         """Build from the vLLM ``dump_config_path`` and the run's environment."""
         env = os.environ if environ is None else environ
+        rule = capture.parse(env.get(capture.CAPTURE_ENV, "all"))
+        if not rule.is_all:
+            # refuse at start-up, not at the first captured step hours into the run
+            try:
+                request_scope.scoped_msprobe_config(_read_config(Path(config_path)))
+            except ValueError as exc:
+                raise ConfigError(f"{config_path}: {exc}") from None
         return cls(
             rollout_dump_path(config_path, environ=env),
-            rule=capture.parse(env.get(capture.CAPTURE_ENV, "all")),
+            rule=rule,
             run_dir=env.get(RUN_DIR) or None,
         )
 

@@ -85,3 +85,14 @@ def test_requests_are_put_in_packing_order():
     got = dispatch.in_batch_order(reqs, ["old-0000abcd", "new-0000abcd"])
     assert [r.request_id for r in got] == ["old-0000abcd", "new-0000abcd"]
     assert dispatch.in_batch_order(reqs, None) == reqs
+
+
+def test_selective_mode_refuses_an_unscopable_msprobe_config_at_start_up(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"task": "statistics", "level": "L2", "dump_path": str(tmp_path / "d")}))
+    env = {"VERL_CONSISTENCY_CAPTURE": "fraction:0.5"}
+    with pytest.raises(dispatch.ConfigError, match="request-scoped dumps need") as err:
+        dispatch.DispatchLogger.for_rollout(cfg, environ=env)
+    assert str(cfg) in str(err.value)
+    # the recipe's dump-everything mode does not need scoping
+    dispatch.DispatchLogger.for_rollout(cfg, environ={}).close()
