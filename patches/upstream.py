@@ -22,6 +22,8 @@ DISTRIBUTIONS: dict[str, tuple[str, str]] = {
     # series folder → (PyPI project, pins.toml key)
     "verl": ("verl", "upstream.verl"),
     "vllm-ascend": ("vllm-ascend", "upstream.vllm_ascend"),
+    # not patched: the tests import its scheduler dataclasses (SchedulerOutput & co.) on CPU
+    "vllm": ("vllm", "upstream.vllm"),
 }
 
 
