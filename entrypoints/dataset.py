@@ -41,13 +41,15 @@ def make_rows(size: int = DEFAULT_SIZE, seed: int = DEFAULT_SEED) -> list[dict[s
             "Think step by step and give the final answer as a single integer on the last line."
         )
         answer = str(sum(terms))
-        rows.append({
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": question}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": answer},
-            "extra_info": {"split": "train", "index": index, "answer": answer, "question": question},
-        })
+        rows.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": question}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": answer},
+                "extra_info": {"split": "train", "index": index, "answer": answer, "question": question},
+            }
+        )
     return rows
 
 

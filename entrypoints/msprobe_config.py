@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-
 from verl_consistency.layout import RunLayout
 
 STEP_RANK_MAX = 1_000_000
@@ -107,10 +106,19 @@ class DumpOptions(BaseModel):
         return value
 
     def config(self, dump_path: Path) -> MsprobeConfig:
-        section = {"statistics": StatisticsSection()} if self.task is Task.STATISTICS else {
-            "tensor": TensorSection()}
-        return MsprobeConfig(task=self.task, dump_path=str(dump_path), rank=list(self.ranks),
-                             step=list(self.steps), level=self.level, **section)
+        section = (
+            {"statistics": StatisticsSection()}
+            if self.task is Task.STATISTICS
+            else {"tensor": TensorSection()}
+        )
+        return MsprobeConfig(
+            task=self.task,
+            dump_path=str(dump_path),
+            rank=list(self.ranks),
+            step=list(self.steps),
+            level=self.level,
+            **section,
+        )
 
 
 class RunConfigs(BaseModel):

@@ -31,7 +31,6 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
 from verl_consistency.hooks import env as hook_env
 from verl_consistency.hooks.capture import CAPTURE_ENV
 from verl_consistency.hooks.env import DumpPhase
@@ -64,8 +63,9 @@ MODEL_SHORTCUT = "model"
 """``model=/path`` on our command line means ``actor_rollout_ref.model.path=/path``."""
 
 
-RunField = Literal["run_dir", "run_id", "rollout_config", "actor_config", "train_data", "reward_fn",
-                   "dump_phase", "capture"]
+RunField = Literal[
+    "run_dir", "run_id", "rollout_config", "actor_config", "train_data", "reward_fn", "dump_phase", "capture"
+]
 
 
 class FromRun(BaseModel):
@@ -117,132 +117,275 @@ class Refusal(_Row):
 # --------------------------------------------------------------------------------------------
 
 ENV: tuple[EnvVar, ...] = (
-    EnvVar(name=hook_env.DUMP_ON, value="1",
-           why="turns the training-side msprobe dump on (recipe name)"),
-    EnvVar(name=hook_env.PROMPTS_ONLY, value="1",
-           why="the training forward covers the prompt only, which is what vLLM's prefill step computed"),
-    EnvVar(name=hook_env.DUMP_PHASE, value=FromRun(run="dump_phase"),
-           why="which training phase is dumped: log_prob, update_actor or all (--phase)"),
-    EnvVar(name=hook_env.ACTOR_CONFIG, value=FromRun(run="actor_config"),
-           why="the training-side msprobe config (the recipe hard-codes /home/config_actor.json)"),
-    EnvVar(name=hook_env.RUN_DIR, value=FromRun(run="run_dir"),
-           why="the run folder, so that the hooks write paths relative to it"),
-    EnvVar(name=CAPTURE_ENV, value=FromRun(run="capture"),
-           why="which requests are dumped, evaluated the same way on both sides (--capture)"),
-    EnvVar(name="VLLM_USE_V2_MODEL_RUNNER", value="0",
-           why="vLLM's V2 model runner has no msprobe debugger hooks, so the inference side would dump nothing"),
-    EnvVar(name="TORCHDYNAMO_DISABLE", value="1", modes=frozenset({Mode.FULLY_ASYNC}),
-           why="the recipe turns TorchDynamo off for fully async: compiled regions bypass msprobe's module hooks"),
-    EnvVar(name="RAY_OVERRIDE_JOB_RUNTIME_ENV", value="1", driver_only=True,
-           why="on a RayJob whose runtimeEnvYAML sets one of these variables too, Ray would refuse to "
-               "merge it with ours (ValueError in ray.init); with this set, our values win"),
+    EnvVar(name=hook_env.DUMP_ON, value="1", why="turns the training-side msprobe dump on (recipe name)"),
+    EnvVar(
+        name=hook_env.PROMPTS_ONLY,
+        value="1",
+        why="the training forward covers the prompt only, which is what vLLM's prefill step computed",
+    ),
+    EnvVar(
+        name=hook_env.DUMP_PHASE,
+        value=FromRun(run="dump_phase"),
+        why="which training phase is dumped: log_prob, update_actor or all (--phase)",
+    ),
+    EnvVar(
+        name=hook_env.ACTOR_CONFIG,
+        value=FromRun(run="actor_config"),
+        why="the training-side msprobe config (the recipe hard-codes /home/config_actor.json)",
+    ),
+    EnvVar(
+        name=hook_env.RUN_DIR,
+        value=FromRun(run="run_dir"),
+        why="the run folder, so that the hooks write paths relative to it",
+    ),
+    EnvVar(
+        name=CAPTURE_ENV,
+        value=FromRun(run="capture"),
+        why="which requests are dumped, evaluated the same way on both sides (--capture)",
+    ),
+    EnvVar(
+        name="VLLM_USE_V2_MODEL_RUNNER",
+        value="0",
+        why="vLLM's V2 model runner has no msprobe debugger hooks, so the inference side would dump nothing",
+    ),
+    EnvVar(
+        name="TORCHDYNAMO_DISABLE",
+        value="1",
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        why="the recipe turns TorchDynamo off for fully async: compiled regions bypass msprobe's "
+        "module hooks",
+    ),
+    EnvVar(
+        name="RAY_OVERRIDE_JOB_RUNTIME_ENV",
+        value="1",
+        driver_only=True,
+        why="on a RayJob whose runtimeEnvYAML sets one of these variables too, Ray would refuse to "
+        "merge it with ours (ValueError in ray.init); with this set, our values win",
+    ),
 )
 
 REQUIRED: tuple[Override, ...] = (
-    Override(key="actor_rollout_ref.rollout.name", value="vllm",
-             why="the inference-side dump hooks live in vllm-ascend's model runner"),
-    Override(key="actor_rollout_ref.rollout.enforce_eager", value=True,
-             why="vllm-ascend builds its msprobe debugger only in eager mode and raises "
-                 "'Dumping/debugging only works in eager mode' otherwise"),
-    Override(key="actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config",
-             value={"dump_config_path": FromRun(run="rollout_config")}, add=True,
-             why="points vllm-ascend at the inference-side msprobe config; the run writes it there"),
-    Override(key="actor_rollout_ref.rollout.enable_prefix_caching", value=False,
-             why="a prefix-cache hit prefills only the uncached suffix, so the vLLM dump no longer "
-                 "covers the prompt that the training forward computes"),
-    Override(key="actor_rollout_ref.rollout.enable_chunked_prefill", value=False,
-             why="chunked prefill splits a prompt over several steps and mixes it with decode tokens, "
-                 "so no single vLLM step holds the whole prompt"),
-    Override(key="actor_rollout_ref.model.use_remove_padding", value=True,
-             why="vLLM computes unpadded (packed) tokens; a padded training forward computes other tensors"),
-    Override(key="actor_rollout_ref.actor.use_dynamic_bsz", value=False,
-             why="dynamic batch size packs several samples into one micro batch, so a training dump "
-                 "no longer belongs to one request"),
-    Override(key="actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", value=False,
-             why="verl asserts it equals actor.use_dynamic_bsz; dynamic packing mixes samples in a "
-                 "log-prob micro batch"),
-    Override(key="actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", value=1,
-             why="one sample per log-prob micro batch: each training dump step pairs with one request"),
-    Override(key="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", value=1,
-             why="one sample per update micro batch: each update_actor dump step pairs with one request"),
-    Override(key="trainer.val_before_train", value=False,
-             why="validation before training runs extra vLLM generations that have no training "
-                 "counterpart and use up msprobe's dump steps"),
-    Override(key="trainer.balance_batch", value=False,
-             why="balance_batch reorders and re-partitions samples across ranks by token count, "
-                 "as the recipe notes; micro batches must follow the rollout order"),
-    Override(key="algorithm.rollout_correction", value=None, phases=LOG_PROB_DUMPED,
-             why="null turns bypass mode off, so verl recomputes old log-probs (bypass mode skips that "
-                 "forward and leaves the log_prob training dump empty), and it skips rollout-correction "
-                 "IS/RS, which raises 'response_mask must contain at least one valid token' on "
-                 "prompt-only batches (verl 0.8.0 ray_trainer.py / separation/ray_trainer.py)"),
-    Override(key="actor_rollout_ref.hybrid_engine", value=False, modes=frozenset({Mode.FULLY_ASYNC}),
-             why="fully async runs rollout and training on separate pools; verl asserts "
-                 "hybrid_engine is False there"),
-    Override(key="data.shuffle", value=False, modes=frozenset({Mode.FULLY_ASYNC}),
-             why="with shuffle on and no data.seed every run draws a different prompt order, so two "
-                 "collection runs cannot be compared step for step (recipe setting)"),
-    Override(key="actor_rollout_ref.rollout.calculate_log_probs", value=True,
-             modes=frozenset({Mode.FULLY_ASYNC}),
-             why="the fully-async rollouter asserts it ('must rollout calculate log_probs')"),
+    Override(
+        key="actor_rollout_ref.rollout.name",
+        value="vllm",
+        why="the inference-side dump hooks live in vllm-ascend's model runner",
+    ),
+    Override(
+        key="actor_rollout_ref.rollout.enforce_eager",
+        value=True,
+        why="vllm-ascend builds its msprobe debugger only in eager mode and raises "
+        "'Dumping/debugging only works in eager mode' otherwise",
+    ),
+    Override(
+        key="actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config",
+        value={"dump_config_path": FromRun(run="rollout_config")},
+        add=True,
+        why="points vllm-ascend at the inference-side msprobe config; the run writes it there",
+    ),
+    Override(
+        key="actor_rollout_ref.rollout.enable_prefix_caching",
+        value=False,
+        why="a prefix-cache hit prefills only the uncached suffix, so the vLLM dump no longer "
+        "covers the prompt that the training forward computes",
+    ),
+    Override(
+        key="actor_rollout_ref.rollout.enable_chunked_prefill",
+        value=False,
+        why="chunked prefill splits a prompt over several steps and mixes it with decode tokens, "
+        "so no single vLLM step holds the whole prompt",
+    ),
+    Override(
+        key="actor_rollout_ref.model.use_remove_padding",
+        value=True,
+        why="vLLM computes unpadded (packed) tokens; a padded training forward computes other tensors",
+    ),
+    Override(
+        key="actor_rollout_ref.actor.use_dynamic_bsz",
+        value=False,
+        why="dynamic batch size packs several samples into one micro batch, so a training dump "
+        "no longer belongs to one request",
+    ),
+    Override(
+        key="actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+        value=False,
+        why="verl asserts it equals actor.use_dynamic_bsz; dynamic packing mixes samples in a "
+        "log-prob micro batch",
+    ),
+    Override(
+        key="actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        value=1,
+        why="one sample per log-prob micro batch: each training dump step pairs with one request",
+    ),
+    Override(
+        key="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        value=1,
+        why="one sample per update micro batch: each update_actor dump step pairs with one request",
+    ),
+    Override(
+        key="trainer.val_before_train",
+        value=False,
+        why="validation before training runs extra vLLM generations that have no training "
+        "counterpart and use up msprobe's dump steps",
+    ),
+    Override(
+        key="trainer.balance_batch",
+        value=False,
+        why="balance_batch reorders and re-partitions samples across ranks by token count, "
+        "as the recipe notes; micro batches must follow the rollout order",
+    ),
+    Override(
+        key="algorithm.rollout_correction",
+        value=None,
+        phases=LOG_PROB_DUMPED,
+        why="null turns bypass mode off, so verl recomputes old log-probs (bypass mode skips that "
+        "forward and leaves the log_prob training dump empty), and it skips rollout-correction "
+        "IS/RS, which raises 'response_mask must contain at least one valid token' on "
+        "prompt-only batches (verl 0.8.0 ray_trainer.py / separation/ray_trainer.py)",
+    ),
+    Override(
+        key="actor_rollout_ref.hybrid_engine",
+        value=False,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        why="fully async runs rollout and training on separate pools; verl asserts "
+        "hybrid_engine is False there",
+    ),
+    Override(
+        key="data.shuffle",
+        value=False,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        why="with shuffle on and no data.seed every run draws a different prompt order, so two "
+        "collection runs cannot be compared step for step (recipe setting)",
+    ),
+    Override(
+        key="actor_rollout_ref.rollout.calculate_log_probs",
+        value=True,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        why="the fully-async rollouter asserts it ('must rollout calculate log_probs')",
+    ),
 )
 
 DEFAULTS: tuple[Override, ...] = (
-    Override(key="data.train_files", value=FromRun(run="train_data"),
-             why="the generated prompt set, so that a run needs no dataset download"),
-    Override(key="data.val_files", value=FromRun(run="train_data"),
-             why="verl builds a validation set even when it never validates"),
+    Override(
+        key="data.train_files",
+        value=FromRun(run="train_data"),
+        why="the generated prompt set, so that a run needs no dataset download",
+    ),
+    Override(
+        key="data.val_files",
+        value=FromRun(run="train_data"),
+        why="verl builds a validation set even when it never validates",
+    ),
     Override(key="data.max_prompt_length", value=512, why="the generated prompts are far shorter"),
-    Override(key="data.max_response_length", value=128,
-             why="responses are trimmed before the training forward; short ones keep a run fast"),
-    Override(key="reward.custom_reward_function.path", value=FromRun(run="reward_fn"),
-             why="a rule-based reward for the generated prompt set (no reward model)"),
-    Override(key="reward.custom_reward_function.name", value="compute_score",
-             why="the function in the generated reward file"),
+    Override(
+        key="data.max_response_length",
+        value=128,
+        why="responses are trimmed before the training forward; short ones keep a run fast",
+    ),
+    Override(
+        key="reward.custom_reward_function.path",
+        value=FromRun(run="reward_fn"),
+        why="a rule-based reward for the generated prompt set (no reward model)",
+    ),
+    Override(
+        key="reward.custom_reward_function.name",
+        value="compute_score",
+        why="the function in the generated reward file",
+    ),
     Override(key="algorithm.adv_estimator", value="grpo", why="GRPO needs no critic model"),
-    Override(key="trainer.logger", value=["console"],
-             why="verl's default also logs to wandb, which needs network access and a key"),
+    Override(
+        key="trainer.logger",
+        value=["console"],
+        why="verl's default also logs to wandb, which needs network access and a key",
+    ),
     Override(key="trainer.project_name", value="verl-consistency", why="names the run in verl's logs"),
     Override(key="trainer.experiment_name", value=FromRun(run="run_id"), why="names the run in verl's logs"),
     Override(key="trainer.total_epochs", value=1, why="one pass over the prompt set is enough"),
     Override(key="trainer.save_freq", value=-1, why="a collection run needs no checkpoints"),
-    Override(key="actor_rollout_ref.actor.ppo_mini_batch_size", value=8,
-             why="verl's default (256) exceeds the generated prompt set"),
-    Override(key="data.train_batch_size", value=8, modes=frozenset({Mode.HYBRID}),
-             why="verl's default (1024) exceeds the generated prompt set"),
-    Override(key="actor_rollout_ref.rollout.n", value=2, modes=frozenset({Mode.HYBRID}),
-             why="GRPO needs more than one response per prompt"),
-    Override(key="data.train_batch_size", value=0, modes=frozenset({Mode.FULLY_ASYNC}),
-             why="fully async draws prompts one by one (data.gen_batch_size=1); recipe setting"),
-    Override(key="trainer.n_gpus_per_node", value=4, modes=frozenset({Mode.FULLY_ASYNC}),
-             why="one 8-NPU node: 4 NPUs train..."),
-    Override(key="rollout.n_gpus_per_node", value=4, modes=frozenset({Mode.FULLY_ASYNC}),
-             why="...and 4 NPUs roll out"),
-    Override(key="rollout.total_rollout_steps", value=64, modes=frozenset({Mode.FULLY_ASYNC}),
-             why="as many prompts as the generated prompt set holds"),
+    Override(
+        key="actor_rollout_ref.actor.ppo_mini_batch_size",
+        value=8,
+        why="verl's default (256) exceeds the generated prompt set",
+    ),
+    Override(
+        key="data.train_batch_size",
+        value=8,
+        modes=frozenset({Mode.HYBRID}),
+        why="verl's default (1024) exceeds the generated prompt set",
+    ),
+    Override(
+        key="actor_rollout_ref.rollout.n",
+        value=2,
+        modes=frozenset({Mode.HYBRID}),
+        why="GRPO needs more than one response per prompt",
+    ),
+    Override(
+        key="data.train_batch_size",
+        value=0,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        why="fully async draws prompts one by one (data.gen_batch_size=1); recipe setting",
+    ),
+    Override(
+        key="trainer.n_gpus_per_node",
+        value=4,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        why="one 8-NPU node: 4 NPUs train...",
+    ),
+    Override(
+        key="rollout.n_gpus_per_node",
+        value=4,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        why="...and 4 NPUs roll out",
+    ),
+    Override(
+        key="rollout.total_rollout_steps",
+        value=64,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        why="as many prompts as the generated prompt set holds",
+    ),
 )
 
 REFUSALS: tuple[Refusal, ...] = (
-    Refusal(key="global_profiler.tool", bad=("precision_debugger",),
-            why="verl's own stage-level msprobe hook shares the per-process PrecisionDebugger "
-                "singleton with our per-micro-batch hook; the two would start and stop each other's dumps"),
-    Refusal(key="profiler.tool", match="suffix", bad=("precision_debugger",),
-            why="verl's own stage-level msprobe hook shares the per-process PrecisionDebugger "
-                "singleton with our per-micro-batch hook; the two would start and stop each other's dumps"),
-    Refusal(key="actor_rollout_ref.rollout.log_prob_micro_batch_size",
-            why="the deprecated global micro batch size cannot be combined with "
-                "log_prob_micro_batch_size_per_gpu=1 (verl raises), and it batches samples together"),
-    Refusal(key="actor_rollout_ref.actor.ppo_micro_batch_size",
-            why="the deprecated global micro batch size overrides ppo_micro_batch_size_per_gpu=1 "
-                "and batches samples together"),
-    Refusal(key="trainer.test_freq", allowed=(-1, 0),
-            why="validation during training runs vLLM generations that have no training "
-                "counterpart and use up msprobe's dump steps; keep trainer.test_freq=-1"),
-    Refusal(key="actor_rollout_ref.rollout.mode", bad=("sync",),
-            why="the request-id patches hook verl's async LLM server client"),
-    Refusal(key="data.shuffle", bad=(True,), modes=frozenset({Mode.HYBRID}),
-            why="with shuffle on and no data.seed every run draws a different prompt order; "
-                "set data.seed too if you need a shuffled order"),
+    Refusal(
+        key="global_profiler.tool",
+        bad=("precision_debugger",),
+        why="verl's own stage-level msprobe hook shares the per-process PrecisionDebugger "
+        "singleton with our per-micro-batch hook; the two would start and stop each other's dumps",
+    ),
+    Refusal(
+        key="profiler.tool",
+        match="suffix",
+        bad=("precision_debugger",),
+        why="verl's own stage-level msprobe hook shares the per-process PrecisionDebugger "
+        "singleton with our per-micro-batch hook; the two would start and stop each other's dumps",
+    ),
+    Refusal(
+        key="actor_rollout_ref.rollout.log_prob_micro_batch_size",
+        why="the deprecated global micro batch size cannot be combined with "
+        "log_prob_micro_batch_size_per_gpu=1 (verl raises), and it batches samples together",
+    ),
+    Refusal(
+        key="actor_rollout_ref.actor.ppo_micro_batch_size",
+        why="the deprecated global micro batch size overrides ppo_micro_batch_size_per_gpu=1 "
+        "and batches samples together",
+    ),
+    Refusal(
+        key="trainer.test_freq",
+        allowed=(-1, 0),
+        why="validation during training runs vLLM generations that have no training "
+        "counterpart and use up msprobe's dump steps; keep trainer.test_freq=-1",
+    ),
+    Refusal(
+        key="actor_rollout_ref.rollout.mode",
+        bad=("sync",),
+        why="the request-id patches hook verl's async LLM server client",
+    ),
+    Refusal(
+        key="data.shuffle",
+        bad=(True,),
+        modes=frozenset({Mode.HYBRID}),
+        why="with shuffle on and no data.seed every run draws a different prompt order; "
+        "set data.seed too if you need a shuffled order",
+    ),
 )
 
 # --------------------------------------------------------------------------------------------
@@ -304,9 +447,16 @@ def required_rows(mode: Mode, phase: DumpPhase) -> list[Override]:
     rows = [row for row in REQUIRED if row.applies(mode, phase)]
     for var in env_rows(mode, phase):
         if not var.driver_only:
-            rows.append(Override(key=f"{RUNTIME_ENV_PREFIX}.{var.name}", value=var.value, add=True,
-                                 modes=var.modes, phases=var.phases,
-                                 why=f"environment variable {var.name} must reach the Ray workers: {var.why}"))
+            rows.append(
+                Override(
+                    key=f"{RUNTIME_ENV_PREFIX}.{var.name}",
+                    value=var.value,
+                    add=True,
+                    modes=var.modes,
+                    phases=var.phases,
+                    why=f"environment variable {var.name} must reach the Ray workers: {var.why}",
+                )
+            )
     return rows
 
 
@@ -441,8 +591,15 @@ def find_env_conflicts(
         want = str(resolve(row.value, run))
         have = environ.get(row.name)
         if have is not None and have != want:
-            out.append(EnvConflict(name=row.name, message=(
-                f"refused environment {row.name}={have!r}: the run sets {row.name}={want!r}: {row.why}")))
+            out.append(
+                EnvConflict(
+                    name=row.name,
+                    message=(
+                        f"refused environment {row.name}={have!r}: "
+                        f"the run sets {row.name}={want!r}: {row.why}"
+                    ),
+                )
+            )
     return out
 
 

@@ -17,7 +17,10 @@ _NUMBER = re.compile(r"-?\d+")
 
 
 def compute_score(
-    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None,
+    data_source: str,
+    solution_str: str,
+    ground_truth: str,
+    extra_info: dict[str, Any] | None = None,
     **_: Any,
 ) -> float:
     """1.0 when the last integer in the response equals the ground truth, else 0.0."""

@@ -23,7 +23,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-
 from verl_consistency import dataset, layout
 from verl_consistency import msprobe_config as mscfg
 from verl_consistency.hooks.capture import CAPTURE_ENV
@@ -63,17 +62,28 @@ def prepare_run_dir(plan: RunPlan) -> RunManifest:
     """Write configs, prompt set, reward and run.json. Refuses a run folder that already has a run."""
     lay = plan.layout
     if lay.run_manifest.exists():
-        raise PlanError([f"{lay.run_manifest} exists: run id {plan.run_id!r} was used already; "
-                         "pass a new --run-id (or leave it out to get a fresh one)"])
+        raise PlanError(
+            [
+                f"{lay.run_manifest} exists: run id {plan.run_id!r} was used already; "
+                "pass a new --run-id (or leave it out to get a fresh one)"
+            ]
+        )
     mscfg.write(lay, plan.msprobe)
     dataset.write_parquet(lay.train_data)
     dataset.write_reward_fn(lay.reward_fn)
     lay.rollout_dir.mkdir(parents=True, exist_ok=True)
     lay.actor_dir.mkdir(parents=True, exist_ok=True)
     manifest = RunManifest(
-        run_id=plan.run_id, mode=plan.mode.value, verl_module=plan.module, invocation=plan.invocation,
-        command=plan.argv, overrides=plan.overrides, user_overrides=plan.user_overrides, env=plan.env,
-        dump_phase=plan.phase.value, capture=plan.capture,
+        run_id=plan.run_id,
+        mode=plan.mode.value,
+        verl_module=plan.module,
+        invocation=plan.invocation,
+        command=plan.argv,
+        overrides=plan.overrides,
+        user_overrides=plan.user_overrides,
+        env=plan.env,
+        dump_phase=plan.phase.value,
+        capture=plan.capture,
         msprobe=MsprobeConfigs(rollout=plan.msprobe.rollout.to_json(), actor=plan.msprobe.actor.to_json()),
         paths=plan.paths,
     )
@@ -93,8 +103,15 @@ def execute(plan: RunPlan, manifest: RunManifest) -> int:
     """Run verl, stream its output, show progress, forward SIGINT/SIGTERM; return its exit code."""
     lay = plan.layout
     started = time.monotonic()
-    proc = subprocess.Popen(plan.argv, env=plan.child_env(os.environ), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace")
+    proc = subprocess.Popen(
+        plan.argv,
+        env=plan.child_env(os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        errors="replace",
+    )
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         proc.send_signal(signum)
@@ -105,12 +122,15 @@ def execute(plan: RunPlan, manifest: RunManifest) -> int:
 
     def status_text() -> str:
         elapsed = int(time.monotonic() - started)
-        return (f"verl {plan.mode.value} · run {plan.run_id} · training step {state['step']} · "
-                f"dump steps rollout {count_dump_steps(lay.rollout_dir)} / actor "
-                f"{count_dump_steps(lay.actor_dir)} · {elapsed // 60}m{elapsed % 60:02d}s")
+        return (
+            f"verl {plan.mode.value} · run {plan.run_id} · training step {state['step']} · "
+            f"dump steps rollout {count_dump_steps(lay.rollout_dir)} / actor "
+            f"{count_dump_steps(lay.actor_dir)} · {elapsed // 60}m{elapsed % 60:02d}s"
+        )
 
     try:
         with console.status(status_text()) as status:
+
             def refresh() -> None:
                 while not done.wait(2.0):
                     status.update(status_text())
@@ -134,45 +154,82 @@ def execute(plan: RunPlan, manifest: RunManifest) -> int:
     final = manifest.model_copy(update={"finished_at": now_utc(), "exit_code": code})
     final.write(lay.run_manifest)
     elapsed = int(time.monotonic() - started)
-    counts = (f"rollout dump steps {count_dump_steps(lay.rollout_dir)}, "
-              f"actor dump steps {count_dump_steps(lay.actor_dir)}")
+    counts = (
+        f"rollout dump steps {count_dump_steps(lay.rollout_dir)}, "
+        f"actor dump steps {count_dump_steps(lay.actor_dir)}"
+    )
     if code == 0:
-        console.print(f"[green]✔ run {plan.run_id} finished in {elapsed // 60}m{elapsed % 60:02d}s: dumps in "
-                      f"{lay.run_dir} ({counts}). Next: verl-consistency postprocess {lay.run_dir}[/green]",
-                      highlight=False)
+        console.print(
+            f"[green]✔ run {plan.run_id} finished in {elapsed // 60}m{elapsed % 60:02d}s: dumps in "
+            f"{lay.run_dir} ({counts}). Next: verl-consistency postprocess {lay.run_dir}[/green]",
+            highlight=False,
+        )
     else:
-        console.print(f"[red]✘ verl exited with code {code} after {elapsed // 60}m{elapsed % 60:02d}s; "
-                      f"partial dumps in {lay.run_dir} ({counts}); its run.json records the failure. "
-                      f"Fix the error above and start a new run (new --run-id).[/red]", highlight=False)
+        console.print(
+            f"[red]✘ verl exited with code {code} after {elapsed // 60}m{elapsed % 60:02d}s; "
+            f"partial dumps in {lay.run_dir} ({counts}); its run.json records the failure. "
+            f"Fix the error above and start a new run (new --run-id).[/red]",
+            highlight=False,
+        )
     return code
 
 
 def run_command(
     ctx: typer.Context,
-    mode: Annotated[Mode, typer.Argument(help="hybrid = verl.trainer.main_ppo; fully-async = "
-                                              "verl.experimental.fully_async_policy.fully_async_main.")],
-    dump_root: Annotated[Path, typer.Option(envvar=layout.DUMP_ROOT_ENV, help="The shared dump volume; "
-                                            "the run writes <dump-root>/<run-id>/.")] = layout.DEFAULT_DUMP_ROOT,
-    run_id: Annotated[str | None, typer.Option(envvar=RUN_ID_ENV, help="Run folder name "
-                                               "(default: <mode>-<UTC time>-<4 hex>).")] = None,
-    task: Annotated[mscfg.Task | None, typer.Option(help="msprobe task (default: statistics; tensor when "
-                                                    "--capture is a fraction).")] = None,
-    level: Annotated[mscfg.Level, typer.Option(help="msprobe level: L0 modules, L1 APIs, mix both.")
-                     ] = mscfg.Level.L0,
-    steps: Annotated[str | None, typer.Option(help="msprobe steps to dump on each side, e.g. 0-9 or 0,2,5-7 "
-                                              "(default: all).")] = None,
+    mode: Annotated[
+        Mode,
+        typer.Argument(
+            help="hybrid = verl.trainer.main_ppo; fully-async = "
+            "verl.experimental.fully_async_policy.fully_async_main."
+        ),
+    ],
+    dump_root: Annotated[
+        Path,
+        typer.Option(
+            envvar=layout.DUMP_ROOT_ENV, help="The shared dump volume; the run writes <dump-root>/<run-id>/."
+        ),
+    ] = layout.DEFAULT_DUMP_ROOT,
+    run_id: Annotated[
+        str | None,
+        typer.Option(envvar=RUN_ID_ENV, help="Run folder name (default: <mode>-<UTC time>-<4 hex>)."),
+    ] = None,
+    task: Annotated[
+        mscfg.Task | None,
+        typer.Option(help="msprobe task (default: statistics; tensor when --capture is a fraction)."),
+    ] = None,
+    level: Annotated[
+        mscfg.Level, typer.Option(help="msprobe level: L0 modules, L1 APIs, mix both.")
+    ] = mscfg.Level.L0,
+    steps: Annotated[
+        str | None,
+        typer.Option(help="msprobe steps to dump on each side, e.g. 0-9 or 0,2,5-7 (default: all)."),
+    ] = None,
     ranks: Annotated[str | None, typer.Option(help="Ranks to dump, same syntax (default: all).")] = None,
-    phase: Annotated[DumpPhase, typer.Option(envvar=DUMP_PHASE, help="Training phase to dump "
-                                             "(DUMP_PHASE).")] = DumpPhase.LOG_PROB,
-    capture: Annotated[str, typer.Option(envvar=CAPTURE_ENV, help="Requests to dump: all, or fraction:F "
-                                         "(0<F<=1, chosen by a hash of the request id).")] = "all",
-    model: Annotated[str | None, typer.Option(help=f"Model path (= model=PATH = actor_rollout_ref.model.path); "
-                                              f"default ${MODEL_ENV} or {DEFAULT_MODEL}.")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the exact environment and command; "
-                                          "write and start nothing.")] = False,
+    phase: Annotated[
+        DumpPhase, typer.Option(envvar=DUMP_PHASE, help="Training phase to dump (DUMP_PHASE).")
+    ] = DumpPhase.LOG_PROB,
+    capture: Annotated[
+        str,
+        typer.Option(
+            envvar=CAPTURE_ENV,
+            help="Requests to dump: all, or fraction:F (0<F<=1, chosen by a hash of the request id).",
+        ),
+    ] = "all",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Model path (= model=PATH = actor_rollout_ref.model.path); "
+            f"default ${MODEL_ENV} or {DEFAULT_MODEL}."
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Print the exact environment and command; write and start nothing."),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print it as JSON.")] = False,
-    show_table: Annotated[bool, typer.Option("--table", help="Print the whole override table as JSON "
-                                             "and exit.")] = False,
+    show_table: Annotated[
+        bool, typer.Option("--table", help="Print the whole override table as JSON and exit.")
+    ] = False,
 ) -> None:
     """Launch a verl collection run with both msprobe dumps on. Extra arguments are verl (Hydra)
     overrides, passed through unchanged unless they would spoil the data (then: exit code 2).
@@ -182,8 +239,19 @@ def run_command(
         raise typer.Exit(0)
     rid = run_id or layout.new_run_id(mode.value)
     try:
-        plan = build_plan(mode, dump_root=dump_root, run_id=rid, phase=phase, capture=capture, task=task,
-                          level=level, steps=steps, ranks=ranks, model=model, extra_args=ctx.args)
+        plan = build_plan(
+            mode,
+            dump_root=dump_root,
+            run_id=rid,
+            phase=phase,
+            capture=capture,
+            task=task,
+            level=level,
+            steps=steps,
+            ranks=ranks,
+            model=model,
+            extra_args=ctx.args,
+        )
     except PlanError as exc:
         for message in exc.messages:
             console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
@@ -201,8 +269,11 @@ def run_command(
         for message in exc.messages:
             console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_REFUSED) from None
-    console.print(f"run {plan.run_id}: wrote msprobe configs, prompt set and run.json to {plan.run_dir}; "
-                  f"starting {plan.module}", highlight=False)
+    console.print(
+        f"run {plan.run_id}: wrote msprobe configs, prompt set and run.json to {plan.run_dir}; "
+        f"starting {plan.module}",
+        highlight=False,
+    )
     raise typer.Exit(execute(plan, manifest))
 
 

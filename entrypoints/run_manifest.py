@@ -15,14 +15,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
 from verl_consistency import __version__
 from verl_consistency.patches import pins
 
 SCHEMA_VERSION = 1
 
 INSTALLED_DISTRIBUTIONS = (
-    "verl", "vllm", "vllm-ascend", "mindstudio-probe", "torch", "torch-npu", "ray", "transformers",
+    "verl",
+    "vllm",
+    "vllm-ascend",
+    "mindstudio-probe",
+    "torch",
+    "torch-npu",
+    "ray",
+    "transformers",
 )
 """Distributions whose installed version is recorded next to the pins (None: not installed here)."""
 
@@ -95,5 +101,7 @@ class RunManifest(BaseModel):
             raise ValueError(f"{path}: cannot read the run manifest: {exc}") from exc
         version = data.get("schema_version") if isinstance(data, dict) else None
         if version != SCHEMA_VERSION:
-            raise ValueError(f"{path}: run manifest schema_version {version!r}; this tool reads {SCHEMA_VERSION}")
+            raise ValueError(
+                f"{path}: run manifest schema_version {version!r}; this tool reads {SCHEMA_VERSION}"
+            )
         return cls.model_validate(data)

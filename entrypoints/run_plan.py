@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
-
 from verl_consistency import overrides as table
 from verl_consistency.hooks import capture as capture_mod
 from verl_consistency.hooks.env import DumpPhase
@@ -32,8 +31,11 @@ from verl_consistency.overrides import Conflict, EnvConflict, Mode
 DEFAULT_MODEL = "/models/Qwen2.5-0.5B-Instruct"
 MODEL_ENV = "VERL_CONSISTENCY_MODEL"
 
-HYDRA_FLAGS: dict[str, tuple[str, ...] | None] = {"--cfg": ("job", "hydra", "all"), "-c": ("job", "hydra", "all"),
-                                                  "--resolve": None}
+HYDRA_FLAGS: dict[str, tuple[str, ...] | None] = {
+    "--cfg": ("job", "hydra", "all"),
+    "-c": ("job", "hydra", "all"),
+    "--resolve": None,
+}
 """Hydra flags passed through to verl: only the print-the-config ones (they start no training)."""
 
 
@@ -79,14 +81,25 @@ class RunPlan(BaseModel):
 
     def as_json(self) -> dict[str, object]:
         return {
-            "mode": self.mode.value, "run_id": self.run_id, "dump_root": self.dump_root,
-            "run_dir": self.run_dir, "phase": self.phase.value, "capture": self.capture,
-            "task": self.dump.task.value, "level": self.dump.level.value,
-            "steps": self.dump.steps, "ranks": self.dump.ranks,
-            "python": self.python, "module": self.module, "env": self.env, "overrides": self.overrides,
-            "user_overrides": self.user_overrides, "argv": self.argv, "invocation": self.invocation,
-            "paths": self.paths, "msprobe": self.msprobe.model_dump(mode="json", by_alias=True,
-                                                                    exclude_none=True),
+            "mode": self.mode.value,
+            "run_id": self.run_id,
+            "dump_root": self.dump_root,
+            "run_dir": self.run_dir,
+            "phase": self.phase.value,
+            "capture": self.capture,
+            "task": self.dump.task.value,
+            "level": self.dump.level.value,
+            "steps": self.dump.steps,
+            "ranks": self.dump.ranks,
+            "python": self.python,
+            "module": self.module,
+            "env": self.env,
+            "overrides": self.overrides,
+            "user_overrides": self.user_overrides,
+            "argv": self.argv,
+            "invocation": self.invocation,
+            "paths": self.paths,
+            "msprobe": self.msprobe.model_dump(mode="json", by_alias=True, exclude_none=True),
         }
 
 
@@ -102,8 +115,10 @@ def split_extra_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
         if arg.startswith("-"):
             name, eq, inline = arg.partition("=")
             if name not in HYDRA_FLAGS:
-                problems.append(f"unknown option {arg!r}: see `verl-consistency run --help`; verl overrides "
-                                "are written key=value")
+                problems.append(
+                    f"unknown option {arg!r}: see `verl-consistency run --help`; verl overrides "
+                    "are written key=value"
+                )
                 continue
             choices = HYDRA_FLAGS[name]
             if choices is None:
@@ -123,10 +138,14 @@ def split_extra_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _run_values(layout: RunLayout, phase: DumpPhase, capture: str) -> dict[str, str]:
     return {
-        "run_dir": str(layout.run_dir), "run_id": layout.run_id,
-        "rollout_config": str(layout.rollout_config), "actor_config": str(layout.actor_config),
-        "train_data": str(layout.train_data), "reward_fn": str(layout.reward_fn),
-        "dump_phase": phase.value, "capture": capture,
+        "run_dir": str(layout.run_dir),
+        "run_id": layout.run_id,
+        "rollout_config": str(layout.rollout_config),
+        "actor_config": str(layout.actor_config),
+        "train_data": str(layout.train_data),
+        "reward_fn": str(layout.reward_fn),
+        "dump_phase": phase.value,
+        "capture": capture,
     }
 
 
@@ -174,8 +193,9 @@ def build_plan(
     if task is None:
         task = Task.STATISTICS if rule.is_all else Task.TENSOR
     try:
-        dump = DumpOptions(task=task, level=level, steps=parse_selection(steps, "step"),
-                           ranks=parse_selection(ranks, "rank"))
+        dump = DumpOptions(
+            task=task, level=level, steps=parse_selection(steps, "step"), ranks=parse_selection(ranks, "rank")
+        )
     except ValueError as exc:
         problems.append(str(exc))
         dump = DumpOptions(task=task, level=level)
@@ -202,16 +222,33 @@ def build_plan(
     if table.MODEL_PATH_KEY not in user_keys:
         model_rows = [f"{table.MODEL_PATH_KEY}={table.hydra_value(model_path)}"]
 
-    defaults = [table.spell(row, run) for row in table.default_rows(mode, phase)
-                if not any(_touches(row.key, k) for k in user_keys)]
+    defaults = [
+        table.spell(row, run)
+        for row in table.default_rows(mode, phase)
+        if not any(_touches(row.key, k) for k in user_keys)
+    ]
     required_keys = {row.key for row in table.required_rows(mode, phase)}
     required = [table.spell(row, run) for row in table.required_rows(mode, phase)]
     # A user override that equals a required one is already in `required`: drop the repeat.
     user_kept = [ov.text for ov in parsed if ov.key not in required_keys]
 
-    invocation = ["verl-consistency", "run", mode.value, "--dump-root", str(dump_root), "--run-id", run_id,
-                  "--phase", phase.value, "--capture", rule.spec(), "--task", dump.task.value,
-                  "--level", dump.level.value]
+    invocation = [
+        "verl-consistency",
+        "run",
+        mode.value,
+        "--dump-root",
+        str(dump_root),
+        "--run-id",
+        run_id,
+        "--phase",
+        phase.value,
+        "--capture",
+        rule.spec(),
+        "--task",
+        dump.task.value,
+        "--level",
+        dump.level.value,
+    ]
     if steps:
         invocation += ["--steps", steps]
     if ranks:
@@ -221,12 +258,28 @@ def build_plan(
     invocation += [*user_texts, *flags]
 
     return RunPlan(
-        mode=mode, run_id=run_id, dump_root=str(dump_root), run_dir=str(layout.run_dir), phase=phase,
-        capture=rule.spec(), dump=dump, python=python or sys.executable, module=mode.module,
-        env=table.environment(mode, phase, run), overrides=[*model_rows, *defaults, *required, *user_kept],
-        user_overrides=user_texts, hydra_flags=flags, invocation=invocation,
+        mode=mode,
+        run_id=run_id,
+        dump_root=str(dump_root),
+        run_dir=str(layout.run_dir),
+        phase=phase,
+        capture=rule.spec(),
+        dump=dump,
+        python=python or sys.executable,
+        module=mode.module,
+        env=table.environment(mode, phase, run),
+        overrides=[*model_rows, *defaults, *required, *user_kept],
+        user_overrides=user_texts,
+        hydra_flags=flags,
+        invocation=invocation,
         msprobe=build(layout, dump),
-        paths={"run_manifest": RUN_MANIFEST, "rollout_config": ROLLOUT_CONFIG, "actor_config": ACTOR_CONFIG,
-               "train_data": TRAIN_DATA, "reward_fn": REWARD_FN, "rollout_dir": ROLLOUT_DIR,
-               "actor_dir": ACTOR_DIR},
+        paths={
+            "run_manifest": RUN_MANIFEST,
+            "rollout_config": ROLLOUT_CONFIG,
+            "actor_config": ACTOR_CONFIG,
+            "train_data": TRAIN_DATA,
+            "reward_fn": REWARD_FN,
+            "rollout_dir": ROLLOUT_DIR,
+            "actor_dir": ACTOR_DIR,
+        },
     )
