@@ -392,7 +392,7 @@ REFUSALS: tuple[Refusal, ...] = (
 # Resolution
 # --------------------------------------------------------------------------------------------
 
-_UNQUOTED = re.compile(r"^[A-Za-z0-9_./:@-]+$")
+_UNQUOTED = re.compile(r"^[A-Za-z0-9_./-]+$")
 _HYDRA_WORDS = {"true", "false", "null", "nan", "inf", "-inf", "+inf"}
 
 
@@ -411,7 +411,9 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, str):
         if _UNQUOTED.match(value) and value.lower() not in _HYDRA_WORDS and not _looks_numeric(value):
             return value
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        # Hydra reads a backslash as an escape only before a quote or at the end of the string.
+        escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'")
+        return f"'{escaped}'"
     if isinstance(value, Mapping):
         return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list | tuple):
@@ -535,7 +537,7 @@ def find_conflicts(
     for ov in user:
         message = _conflict_with_required(ov, required, run) or _refused(ov, refusal_rows(mode, phase))
         if message is not None:
-            conflicts.append(Conflict(override=ov.text, message=f"refused {ov.text!r}: {message}"))
+            conflicts.append(Conflict(override=ov.text, message=f"refused `{ov.text}`: {message}"))
     return conflicts
 
 
@@ -611,3 +613,13 @@ class Table(BaseModel):
     defaults: tuple[Override, ...] = DEFAULTS
     refusals: tuple[Refusal, ...] = REFUSALS
     modules: dict[str, str] = Field(default_factory=lambda: {m.value: m.module for m in Mode})
+
+
+def main() -> int:
+    """``python -m verl_consistency.overrides`` prints the whole table as JSON (for manifests' tests)."""
+    print(Table().model_dump_json(indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

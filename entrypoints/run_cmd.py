@@ -100,14 +100,17 @@ def count_dump_steps(side_dir: Path) -> int:
 
 
 def execute(plan: RunPlan, manifest: RunManifest) -> int:
-    """Run verl, stream its output, show progress, forward SIGINT/SIGTERM; return its exit code."""
+    """Run verl, pass its output on, show progress, forward SIGINT/SIGTERM; return its exit code.
+
+    verl's stdout (where its console logger prints ``step:N``) is read line by line for the
+    status line and written to our stdout unchanged; its stderr is not touched.
+    """
     lay = plan.layout
     started = time.monotonic()
     proc = subprocess.Popen(
         plan.argv,
         env=plan.child_env(os.environ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stdout=subprocess.PIPE,  # read for progress, then passed on; verl's stderr goes straight through
         text=True,
         bufsize=1,
         errors="replace",
