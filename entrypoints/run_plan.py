@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 from verl_consistency import overrides as table
 from verl_consistency.hooks import capture as capture_mod
-from verl_consistency.hooks.env import DumpPhase
+from verl_consistency.hooks.env import DUMP_PHASE, DumpPhase
 from verl_consistency.layout import (
     ACTOR_CONFIG,
     ACTOR_DIR,
@@ -209,7 +209,10 @@ def build_plan(
         raise PlanError([*problems, str(exc)]) from None
 
     conflicts: list[Conflict] = table.find_conflicts(parsed, mode, phase, run)
-    env_conflicts: list[EnvConflict] = table.find_env_conflicts(environ, mode, phase, run)
+    # DUMP_PHASE and VERL_CONSISTENCY_CAPTURE are the sources of --phase and --capture: the option wins.
+    option_sources = {DUMP_PHASE, capture_mod.CAPTURE_ENV}
+    caller_env = {k: v for k, v in environ.items() if k not in option_sources}
+    env_conflicts: list[EnvConflict] = table.find_env_conflicts(caller_env, mode, phase, run)
     problems += [c.message for c in conflicts] + [c.message for c in env_conflicts]
     if problems:
         raise PlanError(problems)

@@ -171,3 +171,26 @@ def test_relative_dump_root_is_refused() -> None:
     result = CliRunner().invoke(app, ["run", "hybrid", "--dry-run", "--dump-root", "dumps", "--run-id", "x"])
     assert result.exit_code == 2
     assert "absolute path" in result.output
+
+
+def test_phase_option_wins_over_its_env_source(tmp_path: Path) -> None:
+    import json
+
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "hybrid",
+            "--dry-run",
+            "--json",
+            "--phase",
+            "all",
+            "--dump-root",
+            str(tmp_path),
+            "--run-id",
+            "p",
+        ],
+        env={"DUMP_PHASE": "log_prob"},
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["env"]["DUMP_PHASE"] == "all"
