@@ -7,8 +7,7 @@ never touches another stage's code.
 from __future__ import annotations
 
 import typer
-
-from verl_consistency import __version__
+from verl_consistency import __version__, run_cmd
 from verl_consistency.patches import pins
 from verl_consistency.patches.cli import app as patches_app
 
@@ -35,6 +34,9 @@ def version_cmd() -> None:
     typer.echo(f"verl-consistency {__version__}")
     for name, value in p.upstream.model_dump().items():
         typer.echo(f"  {name} {value}")
+
+
+run_cmd.register(app)
 
 
 def main() -> int:
