@@ -7,6 +7,7 @@ never touches another stage's code.
 from __future__ import annotations
 
 import typer
+
 from verl_consistency import __version__, run_cmd
 from verl_consistency.patches import pins
 from verl_consistency.patches.cli import app as patches_app

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 import torch
+
+from tests.selective import scenario
 from verl_consistency.hooks.request_scope import (
     CAPTURED_SENTINEL,
     scoped_msprobe_config,
     scoped_tokens,
 )
-
-from tests.selective import scenario
 
 pytestmark = pytest.mark.msprobe
 
