@@ -82,7 +82,7 @@ def trim(batch: Any, *, bypass_mode: bool = False) -> Any:
     handled.update(_FULL_SEQUENCE, _DROPPED)
     unknown = [
         k
-        for k in td
+        for k in list(td.keys())
         if k not in handled
         and isinstance(td[k], torch.Tensor)
         and td[k].dim() >= 2
