@@ -42,9 +42,10 @@ def merge_resume(final_fields: dict[str, Any], output_fields: dict[str, Any]) ->
 
     The first id wins; every id is appended to the list. Other keys are left to upstream.
     """
+    before = _ids(final_fields)
     if REQUEST_ID not in final_fields and REQUEST_ID in output_fields:
         final_fields[REQUEST_ID] = output_fields[REQUEST_ID]
-    final_fields[REQUEST_IDS_ALL] = [*_ids(final_fields), *_ids(output_fields)]
+    final_fields[REQUEST_IDS_ALL] = [*before, *_ids(output_fields)]
 
 
 def merge_turn(agent_fields: dict[str, Any], output_fields: dict[str, Any]) -> None:
