@@ -1,0 +1,269 @@
+"""Training-side msprobe dumps: one msprobe step per micro batch (FSDP) or ``forward_step`` (Megatron).
+
+The patched engines call only two things::
+
+    dumper = training.batch_dumper(self, backend="fsdp", forward_only=forward_only)
+    for micro_batch in micro_batches:
+        dumper.start(micro_batch, model=self.module)
+        ...  # forward (and backward)
+        dumper.stop(micro_batch)
+
+Everything else lives here, where it is tested:
+
+* only the **actor** engine dumps: the ref engine (``engine_config.forward_only``) and the critic
+  (``model_type == "value_model"``) never do;
+* ``DUMP_PHASE`` picks ``log_prob`` (forward-only calls: old log-probs), ``update_actor`` or ``all``;
+* the msprobe config comes from ``$VERL_CONSISTENCY_ACTOR_CONFIG`` (the recipe hard-codes
+  ``/home/config_actor.json``), and the dump goes to a per-process folder, ``actor/<pid>`` of the
+  run (``$VERL_CONSISTENCY_RUN_DIR``), or ``<config dump_path>/<pid>`` without a run folder;
+* each dumped micro batch appends one ``update_actor_log.jsonl`` record whose ``step`` is msprobe's
+  own ``current_iter`` (the N of ``step{N}/``) and whose ``dump_path`` says where that step lies;
+* in capture mode (``$VERL_CONSISTENCY_CAPTURE=fraction:F``) a micro batch is dumped only when one
+  of its requests is captured; skipped micro batches consume no msprobe step.
+
+msprobe's ``PrecisionDebugger`` is one instance per process. In verl 0.8.0 the vLLM workers run in
+their own processes (vLLM's ``mp`` executor under the ``vLLMHttpServer`` actor), so the actor's
+process normally owns it. If something else in the process created it first (verl's own
+``global_profiler.tool=precision_debugger``, a user's script), the dumper *borrows* the instance:
+it switches msprobe's runtime config to the actor config and folder for the duration of each
+micro batch and restores the owner's config afterwards, so neither side writes into the other's
+folder. msprobe's step counter is shared then; the records carry the step and folder used.
+
+Nothing here imports torch, verl or msprobe at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from verl_consistency import layout
+from verl_consistency.hooks import capture, env, records
+
+Backend = Literal["fsdp", "megatron"]
+Phase = Literal["log_prob", "update_actor"]
+
+
+class TrainingDumpError(RuntimeError):
+    """The training-side dump is misconfigured; the message says what to set."""
+
+
+class _NoDump:
+    """What the engines get when this call is not dumped: two cheap no-ops."""
+
+    def start(self, micro_batch: Any, model: Any) -> None:
+        return None
+
+    def stop(self, micro_batch: Any) -> None:
+        return None
+
+
+NO_DUMP = _NoDump()
+
+
+def is_actor_engine(engine: Any) -> bool:
+    """True for the policy's training engine; False for the ref engine and the critic."""
+    engine_config = getattr(engine, "engine_config", None)
+    if engine_config is None or bool(getattr(engine_config, "forward_only", False)):
+        return False
+    model_type = getattr(getattr(engine, "model_config", None), "model_type", "language_model")
+    return model_type != "value_model"
+
+
+def request_ids_of(micro_batch: Any, key: str = "request_id") -> list[Any]:
+    """The micro batch's per-sample values of ``key`` as a list (empty when absent)."""
+    from verl.utils import tensordict_utils as tu
+
+    value = tu.get(micro_batch, key=key, default=None)
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return value
+    if hasattr(value, "tolist"):
+        out = value.tolist()
+        return out if isinstance(out, list) else [out]
+    return [value]
+
+
+def _config_dump_path(config_path: Path) -> str:
+    try:
+        data = orjson.loads(config_path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise TrainingDumpError(
+            f"{env.ACTOR_CONFIG}={config_path}: cannot read it as msprobe JSON config ({exc})"
+        ) from None
+    dump_path = data.get("dump_path") if isinstance(data, dict) else None
+    if not dump_path:
+        raise TrainingDumpError(
+            f"{config_path}: has no 'dump_path'; set it, or set {env.RUN_DIR} to the run folder"
+        )
+    return str(dump_path)
+
+
+class _Session:
+    """Process-wide state: the debugger, the per-pid folder and the log writer."""
+
+    def __init__(self, environ: dict[str, str] | os._Environ[str]) -> None:
+        raw = environ.get(env.ACTOR_CONFIG, "").strip()
+        if not raw:
+            raise TrainingDumpError(
+                f"{env.DUMP_ON}=1 but {env.ACTOR_CONFIG} is not set: point it at the training-side "
+                "msprobe config (the run's config/msprobe_actor.json)"
+            )
+        self.config_path = Path(raw)
+        if not self.config_path.is_file():
+            raise TrainingDumpError(f"{env.ACTOR_CONFIG}={raw}: no such file")
+        run_dir = environ.get(env.RUN_DIR, "").strip() or None
+        self.run_dir = Path(run_dir) if run_dir else None
+        if self.run_dir is not None:
+            side = layout.RunLayout.from_run_dir(self.run_dir).actor_dir
+        else:
+            side = Path(_config_dump_path(self.config_path))
+        self.dump_dir = layout.process_dump_dir(side)
+        self.dump_dir.mkdir(parents=True, exist_ok=True)
+        self.rel_dump_path = layout.relative_to_run(self.dump_dir, self.run_dir)
+        self.capture = capture.from_env(dict(environ))
+        self.writer = records.JsonlWriter(self.dump_dir / records.UPDATE_ACTOR_LOG)
+
+        from msprobe.pytorch import PrecisionDebugger
+
+        existing = PrecisionDebugger._instance
+        self.borrowed = bool(existing is not None and getattr(existing, "initialized", False))
+        if self.borrowed:
+            self.debugger = existing
+            self._own_config = self._build_config(existing)
+        else:
+            self.debugger = PrecisionDebugger(config_path=str(self.config_path), dump_path=str(self.dump_dir))
+            self._own_config = None
+        self._saved_config: Any = None
+
+    def _build_config(self, debugger: Any) -> Any:
+        """Our DebuggerConfig, built the way msprobe builds its own, for a borrowed instance."""
+        from msprobe.pytorch.dump.debugger.debugger_config import DebuggerConfig
+
+        common, task = debugger._parse_config_path(str(self.config_path), None)
+        return DebuggerConfig(common, task, None, str(self.dump_dir), None)
+
+    @property
+    def service(self) -> Any:
+        return self.debugger.service
+
+    def enter(self) -> None:
+        if self.borrowed:
+            self._saved_config = self.service.config
+            self.service.apply_runtime_config(self._own_config)
+
+    def leave(self) -> None:
+        if self.borrowed and self._saved_config is not None:
+            self.service.apply_runtime_config(self._saved_config)
+            self._saved_config = None
+
+
+_SESSION: _Session | None = None
+_SESSION_PID: int | None = None
+
+
+def _session() -> _Session:
+    global _SESSION, _SESSION_PID
+    if _SESSION is None or os.getpid() != _SESSION_PID:
+        _SESSION = _Session(os.environ)
+        _SESSION_PID = os.getpid()
+    return _SESSION
+
+
+def reset_for_tests() -> None:
+    """Forget the process-wide session (tests run several configurations in one process)."""
+    global _SESSION, _SESSION_PID
+    if _SESSION is not None:
+        _SESSION.writer.close()
+    _SESSION = None
+    _SESSION_PID = None
+
+
+def _rank(engine: Any) -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except ImportError:
+        pass
+    return int(getattr(engine, "rank", 0) or 0)
+
+
+class BatchDumper:
+    """One ``forward_backward_batch`` call of the actor engine, dumped micro batch by micro batch."""
+
+    def __init__(self, session: _Session, backend: Backend, phase: Phase, rank: int) -> None:
+        self.session = session
+        self.backend = backend
+        self.phase = phase
+        self.rank = rank
+        self._active: tuple[int, list[str], list[Any]] | None = None
+
+    def _wanted(self, ids: list[str]) -> bool:
+        rule = self.session.capture
+        if rule.is_all:
+            return True
+        return any(rule.captures(records.base_request_id(i)) for i in ids)
+
+    def start(self, micro_batch: Any, model: Any) -> None:
+        ids = [str(i) for i in request_ids_of(micro_batch)]
+        if self.session.service.should_stop_service or not self._wanted(ids):
+            self._active = None
+            return
+        self.session.enter()
+        self.session.debugger.start(model=model)
+        step = int(self.session.service.current_iter)
+        self._active = (step, ids, request_ids_of(micro_batch, "request_ids_all"))
+
+    def stop(self, micro_batch: Any) -> None:
+        if self._active is None:
+            return
+        step, ids, ids_all = self._active
+        self._active = None
+        try:
+            self.session.debugger.stop()
+            self.session.debugger.step()
+        finally:
+            self.session.leave()
+        # msprobe decides on its own whether a step is written (config step/rank lists, its
+        # end of service, dump_enable); log exactly the steps that exist on disk.
+        if not (self.session.dump_dir / f"step{step}").is_dir():
+            return
+        extra: dict[str, Any] = {}
+        if ids_all:
+            extra["request_ids_all"] = [[str(i) for i in (x or [])] for x in ids_all]
+        self.session.writer.write(
+            records.UpdateActorRecord(
+                timestamp=records.now(),
+                pid=os.getpid(),
+                rank=self.rank,
+                step=step,
+                dump_path=self.session.rel_dump_path,
+                phase=self.phase,
+                backend=self.backend,
+                request_ids=ids,
+                num_requests=len(ids),
+                **extra,
+            )
+        )
+
+
+def batch_dumper(engine: Any, *, backend: Backend, forward_only: bool) -> BatchDumper | _NoDump:
+    """The engines' entry point, called once per ``forward_backward_batch``."""
+    if not env.flag(env.DUMP_ON) or not is_actor_engine(engine):
+        return NO_DUMP
+    phase: Phase = "log_prob" if forward_only else "update_actor"
+    wanted = env.dump_phase()
+    if wanted is not env.DumpPhase.ALL and wanted.value != phase:
+        return NO_DUMP
+    return BatchDumper(_session(), backend, phase, _rank(engine))
+
+
+def current(engine: Any) -> BatchDumper | _NoDump:
+    """Megatron's ``forward_step`` runs inside Megatron's schedule: it finds the call's dumper here."""
+    return getattr(engine, "_vc_dumper", NO_DUMP)

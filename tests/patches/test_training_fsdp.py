@@ -1,0 +1,174 @@
+"""The patched real verl 0.8.0 FSDP engine, on CPU, with real mindstudio-probe dumps.
+
+Each test runs ``test_training_fsdp_driver.py`` in a subprocess against a freshly patched verl
+(a tiny random Qwen2, gloo world size 1) and checks what landed on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.patches.test_verl_support import patched_verl, run_patched
+from verl_consistency.hooks import capture, records
+
+DRIVER = Path(__file__).with_name("test_training_fsdp_driver.py")
+PROMPT_VALID = [6, 4, 5, 3]
+pytestmark = pytest.mark.timeout(300)
+
+
+def _msprobe_config(path: Path, dump_path: Path, summary_mode: str = "statistics") -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "task": "statistics",
+                "dump_path": str(dump_path),
+                "rank": [],
+                "step": [],
+                "level": "L0",
+                "async_dump": False,
+                "statistics": {
+                    "scope": [],
+                    "list": [],
+                    "tensor_list": [],
+                    "data_mode": ["all"],
+                    "summary_mode": summary_mode,
+                },
+            }
+        )
+    )
+    return path
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _drive(root: Path, work: Path, **env: str) -> dict[str, Any]:
+    out = run_patched(
+        root,
+        f"import runpy; runpy.run_path({str(DRIVER)!r}, run_name='__main__')",
+        env={"VC_TEST_WORK": str(work), "VC_TEST_PORT": _free_port(), **env},
+    )
+    line = next(x for x in out.splitlines() if x.startswith("VC_REPORT "))
+    return json.loads(line.removeprefix("VC_REPORT "))
+
+
+def _records(run_dir: Path) -> list[records.UpdateActorRecord]:
+    logs = list((run_dir / "actor").glob(f"*/{records.UPDATE_ACTOR_LOG}"))
+    assert len(logs) == 1, logs
+    return [records.UpdateActorRecord.model_validate_json(x) for x in logs[0].read_text().splitlines()]
+
+
+def _embed_tokens(dump_json: Path) -> int:
+    """Number of tokens the micro batch's forward saw (the embedding output's packed length)."""
+    data = json.loads(dump_json.read_text())["data"]
+    key = next(k for k in data if ".embed_tokens." in k and ".forward." in k)
+    return int(data[key]["output"][0]["shape"][1])
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return patched_verl(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="module")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fsdp-work")
+
+
+def test_one_dump_per_micro_batch_in_both_phases_with_prompts_only(
+    root: Path, model_cache: Path, tmp_path: Path
+):
+    run_dir = tmp_path / "dumps" / "hybrid-20261129-000000-abcd"
+    cfg = _msprobe_config(tmp_path / "msprobe_actor.json", tmp_path / "unused")
+    report = _drive(
+        root,
+        model_cache,
+        DUMP_ON="1",
+        DUMP_PHASE="all",
+        VERL_CONSISTENCY_ACTOR_CONFIG=str(cfg),
+        VERL_CONSISTENCY_RUN_DIR=str(run_dir),
+        VC_TEST_TRIM="ours",
+    )
+    assert report["error"] is None
+    assert report["finite"]
+    assert report["old_log_probs_finite"]
+    assert report["advantages_abs_max"] == 0.0, "the re-split response carries no reward"
+
+    recs = _records(run_dir)
+    ids = report["request_ids"]
+    assert [r.phase for r in recs] == ["log_prob"] * 4 + ["update_actor"] * 4
+    assert [r.step for r in recs] == list(range(8)), "step is msprobe's current_iter, one per micro batch"
+    assert [r.request_ids for r in recs] == [[i] for i in ids] * 2
+    assert all(r.backend == "fsdp" and r.rank == 0 and r.num_requests == 1 for r in recs)
+    assert recs[0].model_extra is not None
+    assert recs[0].model_extra["request_ids_all"][0][0] == ids[0]
+    assert len(recs[0].model_extra["request_ids_all"][0]) == 2, "the resumed sample keeps both ids"
+
+    pid_dirs = list((run_dir / "actor").iterdir())
+    assert len(pid_dirs) == 1
+    assert recs[0].dump_path == f"actor/{pid_dirs[0].name}", "dump_path is relative to the run folder"
+    dumps = sorted((run_dir / recs[0].dump_path).glob("step*/*/dump.json"))
+    assert len(dumps) == 8, "one dump.json per micro batch, nothing else"
+    for rec in recs:
+        (dump,) = (run_dir / rec.dump_path).glob(f"step{rec.step}/*/dump.json")
+        # PROMPTS_ONLY: each micro batch's forward covers exactly its prompt's tokens
+        assert _embed_tokens(dump) == PROMPT_VALID[rec.step % 4]
+        has_backward = any(".backward." in k for k in json.loads(dump.read_text())["data"])
+        assert has_backward == (rec.phase == "update_actor")
+
+
+def test_recipe_trim_to_zero_response_tokens_gives_nan_loss(root: Path, model_cache: Path):
+    """The recipe bug our trim fixes, reproduced on the same real engine and loss."""
+    report = _drive(root, model_cache, VC_TEST_TRIM="recipe")
+    assert report["error"] is not None or not report["finite"]
+
+
+def test_capture_mode_and_a_borrowed_debugger(root: Path, model_cache: Path, tmp_path: Path):
+    """Default phase (log_prob) only; fraction capture; msprobe's singleton created by someone else first."""
+    run_dir = tmp_path / "dumps" / "async-20261129-000000-abcd"
+    cfg = _msprobe_config(tmp_path / "msprobe_actor.json", tmp_path / "unused")
+    other_cfg = _msprobe_config(tmp_path / "other.json", tmp_path / "ignored", summary_mode="md5")
+    report = _drive(
+        root,
+        model_cache,
+        DUMP_ON="1",
+        VERL_CONSISTENCY_ACTOR_CONFIG=str(cfg),
+        VERL_CONSISTENCY_RUN_DIR=str(run_dir),
+        VERL_CONSISTENCY_CAPTURE="fraction:0.3",
+        VC_TEST_BORROW="1",
+        VC_TEST_OTHER_CONFIG=str(other_cfg),
+    )
+    assert report["error"] is None
+    assert report["finite"]
+    rule = capture.parse("fraction:0.3")
+    captured = [i for i in report["request_ids"] if rule.captures(i)]
+    assert 0 < len(captured) < len(report["request_ids"]), "fixture ids must split"
+
+    recs = _records(run_dir)
+    assert [r.request_ids for r in recs] == [[i] for i in captured]
+    assert {r.phase for r in recs} == {"log_prob"}
+    # msprobe's counter is shared with the owner, who dumped step 0 first
+    assert [r.step for r in recs] == list(range(1, 1 + len(captured)))
+    actor_steps = sorted(
+        p.parent.parent.name for p in (run_dir / recs[0].dump_path).glob("step*/*/dump.json")
+    )
+    assert actor_steps == [f"step{r.step}" for r in recs]
+    for rec in recs:
+        (dump,) = (run_dir / rec.dump_path).glob(f"step{rec.step}/*/dump.json")
+        text = dump.read_text()
+        assert '"Max"' in text
+        assert '"md5"' not in text, "the actor's own config, not the owner's"
+
+    other = Path(str(model_cache / "other-owner"))
+    other_steps = sorted(p.parent.parent.name for p in other.glob("step*/*/dump.json"))
+    assert other_steps == ["step0", f"step{1 + len(captured)}"], "the owner keeps its folder and steps"
+    assert all('"md5"' in p.read_text() for p in other.glob("step*/*/dump.json"))
+    assert report["other_config_dump_path"] == str(other)

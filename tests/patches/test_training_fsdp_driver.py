@@ -1,0 +1,286 @@
+"""Subprocess driver for the FSDP engine tests (no tests here; run as a script).
+
+It runs inside a process whose ``sys.path`` starts with a freshly patched verl 0.8.0 (see
+``test_verl_support``), so every verl line executed is the pinned upstream plus our series:
+
+1. builds the real ``FSDPEngineWithLMHead`` on CPU (fsdp2, eager attention, gloo world size 1)
+   over a tiny randomly initialised Qwen2 written with ``save_pretrained`` (no download);
+2. makes a rollout batch shaped like verl's agent loop output (left-padded prompts,
+   right-padded responses, ``request_id``/``request_ids_all`` in ``non_tensor_batch``);
+3. optionally trims it with the PROMPTS_ONLY hook, then follows ``RayPPOTrainer``: old
+   log-probs (``infer_batch``, phase log_prob), GRPO advantages (verl's real
+   ``compute_advantage``), one actor update (``train_batch`` with verl's real ``ppo_loss``,
+   phase update_actor);
+4. prints one JSON line with what the pytest side asserts on.
+
+The only stand-in: flash_attn's padding helpers cannot import on CPU, so verl's own pure-torch
+copies (``verl.utils.npu_flash_attn_utils``) are served in their place.
+
+Environment: ``VC_TEST_WORK`` (scratch folder), ``VC_TEST_PORT``, ``VC_TEST_TRIM``
+(``ours``/``recipe``/``none``), ``VC_TEST_BORROW`` (1: another component created msprobe's
+debugger first), plus the hooks' own variables (DUMP_ON, DUMP_PHASE, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import uuid
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+BATCH = 4
+PROMPT_LEN = 6
+RESPONSE_LEN = 4
+PROMPT_VALID = [6, 4, 5, 3]
+RESPONSE_VALID = [4, 2, 3, 1]
+
+
+def _init_dist() -> None:
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", os.environ.get("VC_TEST_PORT", "29531"))
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(k, v)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+
+
+def _serve_pure_torch_attention_helpers() -> None:
+    import verl.utils.attention_utils as au
+    from verl.utils import npu_flash_attn_utils as pt
+
+    au._get_attention_functions = lambda: (pt.index_first_axis, pt.pad_input, pt.rearrange, pt.unpad_input)
+
+
+def _tiny_qwen2(work: Path) -> Path:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    model_dir = work / "tiny-qwen2"
+    if not (model_dir / "config.json").exists():
+        torch.manual_seed(0)
+        cfg = Qwen2Config(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+        )
+        Qwen2ForCausalLM(cfg).save_pretrained(model_dir)
+    return model_dir
+
+
+def _actor_config(model_dir: Path) -> Any:
+    """verl's own Hydra defaults for the actor, as the worker builds them."""
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    config_dir = Path(verl.__file__).parent / "trainer" / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        cfg = compose(
+            config_name="ppo_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={model_dir}",
+                "actor_rollout_ref.actor.strategy=fsdp2",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                "actor_rollout_ref.actor.use_dynamic_bsz=False",
+                "actor_rollout_ref.actor.use_torch_compile=False",
+            ],
+        )
+    return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+def _rollout_batch() -> Any:
+    import numpy as np
+    import torch
+    from verl import DataProto
+
+    gen = torch.Generator().manual_seed(1)
+    prompts = torch.zeros(BATCH, PROMPT_LEN, dtype=torch.long)
+    responses = torch.zeros(BATCH, RESPONSE_LEN, dtype=torch.long)
+    attn = torch.zeros(BATCH, PROMPT_LEN + RESPONSE_LEN, dtype=torch.long)
+    for i in range(BATCH):
+        p, r = PROMPT_VALID[i], RESPONSE_VALID[i]
+        prompts[i, PROMPT_LEN - p :] = torch.randint(1, 128, (p,), generator=gen)
+        responses[i, :r] = torch.randint(1, 128, (r,), generator=gen)
+        attn[i, PROMPT_LEN - p : PROMPT_LEN + r] = 1
+    input_ids = torch.cat([prompts, responses], dim=1)
+    position_ids = torch.clamp(torch.cumsum(attn, dim=1) - 1, min=0)
+    response_mask = attn[:, PROMPT_LEN:].clone()
+    rm_scores = torch.zeros(BATCH, RESPONSE_LEN)
+    for i in range(BATCH):
+        rm_scores[i, RESPONSE_VALID[i] - 1] = float(i % 2)
+    rng = random.Random(int(os.environ.get("VC_TEST_SEED", "7")))
+    ids = [uuid.UUID(int=rng.getrandbits(128)).hex for _ in range(BATCH + 1)]
+    first = ids[:BATCH]
+    every = np.empty(BATCH, dtype=object)  # sample 0 was resumed once: two vLLM ids
+    every[:] = [[f, ids[BATCH]] if i == 0 else [f] for i, f in enumerate(first)]
+    return DataProto.from_dict(
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": response_mask,
+            "input_ids": input_ids,
+            "attention_mask": attn,
+            "position_ids": position_ids,
+            "rm_scores": rm_scores,
+            "rollout_log_probs": -torch.rand(BATCH, RESPONSE_LEN, generator=gen),
+        },
+        non_tensors={
+            "request_id": np.array(first, dtype=object),
+            "request_ids_all": every,
+            "uid": np.array(["a", "a", "b", "b"], dtype=object),
+        },
+    )
+
+
+def _recipe_trim(data: Any) -> Any:
+    """The public recipe's get_prompts_only_batch, verbatim in effect: zero response tokens."""
+    r = data.batch["responses"].size(1)
+    for key in ("input_ids", "attention_mask"):
+        data.batch[key] = data.batch[key][:, :-r]
+    data.batch["position_ids"] = data.batch["position_ids"][:, :-r]
+    for key in ("responses", "rollout_log_probs", "response_mask", "rm_scores"):
+        data.batch[key] = data.batch[key][:, :0]
+    return data
+
+
+def _owner_model() -> Any:
+    """The other owner's model. msprobe skips the first and last layer once verl is imported."""
+    import torch
+
+    return torch.nn.Sequential(*(torch.nn.Linear(3, 3) for _ in range(4)))
+
+
+def _engine_keys(td: Any, **extra: Any) -> None:
+    from verl.utils import tensordict_utils as tu
+
+    tu.assign_non_tensor(
+        td,
+        use_remove_padding=True,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=1,
+        max_token_len_per_gpu=4096,
+        use_fused_kernels=False,
+        temperature=1.0,
+        **extra,
+    )
+
+
+def main() -> None:
+    import torch
+
+    work = Path(os.environ["VC_TEST_WORK"])
+    work.mkdir(parents=True, exist_ok=True)
+    _init_dist()
+    _serve_pure_torch_attention_helpers()
+    model_dir = _tiny_qwen2(work)
+
+    from verl.trainer.config import CheckpointConfig
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import HFModelConfig
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+    from verl_consistency.hooks import prompts_only
+
+    borrowed_dir = None
+    if os.environ.get("VC_TEST_BORROW") == "1":
+        # Another component of the process (a stand-in for vLLM's own dump) created msprobe's
+        # singleton first, with its own config and folder, and has dumped one step already.
+        from msprobe.pytorch import PrecisionDebugger
+
+        borrowed_dir = work / "other-owner"
+        other = PrecisionDebugger(config_path=os.environ["VC_TEST_OTHER_CONFIG"], dump_path=str(borrowed_dir))
+        probe = _owner_model()
+        other.start(model=probe)
+        probe(torch.ones(1, 3))
+        other.stop()
+        other.step()
+
+    actor_cfg = _actor_config(model_dir)
+    model_config = HFModelConfig(
+        path=str(model_dir),
+        load_tokenizer=False,
+        override_config={"attn_implementation": "eager"},
+        use_remove_padding=True,
+        enable_gradient_checkpointing=False,
+    )
+    engine = FSDPEngineWithLMHead(
+        model_config=model_config,
+        engine_config=actor_cfg.engine,
+        optimizer_config=actor_cfg.optim,
+        checkpoint_config=CheckpointConfig(),
+    )
+    engine.initialize()
+
+    batch = _rollout_batch()
+    request_ids = list(batch.non_tensor_batch["request_id"])
+    trim = os.environ.get("VC_TEST_TRIM", "ours")
+    if trim == "ours":
+        batch = prompts_only.trim(batch)
+    elif trim == "recipe":
+        batch = _recipe_trim(batch)
+
+    report: dict[str, Any] = {"request_ids": request_ids, "trim": trim}
+    try:
+        # old log-probs, as RayPPOTrainer._compute_old_log_prob does
+        td = left_right_2_no_padding(batch.to_tensordict())
+        _engine_keys(td, calculate_entropy=True, compute_loss=False)
+        with engine.eval_mode():
+            out = engine.infer_batch(td)
+        log_probs = no_padding_2_padding(tu.get(out["model_output"], "log_probs"), td)
+        batch.batch["old_log_probs"] = log_probs.float()
+        report["old_log_probs_finite"] = bool(torch.isfinite(log_probs).all())
+
+        # advantages: verl's real GRPO estimator over the (possibly zeroed) rewards
+        batch.batch["token_level_rewards"] = batch.batch["rm_scores"]
+        batch = compute_advantage(batch, adv_estimator=AdvantageEstimator.GRPO, num_repeat=2)
+        report["advantages_abs_max"] = (
+            float(batch.batch["advantages"].abs().max()) if batch.batch["advantages"].numel() else None
+        )
+
+        # actor update, as RayPPOTrainer._update_actor -> TrainingWorker.train_batch does
+        td = left_right_2_no_padding(batch.to_tensordict())
+        _engine_keys(td, calculate_entropy=True, global_batch_size=BATCH)
+        with engine.train_mode():
+            out = engine.train_batch(td, loss_function=partial(ppo_loss, actor_cfg))
+        losses = [float(x) for x in torch.as_tensor(out["loss"]).flatten().tolist()] if "loss" in out else []
+        pg = out["metrics"].get("actor/pg_loss")
+        report["loss"] = losses
+        report["pg_loss"] = str(pg)
+        report["grad_norm"] = float(out["metrics"]["grad_norm"])
+        report["finite"] = all(torch.isfinite(torch.tensor(losses)).tolist()) and bool(
+            torch.isfinite(torch.tensor(report["grad_norm"]))
+        )
+        report["error"] = None
+    except Exception as exc:  # the recipe trim is expected to end here
+        report["error"] = f"{type(exc).__name__}: {exc}"
+
+    if borrowed_dir is not None:
+        from msprobe.pytorch import PrecisionDebugger
+
+        other = PrecisionDebugger()
+        probe = _owner_model()
+        other.start(model=probe)
+        probe(torch.ones(1, 3))
+        other.stop()
+        other.step()
+        report["other_config_dump_path"] = other.service.config.dump_path
+
+    print("VC_REPORT " + json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
