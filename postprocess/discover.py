@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
+
 from verl_consistency import layout
 from verl_consistency.hooks import records
 from verl_consistency.postprocess.model import Unpaired, UnpairedReason
