@@ -259,15 +259,9 @@ def safe_member_name(member: tarfile.TarInfo) -> str:
     """The member's name if it may be written under a target folder; BundleError otherwise."""
     name = member.name
     if not (member.isreg() or member.isdir()):
-        kind = (
-            "symlink"
-            if member.issym()
-            else "hardlink"
-            if member.islnk()
-            else "device"
-            if member.isdev()
-            else "special file"
-        )
+        kinds = ((member.issym, "symlink"), (member.islnk, "hardlink"), (member.isfifo, "fifo"),
+                 (member.isdev, "device"))
+        kind = next((k for test, k in kinds if test()), "special file")
         raise BundleError(f"member {name!r} is a {kind}; bundles hold only files and folders")
     if not name or "\x00" in name or "\\" in name:
         raise BundleError(f"member {name!r} has an unsafe name")

@@ -163,7 +163,7 @@ class RunTree:
         return {"rollout_dir": self.rollout_root, "actor_dir": self.actor_root} if self.recipe else {}
 
 
-def tree_digest(*tops: Path) -> dict[str, tuple[Any, ...]]:
+def tree_digest(*tops: Path, dir_mtimes: bool = True) -> dict[str, tuple[Any, ...]]:
     """Every entry under ``tops``: type, mode, size, content hash or link target. Never opens a
     non-regular file (a fifo would block)."""
     out: dict[str, tuple[Any, ...]] = {}
@@ -180,5 +180,5 @@ def tree_digest(*tops: Path) -> dict[str, tuple[Any, ...]]:
                     out[str(p)] = ("file", st.st_mode, st.st_size, st.st_mtime_ns,
                                    hashlib.sha256(p.read_bytes()).hexdigest())
                 else:
-                    out[str(p)] = ("other", st.st_mode, st.st_mtime_ns)
+                    out[str(p)] = ("other", st.st_mode, st.st_mtime_ns if dir_mtimes else 0)
     return out
