@@ -221,7 +221,8 @@ def test_killing_the_writer_leaves_no_partial_bundle_under_the_final_name(tmp_pa
     src.mkdir()
     for i in range(40):
         (src / f"{i}.bin").write_bytes(os.urandom(256 << 10))
-    dest = tmp_path / "bundles" / "bundle-r.tar.zst"
+    t = _tree(tmp_path / "dump")
+    dest = tmp_path / "bundles" / f"bundle-{t.run_id}.tar.zst"
     proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(src), str(dest)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -236,9 +237,8 @@ def test_killing_the_writer_leaves_no_partial_bundle_under_the_final_name(tmp_pa
     assert bundle.tmp_name(dest, proc.pid).exists()
 
     # The next run removes the dead writer's leftover and writes a complete bundle.
-    t = _tree(tmp_path / "dump")
     out = pipeline.postprocess(t.run_dir, out=tmp_path / "bundles", compare=False)
-    assert out.bundle.parent == dest.parent
+    assert out.bundle == dest
     assert not bundle.tmp_name(dest, proc.pid).exists()
     assert bundle.verify(out.bundle).ok
 
