@@ -62,10 +62,6 @@ class DispatchRecord(_Record):
     total_num_scheduled_tokens: int
     requests: list[ScheduledRequest]
     dumped: bool = Field(default=True, description="False when the selective mode skipped the dump")
-    captured_request_id: str | None = Field(
-        default=None,
-        description="request-scoped mode: the vLLM id (with suffix) whose rows alone were dumped",
-    )
 
 
 class UpdateActorRecord(_Record):
