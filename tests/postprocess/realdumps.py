@@ -18,7 +18,7 @@ per simulated worker, so every worker is a real process with its own pid and its
 * **Logs — the real writers**: ``records.JsonlWriter`` with ``DispatchRecord`` and
   ``UpdateActorRecord``, one file per pid, ``dump_path`` relative to the run folder.
 * **The deliberate difference**: the inference side's ``model.layers.1.mlp.down_proj`` weight is
-  scaled by ``1 + PERTURBATION``, so the first divergence must land there.
+  scaled and jittered (:data:`PERTURBATION`), so the first divergence must land there.
 
 Two runs are made (one msprobe config each):
 
@@ -50,7 +50,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 CHANGED_MODULE = "model.layers.1.mlp.down_proj"
 """vLLM-side module path whose weight the inference side scales (the planted divergence)."""
-PERTURBATION = 0.05
+PERTURBATION = 0.2
+"""The weight becomes ``W·(1+P) + P·std(W)·noise``: both its norm and its direction change, so
+statistics mode (norms) and tensor mode (cosine) each see it."""
 
 STATS_RUN = "stats-20260101-000000-0001"
 TENSOR_RUN = "tensor-20260101-000000-0002"
@@ -206,7 +208,6 @@ def _run_worker(w: Worker, dump_root: Path) -> None:
     """One simulated worker process: its own msprobe debugger, dump folder and JSONL log."""
     import torch
     from msprobe.pytorch import PrecisionDebugger
-
     from verl_consistency import layout
     from verl_consistency.hooks import records
 
@@ -225,7 +226,9 @@ def _run_worker(w: Worker, dump_root: Path) -> None:
 
         model = VllmQwen2ForCausalLM.from_hf(hf).eval()
         with torch.no_grad():
-            model.model.layers[1].mlp.down_proj.weight.mul_(1 + PERTURBATION)
+            w_ = model.model.layers[1].mlp.down_proj.weight
+            noise = torch.randn(w_.shape, generator=torch.Generator().manual_seed(1))
+            w_.mul_(1 + PERTURBATION).add_(PERTURBATION * w_.std() * noise)
         log = records.JsonlWriter(dump_dir / records.DISPATCH_LOG)
         for st in w.rollout_steps:
             ids: list[int] = []

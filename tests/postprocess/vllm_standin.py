@@ -69,7 +69,9 @@ class Attention(nn.Module):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor
+    ) -> torch.Tensor:
         n = q.shape[0]
         rep = self.heads // self.kv_heads
         qh = q.view(n, self.heads, self.head_dim).transpose(0, 1)
@@ -151,7 +153,9 @@ class Qwen2Model(nn.Module):
         self.layers = nn.ModuleList(Qwen2DecoderLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor
+    ) -> torch.Tensor:
         h, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             h, residual = layer(positions, h, residual, seq_lens)
@@ -167,7 +171,9 @@ class VllmQwen2ForCausalLM(nn.Module):
         self.model = Qwen2Model(c)
         self.lm_head = ParallelLMHead(c.hidden_size, c.vocab_size, bias=False)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: Sequence[int]) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: Sequence[int]
+    ) -> torch.Tensor:
         return self.lm_head(self.model(input_ids, positions, torch.tensor(list(seq_lens))))
 
     @classmethod
