@@ -395,3 +395,56 @@ def build_runs(dump_root: Path) -> RealRuns:
 
 if __name__ == "__main__":
     generate(Path(sys.argv[1]))
+
+
+def known_pairs(spec: RunSpec) -> list[Any]:
+    """The pairs a correct pairing must find, read from the run's real logs by the known answer.
+
+    This is not a pairing implementation: it looks up, for each request the scenario *made*
+    pairable, the rank-0 rollout step that logged it and the micro batch that holds it alone, so
+    compare and report tests run without depending on the pairing stage.
+    """
+    from verl_consistency.hooks import records
+    from verl_consistency.postprocess.model import DumpRef, Pair
+
+    def rank_dir(side: str, rec: dict[str, Any]) -> DumpRef:
+        d = spec.run_dir / rec["dump_path"] / f"step{rec['step']}" / f"rank{rec['rank']}"
+        return DumpRef(
+            side=side,  # type: ignore[arg-type]
+            pid=rec["pid"],
+            rank=rec["rank"],
+            step=rec["step"],
+            dir=d.relative_to(spec.run_dir).as_posix(),
+        )
+
+    def lines(pattern: str) -> list[dict[str, Any]]:
+        return [json.loads(x) for f in sorted(spec.run_dir.glob(pattern)) for x in f.read_text().splitlines()]
+
+    roll = [
+        r for r in lines(f"rollout/*/{records.DISPATCH_LOG}") if r["rank"] == 0 and r["phase"] == "prefill"
+    ]
+    act = lines(f"actor/*/{records.UPDATE_ACTOR_LOG}")
+    out = []
+    for rid in spec.paired_requests:
+        r = next(
+            r
+            for r in roll
+            if any(records.base_request_id(q["request_id"]) == rid for q in r["requests"])
+            and (len(r["requests"]) == 1 or r.get("captured_request_id"))
+        )
+        a = next(a for a in act if a["request_ids"] == [rid])
+        vid = next(q["request_id"] for q in r["requests"] if records.base_request_id(q["request_id"]) == rid)
+        out.append(
+            Pair(
+                pair_id=f"{rid}.r{r['rank']}.a{a['rank']}",
+                request_id=rid,
+                vllm_request_id=vid,
+                rollout=rank_dir("rollout", r),
+                actor=rank_dir("actor", a),
+                backend="fsdp",
+                prompt_tokens=PROMPT_LEN[rid],
+                scoped=len(r["requests"]) > 1,
+                task="tensor" if spec.task == "tensor" else "statistics",
+            )
+        )
+    return out
