@@ -65,7 +65,8 @@ def test_statistics_first_divergence_is_the_changed_module(stats_result) -> None
         assert c.rows_shape_only_error > 10
         assert c.msprobe_first_diff is not None
         for rel in (c.csv, c.rows_csv, c.first_diff_json, c.log):
-            assert rel is not None and (out / rel).is_file(), rel
+            assert rel is not None
+            assert (out / rel).is_file(), rel
 
 
 def test_unmatched_rows_are_filtered(stats_result) -> None:
