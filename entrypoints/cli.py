@@ -33,6 +33,11 @@ def version_cmd() -> None:
         typer.echo(f"  {name} {value}")
 
 
+from verl_consistency.postprocess import cli as _postprocess_cli  # noqa: E402
+
+_postprocess_cli.register(app)
+
+
 def main() -> int:
     app()
     return 0

@@ -57,6 +57,11 @@ class UnpairedReason(StrEnum):
     DUPLICATE_ID = "duplicate_id"
     OUTSIDE_RUN = "outside_run"
     BAD_LOG_LINE = "bad_log_line"
+    SPEC_DECODING = "spec_decoding"
+    TP_SHARDING_MISMATCH = "tp_sharding_mismatch"
+    REPEATED_MICRO_BATCH = "repeated_micro_batch"
+    LOG_UNREADABLE = "log_unreadable"
+    NO_REQUEST_ID = "no_request_id"
 
 
 class Unpaired(_Model):
