@@ -348,10 +348,11 @@ def _read_rollout(
                     raise TypeError("request_id must be a string and tokens an integer")
                 prompt = req.get("prompt_tokens")
                 computed = req.get("num_computed_tokens") or 0
-                if req.get("type") != "new" or (prompt is not None and tokens < prompt):
-                    why = R.CHUNKED_PREFILL
-                elif computed > 0:
+                # A prefix-cache hit also schedules fewer tokens than the prompt: test it first.
+                if computed > 0 and req.get("type") == "new":
                     why = R.PREFIX_CACHE_HIT
+                elif req.get("type") != "new" or (prompt is not None and tokens < prompt):
+                    why = R.CHUNKED_PREFILL
                 elif not scoped and attn in _NOT_WHOLE_STATES:
                     why = _NOT_WHOLE_STATES[attn]
                 elif o.get("dumped", True) is False:
