@@ -5,9 +5,9 @@ Rules (the README's "Pairing rules" section is the user-facing copy):
 * **Usable inference step**: a dumped prefill that holds exactly one request, of type ``new``,
   scheduled for its whole prompt (``tokens == prompt_tokens``: no chunked prefill) with nothing
   computed before (``num_computed_tokens == 0``: no prefix-cache hit). In request-scoped mode
-  (``captured_request_id`` on the record) a multi-request step is usable for the captured request
+  (``scoped_request_id`` on the record) a multi-request step is usable for the captured request
   alone, when that request meets the same test; the pair is marked ``scoped``. (The field is read
-  from the raw record, so ``scoped_request_id``, an earlier spelling, is accepted too.)
+  from the raw record, so ``captured_request_id``, another spelling, is accepted too.)
 * **Usable training step**: a micro batch holding exactly one request id.
 * **Ids**: vLLM's trailing ``-[0-9a-f]{8}`` is stripped (``records.split_vllm_request_id``); n>1
   children ``{i}_{id}-{8hex}`` share their parent's id, and the lowest child is paired (its
@@ -316,7 +316,7 @@ def _read_rollout(
                 if attn == "SpecDecoding":
                     bulk[R.SPEC_DECODING] += 1
                     continue
-                captured = o.get("captured_request_id") or o.get("scoped_request_id")
+                captured = o.get("scoped_request_id") or o.get("captured_request_id")
                 scoped = False
                 if len(reqs) == 1:
                     req = reqs[0]
@@ -327,7 +327,7 @@ def _read_rollout(
                             rep,
                             log,
                             lineno,
-                            f"captured_request_id {captured!r} is not among the step's requests",
+                            f"scoped_request_id {captured!r} is not among the step's requests",
                         )
                         continue
                     scoped = True

@@ -110,13 +110,13 @@ def postprocess(
         "megatron" if (run_json or {}).get("backend") == "megatron" else "fsdp"
     )
 
+    out_dir = (out or roots.run_dir.parent / layout.BUNDLES_DIR).resolve()
+    if any(_inside(out_dir, r) for r in (roots.run_dir, roots.rollout, roots.actor)):
+        raise discover.BadInput(
+            f"--out {out_dir} lies inside the run or a dump folder; choose a folder outside the inputs"
+        )
     result = pair_run(roots, default_backend=backend, progress=hooks.stage)
 
-    out_dir = (out or roots.run_dir.parent / layout.BUNDLES_DIR).resolve()
-    if _inside(out_dir, roots.rollout) or _inside(out_dir, roots.actor):
-        raise discover.BadInput(
-            f"--out {out_dir} lies inside a dump folder; choose a folder outside the inputs"
-        )
     work = out_dir / f"work-{run_id}"
     if work.exists():
         shutil.rmtree(work)  # our own scratch from an earlier run: rebuilt every time

@@ -368,5 +368,8 @@ def test_empty_micro_batches_are_counted_as_no_request_id(tmp_path):
 
 def test_out_inside_a_dump_folder_is_refused(tmp_path):
     t = base_tree(tmp_path / "tree")
-    with pytest.raises(discover.BadInput, match="inside a dump folder"):
-        pipeline.postprocess(t.run_dir, out=t.run_dir / "rollout" / "b", compare=False)
+    before = tree_digest(tmp_path / "tree")
+    for inside in (t.run_dir / "rollout" / "b", t.run_dir, t.run_dir / "x"):
+        with pytest.raises(discover.BadInput, match="inside the run or a dump folder"):
+            pipeline.postprocess(t.run_dir, out=inside, compare=False)
+    assert tree_digest(tmp_path / "tree") == before
