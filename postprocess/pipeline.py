@@ -74,6 +74,18 @@ def run_id_for(run_dir: Path, run_json: dict[str, Any] | None) -> str:
     return name[:128]
 
 
+def backend_of(run_json: dict[str, Any] | None) -> Literal["fsdp", "megatron"]:
+    """For training records that do not say their backend (the recipe's): the run's actor
+    strategy, from run.json's overrides; FSDP otherwise (verl's default)."""
+    rj = run_json or {}
+    words = [str(x) for key in ("overrides", "user_overrides", "command") for x in (rj.get(key) or [])]
+    if rj.get("backend") == "megatron" or any(
+        w.lstrip("+").startswith("actor_rollout_ref.actor.strategy=megatron") for w in words
+    ):
+        return "megatron"
+    return "fsdp"
+
+
 def read_run_json(path: Path, warnings: list[str]) -> dict[str, Any] | None:
     if not path.is_file():
         return None
@@ -106,9 +118,7 @@ def postprocess(
     run_json_path = roots.run_dir / layout.RUN_MANIFEST
     run_json = read_run_json(run_json_path, warnings)
     run_id = run_id_for(roots.run_dir, run_json)
-    backend: Literal["fsdp", "megatron"] = (
-        "megatron" if (run_json or {}).get("backend") == "megatron" else "fsdp"
-    )
+    backend = backend_of(run_json)
 
     out_dir = (out or roots.run_dir.parent / layout.BUNDLES_DIR).resolve()
     if any(_inside(out_dir, r) for r in (roots.run_dir, roots.rollout, roots.actor)):
