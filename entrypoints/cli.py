@@ -11,6 +11,7 @@ import typer
 from verl_consistency import __version__, run_cmd
 from verl_consistency.patches import pins
 from verl_consistency.patches.cli import app as patches_app
+from verl_consistency.postprocess import cli as postprocess_cli
 
 app = typer.Typer(
     name="verl-consistency",
@@ -38,6 +39,7 @@ def version_cmd() -> None:
 
 
 run_cmd.register(app)
+postprocess_cli.register(app)
 
 
 def main() -> int:

@@ -30,7 +30,7 @@ class Pair(_Model):
     """A vLLM prefill of one request, and a training micro batch of exactly that request."""
 
     pair_id: str
-    """Stable, file-name safe: ``<request_id>.r<rollout rank>.a<actor rank>``."""
+    """Stable, file-name safe: ``<request_id>[.c<n>1 child>].r<rollout rank>.a<actor rank>``."""
     request_id: str
     """The id verl sent (vLLM's suffix stripped)."""
     vllm_request_id: str
@@ -57,6 +57,11 @@ class UnpairedReason(StrEnum):
     DUPLICATE_ID = "duplicate_id"
     OUTSIDE_RUN = "outside_run"
     BAD_LOG_LINE = "bad_log_line"
+    SPEC_DECODING = "spec_decoding"
+    TP_SHARDING_MISMATCH = "tp_sharding_mismatch"
+    REPEATED_MICRO_BATCH = "repeated_micro_batch"
+    LOG_UNREADABLE = "log_unreadable"
+    NO_REQUEST_ID = "no_request_id"
 
 
 class Unpaired(_Model):

@@ -1,0 +1,319 @@
+"""Find and read a run's logs and dumps without trusting them, and without changing them.
+
+A run folder follows ``verl_consistency.layout`` (``rollout/<pid>/...``, ``actor/<pid>/...``),
+but users also point us at dumps they made by hand with the public recipe, where the actor's
+``step{N}`` folders lie directly under the actor dump root and the pid folders hold only the
+log. Both are read through :class:`Roots`, which maps every file to a *virtual* path
+``rollout/<rel>`` or ``actor/<rel>`` (relative to that side's root). For a standard run folder
+the virtual path is the run-relative path, which is also the bundle path, so manifests stay
+valid after download.
+
+Everything read here is opened read-only. Anything that resolves outside the roots (a symlink
+planted in a dump folder, an absolute ``dump_path`` from someone else's config) is refused and
+reported, never followed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import orjson
+
+from verl_consistency import layout
+from verl_consistency.hooks import records
+from verl_consistency.postprocess.model import Unpaired, UnpairedReason
+
+Side = Literal["rollout", "actor"]
+Report = Callable[[Unpaired], None]
+
+STEP_DIR_RE = re.compile(r"^step_?(\d+)$")
+"""msprobe writes ``step{N}``; the recipe's text spells it ``step_{N}``. Both are read."""
+
+DUMP_FILES = ("dump.json", "stack.json", "construct.json")
+TENSOR_DIR = "dump_tensor_data"
+
+
+class BadInput(Exception):
+    """The inputs cannot be read at all. The message says what to do next."""
+
+
+@dataclass(frozen=True)
+class Roots:
+    """Where each side's dumps live, resolved once (so a symlinked root is fine, an escape is not)."""
+
+    run_dir: Path
+    rollout: Path
+    actor: Path
+
+    @classmethod
+    def open(
+        cls,
+        run_dir: str | os.PathLike[str],
+        rollout_dir: str | os.PathLike[str] | None = None,
+        actor_dir: str | os.PathLike[str] | None = None,
+    ) -> Roots:
+        run = Path(run_dir)
+        if not run.is_dir():
+            raise BadInput(f"{run}: not a folder. Pass the run folder (<dump root>/<run id>).")
+        run = run.resolve()
+        roll = Path(rollout_dir) if rollout_dir is not None else run / layout.ROLLOUT_DIR
+        act = Path(actor_dir) if actor_dir is not None else run / layout.ACTOR_DIR
+        for side, root, flag in (("rollout", roll, "--rollout-dir"), ("actor", act, "--actor-dir")):
+            if not root.is_dir():
+                raise BadInput(
+                    f"{root}: no {side} dump folder. A run folder holds rollout/ and actor/; for dumps "
+                    f"made by hand with the recipe, pass {flag} (msprobe's dump_path of that side)."
+                )
+        return cls(run, roll.resolve(), act.resolve())
+
+    @property
+    def standard(self) -> bool:
+        """True when both sides live in the run folder, so virtual paths are run-relative paths."""
+        return (
+            self.rollout == self.run_dir / layout.ROLLOUT_DIR
+            and self.actor == self.run_dir / layout.ACTOR_DIR
+        )
+
+    def root(self, side: Side) -> Path:
+        return self.rollout if side == "rollout" else self.actor
+
+    def to_virtual(self, side: Side, real: Path) -> str | None:
+        """``real`` (already resolved) as ``<side>/<rel>``, or None when it is outside that root."""
+        try:
+            rel = real.relative_to(self.root(side))
+        except ValueError:
+            return None
+        return side if rel == Path(".") else f"{side}/{rel.as_posix()}"
+
+    def to_real(self, virtual: str) -> Path:
+        side, _, rel = virtual.partition("/")
+        if side not in ("rollout", "actor"):
+            raise ValueError(f"{virtual!r} is not a rollout/ or actor/ path")
+        return self.root(side) / rel if rel else self.root(side)  # type: ignore[arg-type]
+
+    def contain(self, side: Side, path: Path) -> Path | None:
+        """``path`` resolved, if it stays inside the side's root; None if a link leads outside."""
+        try:
+            real = path.resolve(strict=True)
+        except (OSError, RuntimeError):
+            return None
+        return real if self.to_virtual(side, real) is not None else None
+
+    def resolve_dump_path(self, side: Side, dump_path: str) -> Path | None:
+        """A record's ``dump_path`` (relative to the run folder, or absolute) as a path under the
+        side's root, or None when it points elsewhere (reported as ``outside_run``)."""
+        p = Path(dump_path)
+        if not p.is_absolute():
+            p = self.run_dir / p
+        p = Path(os.path.normpath(p))
+        if self.to_virtual(side, p) is not None:
+            return p
+        # Someone moved the run folder: a stale absolute path is still recognisable by its tail.
+        return None
+
+
+@dataclass(frozen=True)
+class LogFile:
+    side: Side
+    path: Path
+    """Resolved path of the log."""
+    virtual: str
+    """``rollout/<pid>/dispatch_log.jsonl`` etc."""
+
+    @property
+    def dir(self) -> Path:
+        return self.path.parent
+
+
+def find_logs(roots: Roots, side: Side, report: Report) -> list[LogFile]:
+    """The side's logs: ``<root>/<pid>/<log>`` and, for hand-made single-process dumps, ``<root>/<log>``."""
+    name = records.DISPATCH_LOG if side == "rollout" else records.UPDATE_ACTOR_LOG
+    root = roots.root(side)
+    candidates = [root / name]
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError as exc:
+        raise BadInput(f"{root}: cannot list the {side} dump folder ({exc.strerror})") from exc
+    candidates += [Path(e.path) / name for e in entries if _is_dir_noescape(e)]
+    found: list[LogFile] = []
+    for cand in candidates:
+        if not os.path.lexists(cand):
+            continue
+        virtual = f"{side}/{cand.relative_to(root).as_posix()}"
+        real = roots.contain(side, cand)
+        if real is None:
+            reason = UnpairedReason.OUTSIDE_RUN if cand.exists() else UnpairedReason.LOG_UNREADABLE
+            report(
+                Unpaired(
+                    subject="log_line",
+                    ref=virtual,
+                    reason=reason,
+                    detail="a symlink that leads outside the dump folder, or a dangling one: not read",
+                )
+            )
+            continue
+        if not stat.S_ISREG(real.stat().st_mode):
+            report(
+                Unpaired(
+                    subject="log_line",
+                    ref=virtual,
+                    reason=UnpairedReason.LOG_UNREADABLE,
+                    detail="not a regular file",
+                )
+            )
+            continue
+        found.append(LogFile(side, real, virtual))
+    return found
+
+
+def _is_dir_noescape(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+_BLOCK = 8 << 20
+
+
+def _blocks(fh: IO[bytes]) -> Iterator[list[bytes]]:
+    """Lines in batches read 8 MiB at a time (much cheaper than iterating the file by line)."""
+    tail = b""
+    while block := fh.read(_BLOCK):
+        lines = (tail + block).split(b"\n")
+        tail = lines.pop()
+        yield lines
+    if tail:
+        yield [tail]
+
+
+def iter_jsonl(log: LogFile, report: Report) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for every parsable line. A bad line is reported as ``file:line``
+    and skipped, so one torn write (a worker killed mid-line) never hides the rest of the log."""
+    try:
+        fh = log.path.open("rb")
+    except OSError as exc:
+        report(
+            Unpaired(
+                subject="log_line",
+                ref=log.virtual,
+                reason=UnpairedReason.LOG_UNREADABLE,
+                detail=f"{exc.strerror or exc}: check the file's permissions",
+            )
+        )
+        return
+    loads = orjson.loads
+    lineno = 0
+    with fh:
+        try:
+            for lines in _blocks(fh):
+                for line in lines:
+                    lineno += 1
+                    try:
+                        obj = loads(line)
+                    except orjson.JSONDecodeError as exc:
+                        if not line.strip():
+                            continue
+                        obj = _lenient(line)
+                        if obj is None:
+                            report(
+                                Unpaired(
+                                    subject="log_line",
+                                    ref=f"{log.virtual}:{lineno}",
+                                    reason=UnpairedReason.BAD_LOG_LINE,
+                                    detail=f"not JSON: {exc}",
+                                )
+                            )
+                            continue
+                    if type(obj) is not dict:
+                        report(
+                            Unpaired(
+                                subject="log_line",
+                                ref=f"{log.virtual}:{lineno}",
+                                reason=UnpairedReason.BAD_LOG_LINE,
+                                detail="not a JSON object",
+                            )
+                        )
+                        continue
+                    yield lineno, obj
+        except OSError as exc:
+            report(
+                Unpaired(
+                    subject="log_line",
+                    ref=log.virtual,
+                    reason=UnpairedReason.LOG_UNREADABLE,
+                    detail=f"read failed part-way: {exc.strerror or exc}; earlier lines were used",
+                )
+            )
+
+
+def _lenient(line: bytes) -> Any:
+    """Python's json reads bare NaN/Infinity, which orjson refuses; anything else stays bad."""
+    try:
+        return json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+class DumpError(Exception):
+    pass
+
+
+def read_dump_json(path: Path) -> dict[str, Any]:
+    """A whole dump.json, checked to be msprobe's shape. NaN/Infinity (bare, as msprobe writes
+    them for overflowing tensors) are accepted; truncation and garbage raise :class:`DumpError`."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DumpError(f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            obj = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise DumpError(f"not valid JSON (truncated or corrupt?): {exc}") from exc
+    if not isinstance(obj, dict) or not isinstance(obj.get("data"), dict):
+        raise DumpError("not an msprobe dump.json: no 'data' object")
+    return obj
+
+
+def step_dir(base: Path, step: int) -> Path | None:
+    """``step{N}`` (msprobe) or ``step_{N}`` (the recipe's spelling) under ``base``."""
+    for name in (f"step{step}", f"step_{step}"):
+        cand = base / name
+        if cand.is_dir():
+            return cand
+    return None
+
+
+def rank_dir(step_path: Path, rank: int, pid: int) -> Path | None:
+    """The folder holding dump.json: ``rank{R}``, ``rank_{R}``, ``proc{pid}`` (no
+    torch.distributed), 8.3's bare ``rank``; or the only dumped folder when the step folder
+    belongs to one process (the per-pid layout), whatever msprobe called it."""
+    for name in (f"rank{rank}", f"rank_{rank}", f"proc{pid}", "rank"):
+        cand = step_path / name
+        if os.path.lexists(cand / "dump.json"):
+            return cand
+    try:
+        dumped = [
+            e
+            for e in os.scandir(step_path)
+            if e.is_dir(follow_symlinks=False) and os.path.lexists(os.path.join(e.path, "dump.json"))
+        ]
+    except OSError:
+        return None
+    # A lone rank{X} of another rank is that rank's dump (shared recipe-style root), not ours.
+    if len(dumped) == 1 and not _OTHER_RANK_RE.match(dumped[0].name):
+        return Path(dumped[0].path)
+    return None
+
+
+_OTHER_RANK_RE = re.compile(r"^rank_?\d+$")

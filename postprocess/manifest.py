@@ -1,0 +1,87 @@
+"""The bundle manifest: what a downloaded bundle holds and why, versioned, with a JSON schema.
+
+Every path in it is relative to the bundle root, so it stays valid after extraction anywhere.
+``verify`` trusts nothing else in the archive: each file it lists must be present with the same
+size and sha256, and nothing unlisted may be present.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from verl_consistency import __version__
+from verl_consistency.postprocess.model import Pair, Unpaired
+
+MANIFEST_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+SCHEMA_NAME = "manifest.schema.json"
+RESULTS_DIR = "results"
+RUN_MANIFEST_NAME = "run.json"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FileEntry(_Model):
+    path: str
+    size: int
+    sha256: str
+    kind: Literal["dump", "log", "run_manifest", "result", "schema"]
+
+
+class Source(_Model):
+    """Where the inputs were read from (informational: the bundle does not need them)."""
+
+    run_dir: str
+    rollout_dir: str
+    actor_dir: str
+    layout: Literal["run", "custom"] = Field(
+        description="'run': rollout/ and actor/ inside the run folder; 'custom': --rollout-dir/--actor-dir"
+    )
+
+
+class PairingSummary(_Model):
+    dispatch_records: int
+    actor_records: int
+    pairs: int
+    tp_rule: str
+    unpaired_counts: dict[str, dict[str, int]] = Field(
+        description="subject -> reason -> number of log records (one per rank) or requests"
+    )
+    unpaired_truncated: bool = Field(
+        description="True when some reason had more entries than are listed in 'unpaired'"
+    )
+
+
+class BundleManifest(_Model):
+    manifest_version: Literal[1] = MANIFEST_VERSION
+    tool: Literal["verl-consistency"] = "verl-consistency"
+    tool_version: str = __version__
+    run_id: str
+    created: str = Field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    source: Source
+    run_manifest: str | None = Field(
+        default=None, description="bundle path of run.json, when the run had one"
+    )
+    pairing: PairingSummary
+    pairs: list[Pair]
+    unpaired: list[Unpaired]
+    results_dir: str | None = Field(
+        default=None, description="bundle folder of the compare results and report; None with --no-compare"
+    )
+    comparisons: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="compare's PairComparison records; their file paths are relative to results_dir",
+    )
+    warnings: list[str] = Field(default_factory=list)
+    files: list[FileEntry] = Field(description="every file in the bundle except manifest.json itself")
+
+
+def schema_bytes() -> bytes:
+    import json
+
+    return (json.dumps(BundleManifest.model_json_schema(), indent=1, sort_keys=True) + "\n").encode()

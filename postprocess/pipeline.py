@@ -1,0 +1,258 @@
+"""pair → compare → report → bundle, for one run folder. No terminal code here: the CLI passes
+callbacks for progress, so tests and the Kubernetes Job run the very same function.
+
+Exit codes (also in the README; the k8s Job's ``backoffLimit`` logic relies on them):
+
+=====  =====================================================================================
+0      at least one pair, every compare (if run) finished; the bundle is written
+3      bad input: the run folder or a side's dump folder is missing or unreadable
+4      nothing paired: the bundle is still written, with every unpaired reason
+5      some compares failed (or compare/report crashed): the bundle is written, with the errors
+6      (verify/extract) a checksum or the file list does not match the manifest
+=====  =====================================================================================
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from verl_consistency import layout
+from verl_consistency.postprocess import bundle as bundle_mod
+from verl_consistency.postprocess import discover
+from verl_consistency.postprocess.manifest import (
+    RESULTS_DIR,
+    RUN_MANIFEST_NAME,
+    BundleManifest,
+    FileEntry,
+    PairingSummary,
+    Source,
+)
+from verl_consistency.postprocess.pairing import PairingResult, pair_run
+
+
+class Exit(IntEnum):
+    OK = 0
+    BAD_INPUT = 3
+    NOTHING_PAIRED = 4
+    COMPARE_FAILED = 5
+    CHECKSUM_MISMATCH = 6
+
+
+@dataclass
+class Hooks:
+    """Callbacks the CLI turns into progress bars and messages."""
+
+    stage: Callable[[str, int, int], None] = lambda _s, _d, _t: None
+    compared: Callable[[Any], None] = lambda _c: None
+    warn: Callable[[str], None] = lambda _m: None
+
+
+@dataclass
+class Outcome:
+    code: Exit
+    result: PairingResult
+    bundle: Path
+    manifest: BundleManifest
+    warnings: list[str] = field(default_factory=list)
+
+
+def run_id_for(run_dir: Path, run_json: dict[str, Any] | None) -> str:
+    """The run manifest's id when it has a valid one, else the folder name made safe."""
+    rid = run_json.get("run_id") if run_json else None
+    if isinstance(rid, str) and layout.RUN_ID_RE.match(rid):
+        return rid
+    name = re.sub(r"[^a-z0-9._-]+", "-", run_dir.name.lower()).strip("-._") or "run"
+    return name[:128]
+
+
+def backend_of(run_json: dict[str, Any] | None) -> Literal["fsdp", "megatron"]:
+    """For training records that do not say their backend (the recipe's): the run's actor
+    strategy, from run.json's overrides; FSDP otherwise (verl's default)."""
+    rj = run_json or {}
+    words = [str(x) for key in ("overrides", "user_overrides", "command") for x in (rj.get(key) or [])]
+    if rj.get("backend") == "megatron" or any(
+        w.lstrip("+").startswith("actor_rollout_ref.actor.strategy=megatron") for w in words
+    ):
+        return "megatron"
+    return "fsdp"
+
+
+def read_run_json(path: Path, warnings: list[str]) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        obj = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        warnings.append(f"{path}: unreadable run manifest ({exc}); continuing without it")
+        return None
+    if not isinstance(obj, dict):
+        warnings.append(f"{path}: run manifest is not a JSON object; continuing without it")
+        return None
+    return obj
+
+
+def postprocess(
+    run_dir: Path,
+    *,
+    out: Path | None = None,
+    compare: bool = True,
+    jobs: int = 2,
+    rollout_dir: Path | None = None,
+    actor_dir: Path | None = None,
+    level: int = bundle_mod.DEFAULT_LEVEL,
+    hooks: Hooks | None = None,
+) -> Outcome:
+    """Raises ``discover.BadInput`` when the inputs cannot be read at all."""
+    hooks = hooks or Hooks()
+    roots = discover.Roots.open(run_dir, rollout_dir, actor_dir)
+    warnings: list[str] = []
+    run_json_path = roots.run_dir / layout.RUN_MANIFEST
+    run_json = read_run_json(run_json_path, warnings)
+    run_id = run_id_for(roots.run_dir, run_json)
+    backend = backend_of(run_json)
+
+    out_dir = (out or roots.run_dir.parent / layout.BUNDLES_DIR).resolve()
+    if any(_inside(out_dir, r) for r in (roots.run_dir, roots.rollout, roots.actor)):
+        raise discover.BadInput(
+            f"--out {out_dir} lies inside the run or a dump folder; choose a folder outside the inputs"
+        )
+    result = pair_run(roots, default_backend=backend, progress=hooks.stage)
+
+    work = out_dir / f"work-{run_id}"
+    if work.exists():
+        shutil.rmtree(work)  # our own scratch from an earlier run: rebuilt every time
+    results = work / RESULTS_DIR
+    results.mkdir(parents=True)
+
+    comparisons: list[Any] = []
+    failed = False
+    if compare and result.pairs:
+        comparisons, failed = _compare(roots, work, results, result, jobs, hooks, warnings)
+    if compare:
+        failed |= not _report(results, run_id, result, comparisons, warnings)
+
+    for w in warnings:
+        hooks.warn(w)
+
+    def make_manifest(files: list[FileEntry]) -> BundleManifest:
+        return BundleManifest(
+            run_id=run_id,
+            source=Source(
+                run_dir=str(roots.run_dir),
+                rollout_dir=str(roots.rollout),
+                actor_dir=str(roots.actor),
+                layout="run" if roots.standard else "custom",
+            ),
+            run_manifest=RUN_MANIFEST_NAME if run_json is not None else None,
+            pairing=PairingSummary(
+                dispatch_records=result.dispatch_records,
+                actor_records=result.actor_records,
+                pairs=len(result.pairs),
+                tp_rule=result.tp_rule,
+                unpaired_counts=result.counts,
+                unpaired_truncated=result.truncated,
+            ),
+            pairs=result.pairs,
+            unpaired=result.unpaired,
+            results_dir=RESULTS_DIR if compare else None,
+            comparisons=[
+                c.model_dump(mode="json") if hasattr(c, "model_dump") else dict(c) for c in comparisons
+            ],
+            warnings=warnings,
+            files=files,
+        )
+
+    items = bundle_mod.collect(
+        result,
+        run_json=run_json_path if run_json is not None else None,
+        results_dir=results if compare else None,
+    )
+    dest = out_dir / f"bundle-{run_id}.tar.zst"
+    manifest = bundle_mod.write_bundle(
+        dest, items, make_manifest, level=level, progress=lambda d, t: hooks.stage("bundle", d, t)
+    )
+    if not result.pairs:
+        code = Exit.NOTHING_PAIRED
+    elif failed:
+        code = Exit.COMPARE_FAILED
+    else:
+        code = Exit.OK
+    return Outcome(code, result, dest, manifest, warnings)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _compare(
+    roots: discover.Roots,
+    work: Path,
+    results: Path,
+    result: PairingResult,
+    jobs: int,
+    hooks: Hooks,
+    warnings: list[str],
+) -> tuple[list[Any], bool]:
+    try:
+        from verl_consistency.postprocess.compare import compare_pairs
+    except ImportError as exc:
+        warnings.append(f"compare is not available ({exc}); rerun with --no-compare to silence this")
+        return [], True
+    # compare reads pair paths relative to a run folder; when the sides were given separately,
+    # a folder of two symlinks stands in for it (read-only use, inside our scratch folder).
+    view = roots.run_dir
+    if not roots.standard:
+        view = work / "view"
+        view.mkdir()
+        os.symlink(roots.rollout, view / layout.ROLLOUT_DIR)
+        os.symlink(roots.actor, view / layout.ACTOR_DIR)
+    total = len(result.pairs)
+    done = 0
+
+    def on_done(c: Any) -> None:
+        nonlocal done
+        done += 1
+        hooks.stage("compare", done, total)
+        hooks.compared(c)
+
+    try:
+        comparisons = list(compare_pairs(view, result.pairs, results, jobs=jobs, on_done=on_done))
+    except Exception as exc:  # a crash in compare must not lose the pairing work
+        warnings.append(f"compare failed: {type(exc).__name__}: {exc}")
+        return [], True
+    finally:
+        if view != roots.run_dir:
+            shutil.rmtree(view, ignore_errors=True)
+    failed = [c for c in comparisons if getattr(c, "error", None)]
+    if failed:
+        warnings.append(
+            f"{len(failed)} of {len(comparisons)} compares failed; see the manifest's comparisons"
+        )
+    return comparisons, bool(failed)
+
+
+def _report(
+    results: Path, run_id: str, result: PairingResult, comparisons: list[Any], warnings: list[str]
+) -> bool:
+    try:
+        from verl_consistency.postprocess.report import write_report
+    except ImportError as exc:
+        warnings.append(f"report is not available ({exc})")
+        return False
+    try:
+        write_report(
+            results, run_id=run_id, pairs=result.pairs, unpaired=result.unpaired, comparisons=comparisons
+        )
+    except Exception as exc:  # the bundle is still worth writing without its report
+        warnings.append(f"report failed: {type(exc).__name__}: {exc}")
+        return False
+    return True
