@@ -54,7 +54,6 @@ _MODULES = {
 
 ALL_MODES: frozenset[Mode] = frozenset(Mode)
 ALL_PHASES: frozenset[DumpPhase] = frozenset(DumpPhase)
-LOG_PROB_DUMPED: frozenset[DumpPhase] = frozenset({DumpPhase.LOG_PROB, DumpPhase.ALL})
 
 RUNTIME_ENV_PREFIX = "ray_kwargs.ray_init.runtime_env.env_vars"
 """Where verl 0.8.0 takes the Ray job's env vars from (``verl/trainer/main_ppo.py`` ``run_ppo``)."""
@@ -237,11 +236,10 @@ REQUIRED: tuple[Override, ...] = (
     Override(
         key="algorithm.rollout_correction",
         value=None,
-        phases=LOG_PROB_DUMPED,
         why="null turns bypass mode off, so verl recomputes old log-probs (bypass mode skips that "
-        "forward and leaves the log_prob training dump empty), and it skips rollout-correction "
-        "IS/RS, which raises 'response_mask must contain at least one valid token' on "
-        "prompt-only batches (verl 0.8.0 ray_trainer.py / separation/ray_trainer.py)",
+        "forward and leaves the log_prob training dump empty; the PROMPTS_ONLY trim refuses it in "
+        "every phase, since bypass mode would train on rollout log-probs that the trim drops), and "
+        "it skips rollout-correction IS/RS on prompt-only batches (verl 0.8.0 ray_trainer.py)",
     ),
     Override(
         key="actor_rollout_ref.hybrid_engine",

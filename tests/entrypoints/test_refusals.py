@@ -118,8 +118,9 @@ def test_compatible_overrides_pass_through(tmp_path: Path, override: str) -> Non
     assert sum(o.split("=")[0] == key for o in overrides) == 1
 
 
-def test_bypass_allowed_when_only_update_actor_is_dumped(tmp_path: Path) -> None:
-    """Bypass mode only empties the log_prob dump; with --phase update_actor it passes through."""
+def test_bypass_refused_even_when_only_update_actor_is_dumped(tmp_path: Path) -> None:
+    """The PROMPTS_ONLY trim drops rollout log-probs, so bypass mode would fail at the first step
+    in every phase (patches/hooks/prompts_only.py): refuse it up front, not after an NPU-hour."""
     result = CliRunner().invoke(
         app,
         [
@@ -136,8 +137,8 @@ def test_bypass_allowed_when_only_update_actor_is_dumped(tmp_path: Path) -> None
             "algorithm.rollout_correction.bypass_mode=True",
         ],
     )
-    assert result.exit_code == 0, result.output
-    assert "algorithm.rollout_correction=null" not in result.output
+    assert result.exit_code == 2, result.output
+    assert "algorithm.rollout_correction" in result.output
 
 
 def test_conflicting_caller_environment_is_refused(tmp_path: Path) -> None:

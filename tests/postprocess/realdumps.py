@@ -208,6 +208,7 @@ def _run_worker(w: Worker, dump_root: Path) -> None:
     """One simulated worker process: its own msprobe debugger, dump folder and JSONL log."""
     import torch
     from msprobe.pytorch import PrecisionDebugger
+
     from verl_consistency import layout
     from verl_consistency.hooks import records
 
