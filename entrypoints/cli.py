@@ -33,6 +33,11 @@ def version_cmd() -> None:
         typer.echo(f"  {name} {value}")
 
 
+from verl_consistency.postprocess.rayjob_wait import wait_rayjob_cmd  # noqa: E402 - k8s stage
+
+app.command("wait-rayjob")(wait_rayjob_cmd)
+
+
 def main() -> int:
     app()
     return 0
