@@ -98,10 +98,10 @@ class LoopbackCluster:
             ],
             "head",
         )
-        self._wait_nodes(1, timeout)
+        self._wait_started("head", timeout)
         # One at a time: nodes on one host share the session dir, and two raylets starting
         # together pick the same socket names.
-        for count, node in enumerate(self.workers, start=2):
+        for node in self.workers:
             self._start(
                 [
                     f"--address={self.address}",
@@ -111,8 +111,21 @@ class LoopbackCluster:
                 ],
                 node.name,
             )
-            self._wait_nodes(count, timeout)
+            self._wait_started(node.name, timeout)
+        self._wait_nodes(1 + len(self.workers), timeout)
         return self
+
+    def _wait_started(self, log_name: str, timeout: float) -> None:
+        """`ray start` prints this once its node has registered with the GCS."""
+        log = self.temp_dir / f"{log_name}.log"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "Ray runtime started" in log.read_text(errors="replace"):
+                return
+            if any(p.poll() is not None for p in self.procs):
+                raise RuntimeError(f"a ray node exited early: {self.logs()}")
+            time.sleep(0.5)
+        raise TimeoutError(f"ray node {log_name} did not start in {timeout}s: {self.logs()}")
 
     def _wait_nodes(self, count: int, timeout: float) -> None:
         """Poll the GCS from a throw-away process until ``count`` nodes are alive."""
