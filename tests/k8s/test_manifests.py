@@ -68,7 +68,8 @@ def npu_limit(group: dict[str, Any]) -> tuple[str, int]:
 def test_every_source_renders_the_whole_run(source: str) -> None:
     kinds = sorted(d["kind"] for d in render(source)[1])
     assert kinds == sorted(
-        ["PersistentVolumeClaim"] * 2 + ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "RayJob", "Job"]
+        ["PersistentVolumeClaim"] * 2
+        + ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "RayJob", "Job"]
     )
 
 
