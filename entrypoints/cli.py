@@ -7,9 +7,9 @@ never touches another stage's code.
 from __future__ import annotations
 
 import typer
-
-from verl_consistency import __version__
+from verl_consistency import __version__, run_cmd
 from verl_consistency.patches import pins
+from verl_consistency.postprocess.rayjob_wait import wait_rayjob_cmd
 
 app = typer.Typer(
     name="verl-consistency",
@@ -33,8 +33,7 @@ def version_cmd() -> None:
         typer.echo(f"  {name} {value}")
 
 
-from verl_consistency.postprocess.rayjob_wait import wait_rayjob_cmd  # noqa: E402 - k8s stage
-
+run_cmd.register(app)
 app.command("wait-rayjob")(wait_rayjob_cmd)
 
 
