@@ -195,7 +195,7 @@ def test_lifecycle_and_run_settings(source: str) -> None:
     (cm,) = of_kind(docs, "ConfigMap")
     check_run_id(cm["data"]["RUN_ID"])
     assert cm["data"]["RAYJOB_NAME"] == job["metadata"]["name"]
-    assert re.search(r"--run-id \$\{RUN_ID\} model=\$\{MODEL_PATH\}", spec["entrypoint"])
+    assert re.search(r"--run-id \$\{RUN_ID\} .* actor_rollout_ref\.model\.path=\$\{MODEL_PATH\} ", spec["entrypoint"])
     head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     post_c = post["spec"]["template"]["spec"]["containers"][0]
     for container in (head, post_c):
