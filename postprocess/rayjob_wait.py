@@ -111,9 +111,10 @@ def wait_for_rayjob(
                 )
         else:
             status = obj.get("status") or {}
-            seen = f"{status.get('jobDeploymentStatus', '')}/{status.get('jobStatus', '')}"
+            deployment, job = status.get("jobDeploymentStatus") or "-", status.get("jobStatus") or "-"
+            seen = f"deployment={deployment} job={job}"
             if seen != last_seen:
-                log(f"RayJob {namespace}/{name}: deployment={seen.split('/')[0] or '-'} job={seen.split('/')[1] or '-'}")
+                log(f"RayJob {namespace}/{name}: {seen}")
                 last_seen = seen
             if is_finished(status):
                 return outcome_of(name, namespace, status)
@@ -127,24 +128,26 @@ def kubernetes_getter(name: str, namespace: str, api: Any | None = None) -> GetR
     from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
 
-    if api is None:
+    custom: Any = api
+    if custom is None:
         try:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
-        api = client.CustomObjectsApi()
+        custom = client.CustomObjectsApi()
 
     def get() -> dict[str, Any] | None:
         try:
-            obj: dict[str, Any] = api.get_namespaced_custom_object(
+            obj: dict[str, Any] = custom.get_namespaced_custom_object(
                 group="ray.io", version="v1", namespace=namespace, plural="rayjobs", name=name
             )
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise RayJobUnreadable(
-                f"reading RayJob {namespace}/{name} failed: HTTP {exc.status} {exc.reason}. The ServiceAccount "
-                "needs get on rayjobs.ray.io (k8s/fully-async-rayjob.yaml, Role verl-consistency-rayjob-reader)."
+                f"reading RayJob {namespace}/{name} failed: HTTP {exc.status} {exc.reason}. The "
+                "ServiceAccount needs get on rayjobs.ray.io (k8s/fully-async-rayjob.yaml, "
+                "Role verl-consistency-rayjob-reader)."
             ) from exc
         return obj
 

@@ -110,7 +110,9 @@ def wrap(original: Callable[..., Any], mapping: Mapping[str, str]) -> Callable[.
         resource = resource_for(name, mapping)
         if resource is not None:
             bundles = pin_bundles(bundles, resource)
-            logger.info("verl-consistency: placement group %r pinned to nodes with resource %r", name, resource)
+            logger.info(
+                "verl-consistency: placement group %r pinned to nodes with resource %r", name, resource
+            )
             _warn_if_absent(resource, name)
         return original(bundles, strategy, name, *args, **kwargs)
 
@@ -137,7 +139,7 @@ def _warn_if_absent(resource: str, name: str) -> None:
 def install(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The setup hook: wrap Ray's ``placement_group`` in this process. Returns the mapping used."""
     import ray.util
-    import ray.util.placement_group  # noqa: F401 - makes sure the module is in sys.modules
+    import ray.util.placement_group
 
     env = os.environ if environ is None else environ
     mapping = parse_pool_resources(env.get(POOL_RESOURCES_ENV))

@@ -14,7 +14,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
 FILES = {"file:fully-async": K8S / "fully-async-rayjob.yaml", "file:hybrid": K8S / "hybrid-rayjob.yaml"}
-KUSTOMIZATIONS = sorted(p.parent for p in K8S.glob("*/*/kustomization.yaml") if p.parent.parent.name != "components")
+KUSTOMIZATIONS = sorted(
+    p.parent for p in K8S.glob("*/*/kustomization.yaml") if p.parent.parent.name != "components"
+)
 SOURCES = [*FILES, *(f"kustomize:{d.relative_to(K8S)}" for d in KUSTOMIZATIONS)]
 
 

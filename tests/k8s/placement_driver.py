@@ -49,7 +49,9 @@ class PoolBuilder:
         class StandInWorkerGroup:
             """Stand-in for RayWorkerGroup: the same get_placement_groups call, no torch workers."""
 
-            def __init__(self, resource_pool: Any, bin_pack: bool = True, device_name: str = "cuda", **_: Any):
+            def __init__(
+                self, resource_pool: Any, bin_pack: bool = True, device_name: str = "cuda", **_: Any
+            ):
                 strategy = "STRICT_PACK" if bin_pack else "PACK"  # RayWorkerGroup._init_with_resource_pool
                 self.pgs = resource_pool.get_placement_groups(strategy=strategy, device_name=device_name)
                 self.workers: list[Any] = []

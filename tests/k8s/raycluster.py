@@ -150,7 +150,8 @@ class LoopbackCluster:
 
     def logs(self) -> str:
         return "\n".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(self.temp_dir.glob("*.log"))
+            f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+            for p in sorted(self.temp_dir.glob("*.log"))
         )
 
     def own_pids(self) -> list[int]:

@@ -24,14 +24,17 @@ SKIPS = K8S / "checkov-skips.txt"
 
 
 def checkov() -> str:
-    for candidate in (os.environ.get("VERL_CONSISTENCY_CHECKOV"), str(REPO / ".cache/checkov-venv/bin/checkov")):
+    for candidate in (
+        os.environ.get("VERL_CONSISTENCY_CHECKOV"),
+        str(REPO / ".cache/checkov-venv/bin/checkov"),
+    ):
         if candidate and Path(candidate).is_file():
             return candidate
     found = shutil.which("checkov")
     if not found:
         pytest.skip(
-            "checkov not found: python3 -m venv .cache/checkov-venv && .cache/checkov-venv/bin/pip install checkov "
-            "(or set VERL_CONSISTENCY_CHECKOV)"
+            "checkov not found: python3 -m venv .cache/checkov-venv && "
+            ".cache/checkov-venv/bin/pip install checkov (or set VERL_CONSISTENCY_CHECKOV)"
         )
     return found
 
@@ -53,8 +56,21 @@ def test_checkov_reports_only_listed_failures(tmp_path: Path) -> None:
         files += ["-f", str(path)]
     files += ["-f", str(K8S / "bundle-reader.yaml")]
     res = subprocess.run(
-        [checkov(), *files, "--framework", "kubernetes", "--skip-download", "--quiet", "--compact", "-o", "json"],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "BC_SKIP_MAPPING": "TRUE"},
+        [
+            checkov(),
+            *files,
+            "--framework",
+            "kubernetes",
+            "--skip-download",
+            "--quiet",
+            "--compact",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "BC_SKIP_MAPPING": "TRUE"},
     )
     assert res.stdout.strip(), res.stderr[-3000:]
     reports = json.loads(res.stdout)

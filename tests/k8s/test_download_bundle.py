@@ -45,23 +45,45 @@ def kubectl(tmp_path: Path) -> Path:
     return exe
 
 
-def make(tmp_path: Path, kubectl: Path, *args: str, present: str = "") -> tuple[subprocess.CompletedProcess[str], list]:
+def make(
+    tmp_path: Path, kubectl: Path, *args: str, present: str = ""
+) -> tuple[subprocess.CompletedProcess[str], list]:
     log = tmp_path / "kubectl.log"
-    env = {**os.environ, "PATH": f"{kubectl.parent}:{os.environ['PATH']}", "KUBECTL_LOG": str(log), "PRESENT": present}
-    res = subprocess.run(["make", "--no-print-directory", "download-bundle", *args], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "PATH": f"{kubectl.parent}:{os.environ['PATH']}",
+        "KUBECTL_LOG": str(log),
+        "PRESENT": present,
+    }
+    res = subprocess.run(
+        ["make", "--no-print-directory", "download-bundle", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return res, calls
 
 
 def test_downloads_and_cleans_up(tmp_path: Path, kubectl: Path) -> None:
     dest = tmp_path / "bundles"
-    res, calls = make(tmp_path, kubectl, "RUN=fully-async_001", f"BUNDLE_DIR={dest}", "NAMESPACE=team",
-                      present="/dump/bundles/bundle-fully-async_001.tar.zst")
+    res, calls = make(
+        tmp_path,
+        kubectl,
+        "RUN=fully-async_001",
+        f"BUNDLE_DIR={dest}",
+        "NAMESPACE=team",
+        present="/dump/bundles/bundle-fully-async_001.tar.zst",
+    )
     assert res.returncode == 0, res.stderr
     out = dest / "bundle-fully-async_001.tar.zst"
     assert res.stdout.strip() == f"bundle: {out}"
-    assert out.read_text() == "copied verl-consistency-reader-fully-async-001:/dump/bundles/bundle-fully-async_001.tar.zst"
+    assert (
+        out.read_text()
+        == "copied verl-consistency-reader-fully-async-001:/dump/bundles/bundle-fully-async_001.tar.zst"
+    )
     verbs = [c["args"][2] for c in calls]
     assert verbs == ["apply", "wait", "exec", "cp", "exec", "delete"]
     assert all(c["args"][:2] == ["--namespace", "team"] for c in calls)
@@ -69,7 +91,10 @@ def test_downloads_and_cleans_up(tmp_path: Path, kubectl: Path) -> None:
     (pod,) = [d for d in pod if d]
     assert pod["metadata"]["name"] == "verl-consistency-reader-fully-async-001"
     kubernetes_validate.validate(pod, "1.31.0", strict=True)
-    assert pod["spec"]["volumes"][0]["persistentVolumeClaim"] == {"claimName": "verl-consistency-dump", "readOnly": True}
+    assert pod["spec"]["volumes"][0]["persistentVolumeClaim"] == {
+        "claimName": "verl-consistency-dump",
+        "readOnly": True,
+    }
     assert not list(dest.glob(".*part"))
 
 
@@ -77,10 +102,13 @@ def test_missing_bundle_is_a_clear_error_and_the_pod_is_still_deleted(tmp_path: 
     res, calls = make(tmp_path, kubectl, "RUN=r1", f"BUNDLE_DIR={tmp_path / 'b'}")
     assert res.returncode != 0
     assert "/dump/bundles/bundle-r1.tar.zst is not on the dump volume" in res.stderr
-    assert calls[-1]["args"][0] == "delete" and "cp" not in [c["args"][0] for c in calls]
+    assert calls[-1]["args"][0] == "delete"
+    assert "cp" not in [c["args"][0] for c in calls]
     assert not (tmp_path / "b").exists()
 
 
 def test_run_is_required(tmp_path: Path, kubectl: Path) -> None:
     res, calls = make(tmp_path, kubectl)
-    assert res.returncode == 2 and "usage: make download-bundle RUN=<run id>" in res.stderr and calls == []
+    assert res.returncode == 2
+    assert "usage: make download-bundle RUN=<run id>" in res.stderr
+    assert calls == []

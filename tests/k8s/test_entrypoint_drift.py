@@ -37,7 +37,9 @@ def test_rayjob_entrypoint_is_the_dry_run_invocation(source: str) -> None:
     assert argv[:2] == ["verl-consistency", "run"]
     res = subprocess.run(
         [sys.executable, "-m", "verl_consistency", *argv[1:], "--dry-run", "--json"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert res.returncode == 0, f"the entrypoint of {source} is refused:\n{res.stdout}\n{res.stderr}"
     plan = json.loads(res.stdout)

@@ -17,11 +17,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from verl_consistency.hooks import placement
+from verl_consistency.layout import check_run_id
 
 from tests.k8s import kuberay_rules
 from tests.k8s.conftest import FILES, K8S, REPO, SOURCES, of_kind, render
-from verl_consistency.hooks import placement
-from verl_consistency.layout import check_run_id
 
 NPU_RESOURCE_NAMES = {"huawei.com/Ascend910", "huawei.com/Ascend910B3", "huawei.com/ascend-1980"}
 KUBE_VERSION = "1.31.0"
@@ -74,7 +74,10 @@ def test_every_source_renders_the_whole_run(source: str) -> None:
 
 
 def test_plain_files_equal_their_kustomize_base() -> None:
-    for name, base in (("file:fully-async", "kustomize:base/fully-async"), ("file:hybrid", "kustomize:base/hybrid")):
+    for name, base in (
+        ("file:fully-async", "kustomize:base/fully-async"),
+        ("file:hybrid", "kustomize:base/hybrid"),
+    ):
         key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
         assert sorted(render(name)[1], key=key) == sorted(render(base)[1], key=key)
 
@@ -107,8 +110,14 @@ def test_rayjob_passes_crd_schema_and_controller_rules(source: str, crd: dict[st
         (lambda j: groups(j)["trainer"].__setitem__("rayStartParams", {"num-cpus": 8}), "not a string"),
         (lambda j: groups(j)["trainer"].__setitem__("rayStartParams", {"labels": "a=b"}), "labels"),
         (lambda j: groups(j)["rollout"].__setitem__("rayStartParams", {"resources": '"{}"'}), "both"),
-        (lambda j: groups(j)["rollout"].update(minReplicas=3, maxReplicas=2), "minReplicas 3 > maxReplicas 2"),
-        (lambda j: j["spec"].__setitem__("shutdownAfterJobFinishes", False), "without shutdownAfterJobFinishes"),
+        (
+            lambda j: groups(j)["rollout"].update(minReplicas=3, maxReplicas=2),
+            "minReplicas 3 > maxReplicas 2",
+        ),
+        (
+            lambda j: j["spec"].__setitem__("shutdownAfterJobFinishes", False),
+            "without shutdownAfterJobFinishes",
+        ),
         (lambda j: j["metadata"].__setitem__("name", "x" * 48), "longer than 47"),
     ],
 )
@@ -173,12 +182,14 @@ def test_fully_async_installs_the_placement_hook_and_tags_each_group(source: str
     module, _, func = hook.rpartition(".")
     assert getattr(__import__(module, fromlist=[func]), func) is placement.install
     gs = groups(job)
-    assert placement.resource_for("trainer_poolverl_group_8:0", placement.DEFAULT_POOL_RESOURCES) in gs["trainer"][
-        "resources"
-    ]
-    assert placement.resource_for("rollout_pool_0verl_group_8:0", placement.DEFAULT_POOL_RESOURCES) in gs[
-        "rollout"
-    ]["resources"]
+    assert (
+        placement.resource_for("trainer_poolverl_group_8:0", placement.DEFAULT_POOL_RESOURCES)
+        in gs["trainer"]["resources"]
+    )
+    assert (
+        placement.resource_for("rollout_pool_0verl_group_8:0", placement.DEFAULT_POOL_RESOURCES)
+        in gs["rollout"]["resources"]
+    )
     assert placement.TRAINER_RESOURCE not in gs["rollout"]["resources"]
     assert placement.ROLLOUT_RESOURCE not in gs["trainer"]["resources"]
 
@@ -187,28 +198,35 @@ def test_lifecycle_and_run_settings(source: str) -> None:
     docs = render(source)[1]
     job = rayjob(source)
     spec = job["spec"]
-    assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] > 0
-    assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] > 0
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert spec["ttlSecondsAfterFinished"] > 0
+    assert spec["backoffLimit"] == 0
+    assert spec["activeDeadlineSeconds"] > 0
     (post,) = of_kind(docs, "Job")
     assert post["spec"]["backoffLimit"] == 0
     assert post["spec"]["activeDeadlineSeconds"] > spec["activeDeadlineSeconds"]
     (cm,) = of_kind(docs, "ConfigMap")
     check_run_id(cm["data"]["RUN_ID"])
     assert cm["data"]["RAYJOB_NAME"] == job["metadata"]["name"]
-    assert re.search(r"--run-id \$\{RUN_ID\} .* actor_rollout_ref\.model\.path=\$\{MODEL_PATH\} ", spec["entrypoint"])
+    assert re.search(
+        r"--run-id \$\{RUN_ID\} .* actor_rollout_ref\.model\.path=\$\{MODEL_PATH\} ", spec["entrypoint"]
+    )
     head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     post_c = post["spec"]["template"]["spec"]["containers"][0]
     for container in (head, post_c):
         assert {"configMapRef": {"name": cm["metadata"]["name"]}} in container["envFrom"]
     # every pod that touches the dump volume mounts the one RWX claim at /dump
-    (dump_pvc,) = [p for p in of_kind(docs, "PersistentVolumeClaim") if p["metadata"]["name"].endswith("dump")]
+    (dump_pvc,) = [
+        p for p in of_kind(docs, "PersistentVolumeClaim") if p["metadata"]["name"].endswith("dump")
+    ]
     assert dump_pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     for pod in pod_specs(job, post):
         claims = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in pod["volumes"]}
         assert claims["dump"] == dump_pvc["metadata"]["name"]
         mounts = {m["name"]: m["mountPath"] for c in pod["containers"] for m in c["volumeMounts"]}
         assert mounts["dump"] == "/dump"
-    assert "wait-rayjob" in post_c["args"][0] and 'postprocess "/dump/$RUN_ID" --out /dump/bundles' in post_c["args"][0]
+    assert "wait-rayjob" in post_c["args"][0]
+    assert 'postprocess "/dump/$RUN_ID" --out /dump/bundles' in post_c["args"][0]
 
 
 def pod_specs(job: dict[str, Any], post: dict[str, Any]) -> list[dict[str, Any]]:
@@ -230,11 +248,13 @@ def test_pod_templates_are_locked_down(source: str) -> None:
         assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
         for c in [*pod.get("initContainers", []), *pod["containers"]]:
             sc = c["securityContext"]
-            assert sc["allowPrivilegeEscalation"] is False and not sc.get("privileged")
+            assert sc["allowPrivilegeEscalation"] is False
+            assert not sc.get("privileged")
             assert "ALL" in sc["capabilities"]["drop"]
             assert set(sc["capabilities"].get("add", [])) <= {"CHOWN", "FOWNER"}, c["name"]
             image = c["image"]
-            assert ":" in image and not image.endswith(":latest"), image
+            assert ":" in image, image
+            assert not image.endswith(":latest"), image
             for kind in ("requests", "limits"):
                 assert {"cpu", "memory"} <= c["resources"][kind].keys(), (c["name"], kind)
         host_paths = {v["name"] for v in pod["volumes"] if "hostPath" in v}
@@ -246,7 +266,8 @@ def test_pod_templates_are_locked_down(source: str) -> None:
         assert pod["automountServiceAccountToken"] is False
         assert pod["containers"][0]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     sc = post_pod["securityContext"]
-    assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0
+    assert sc["runAsNonRoot"] is True
+    assert sc["runAsUser"] != 0
     assert post_pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
     assert post_pod["serviceAccountName"] == "verl-consistency-postprocess"
 
@@ -254,14 +275,24 @@ def test_pod_templates_are_locked_down(source: str) -> None:
 def test_postprocess_service_account_may_only_read_rayjobs(source: str) -> None:
     docs = render(source)[1]
     (role,) = of_kind(docs, "Role")
-    assert role["rules"] == [{"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [
+        {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch"]}
+    ]
     (binding,) = of_kind(docs, "RoleBinding")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
     (post,) = of_kind(docs, "Job")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": post["spec"]["template"]["spec"]["serviceAccountName"]}]
-    assert not of_kind(docs, "ClusterRole") and not of_kind(docs, "ClusterRoleBinding")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": post["spec"]["template"]["spec"]["serviceAccountName"]}
+    ]
+    assert not of_kind(docs, "ClusterRole")
+    assert not of_kind(docs, "ClusterRoleBinding")
 
 
 def test_plain_files_are_the_documented_paths() -> None:
     for path in FILES.values():
-        assert path.parent == K8S and path.resolve().is_file()
+        assert path.parent == K8S
+        assert path.resolve().is_file()

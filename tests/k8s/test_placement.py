@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 import yaml
+from verl_consistency.hooks import placement
 
 from tests.k8s.conftest import K8S
 from tests.k8s.raycluster import LoopbackCluster, NodeSpec
-from verl_consistency.hooks import placement
 
 pytestmark = [pytest.mark.ray, pytest.mark.verl, pytest.mark.timeout(900)]
 
@@ -59,7 +59,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluste
         assert leftovers == [], f"ray processes left running: {leftovers}"
 
 
-def run_driver(cluster: LoopbackCluster, scenarios: list[dict[str, Any]], tmp: Path, hook: bool) -> dict[str, Any]:
+def run_driver(
+    cluster: LoopbackCluster, scenarios: list[dict[str, Any]], tmp: Path, hook: bool
+) -> dict[str, Any]:
     args = [sys.executable, str(DRIVER), cluster.address, json.dumps(scenarios)]
     if hook:
         runtime_env = tmp / "runtime_env.yaml"
@@ -67,7 +69,8 @@ def run_driver(cluster: LoopbackCluster, scenarios: list[dict[str, Any]], tmp: P
         args.append(str(runtime_env))
     res = subprocess.run(args, capture_output=True, text=True, timeout=600)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert res.returncode == 0 and lines, f"driver failed:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}"
+    assert res.returncode == 0, f"driver failed:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}"
+    assert lines, f"driver failed:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}"
     return dict(json.loads(lines[-1][len("RESULT ") :]))
 
 

@@ -7,7 +7,6 @@ import sys
 from typing import Any
 
 import pytest
-
 from verl_consistency.hooks import placement
 
 
@@ -61,10 +60,13 @@ def test_install_wraps_ray_and_pins_only_named_pools(monkeypatch: pytest.MonkeyP
     assert mapping == placement.DEFAULT_POOL_RESOURCES
     assert ray.util.placement_group is pg_module.placement_group is not recorder
     placement.install({})  # idempotent: wrapping twice would not add twice, but must not nest either
-    pg_module.placement_group([{"CPU": 3, "NPU": 1}], "STRICT_PACK", "trainer_poolverl_group_1:0", lifetime=None)
+    pg_module.placement_group(
+        [{"CPU": 3, "NPU": 1}], "STRICT_PACK", "trainer_poolverl_group_1:0", lifetime=None
+    )
     pg_module.placement_group([{"CPU": 1}], "PACK", "other")
     assert calls[0][0] == [{"CPU": 3, "NPU": 1, placement.TRAINER_RESOURCE: placement.BUNDLE_AMOUNT}]
-    assert calls[0][1:3] == ("STRICT_PACK", "trainer_poolverl_group_1:0") and calls[0][4] == {"lifetime": None}
+    assert calls[0][1:3] == ("STRICT_PACK", "trainer_poolverl_group_1:0")
+    assert calls[0][4] == {"lifetime": None}
     assert calls[1][0] == [{"CPU": 1}]
     assert len(calls) == 2
 

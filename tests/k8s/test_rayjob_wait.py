@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 from typer.testing import CliRunner
-
 from verl_consistency.cli import app
 from verl_consistency.postprocess import rayjob_wait as rw
 
@@ -69,12 +68,26 @@ def wait(sequence: list[dict[str, Any] | int], **kw: Any) -> tuple[rw.RayJobOutc
 
 def test_waits_through_startup_until_success() -> None:
     out, api = wait(
-        [404, rayjob(""), rayjob("Initializing"), rayjob("Running", "PENDING"), rayjob("Running", "RUNNING"),
-         rayjob("Complete", "SUCCEEDED")]
+        [
+            404,
+            rayjob(""),
+            rayjob("Initializing"),
+            rayjob("Running", "PENDING"),
+            rayjob("Running", "RUNNING"),
+            rayjob("Complete", "SUCCEEDED"),
+        ]
     )
-    assert out.succeeded and out.exit_code == rw.EXIT_SUCCEEDED and out.job_status == "SUCCEEDED"
+    assert out.succeeded
+    assert out.exit_code == rw.EXIT_SUCCEEDED
+    assert out.job_status == "SUCCEEDED"
     assert len(api.calls) == 6
-    assert api.calls[0] == {"group": "ray.io", "version": "v1", "namespace": "ns", "plural": "rayjobs", "name": "rj"}
+    assert api.calls[0] == {
+        "group": "ray.io",
+        "version": "v1",
+        "namespace": "ns",
+        "plural": "rayjobs",
+        "name": "rj",
+    }
 
 
 @pytest.mark.parametrize(
@@ -89,19 +102,23 @@ def test_waits_through_startup_until_success() -> None:
 )
 def test_failures_are_terminal_and_reported(final: dict[str, Any]) -> None:
     out, _ = wait([rayjob("Running", "RUNNING"), final])
-    assert not out.succeeded and out.exit_code == rw.EXIT_FAILED
+    assert not out.succeeded
+    assert out.exit_code == rw.EXIT_FAILED
     assert out.reason == final["status"]["reason"]
 
 
 def test_job_status_alone_is_not_the_end_while_kuberay_retries() -> None:
-    out, api = wait([rayjob("Retrying", "FAILED"), rayjob("Running", "RUNNING"), rayjob("Complete", "SUCCEEDED")])
-    assert out.succeeded and len(api.calls) == 3
+    out, api = wait(
+        [rayjob("Retrying", "FAILED"), rayjob("Running", "RUNNING"), rayjob("Complete", "SUCCEEDED")]
+    )
+    assert out.succeeded
+    assert len(api.calls) == 3
 
 
 def test_absent_rayjob_and_forbidden_reads_are_clear_errors() -> None:
     with pytest.raises(rw.RayJobUnreadable, match="not found after 300s"):
         wait([404])
-    with pytest.raises(rw.RayJobUnreadable, match="HTTP 403.*rayjob-reader"):
+    with pytest.raises(rw.RayJobUnreadable, match=r"HTTP 403.*rayjob-reader"):
         wait([403])
 
 
@@ -115,11 +132,15 @@ def test_cli_exit_codes_and_status_file(tmp_path: Path, monkeypatch: pytest.Monk
     real_getter = rw.kubernetes_getter
     monkeypatch.setattr(rw, "kubernetes_getter", lambda name, ns: real_getter(name, ns, api=api))
     status = tmp_path / "bundles" / "rayjob-run1.json"
-    res = CliRunner().invoke(app, ["wait-rayjob", "rj", "--namespace", "ns", "--poll", "0", "--status-file", str(status)])
+    res = CliRunner().invoke(
+        app, ["wait-rayjob", "rj", "--namespace", "ns", "--poll", "0", "--status-file", str(status)]
+    )
     assert res.exit_code == rw.EXIT_FAILED, res.output
-    assert "did NOT succeed" in res.output and "AppFailed: boom" in res.output
+    assert "did NOT succeed" in res.output
+    assert "AppFailed: boom" in res.output
     recorded = json.loads(status.read_text())
-    assert recorded["succeeded"] is False and recorded["job_status"] == "FAILED"
+    assert recorded["succeeded"] is False
+    assert recorded["job_status"] == "FAILED"
     assert [p.name for p in status.parent.iterdir()] == ["rayjob-run1.json"]  # no temp file left
 
     api.sequence = [403]
