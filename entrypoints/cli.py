@@ -12,6 +12,7 @@ from verl_consistency import __version__, run_cmd
 from verl_consistency.patches import pins
 from verl_consistency.patches.cli import app as patches_app
 from verl_consistency.postprocess import cli as postprocess_cli
+from verl_consistency.postprocess.rayjob_wait import wait_rayjob_cmd
 
 app = typer.Typer(
     name="verl-consistency",
@@ -40,6 +41,7 @@ def version_cmd() -> None:
 
 run_cmd.register(app)
 postprocess_cli.register(app)
+app.command("wait-rayjob")(wait_rayjob_cmd)
 
 
 def main() -> int:

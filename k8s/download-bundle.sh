@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Copy /dump/bundles/bundle-<run id>.tar.zst from the dump volume to this machine.
+# Usage: k8s/download-bundle.sh RUN_ID [DEST_DIR]   (make download-bundle RUN=<run id>)
+# Env: KUBECTL (default kubectl), NAMESPACE (default: the current context's namespace).
+set -euo pipefail
+
+run="${1:?usage: $0 RUN_ID [DEST_DIR]}"
+dest="${2:-out/bundles}"
+kubectl="${KUBECTL:-kubectl}"
+here="$(cd "$(dirname "$0")" && pwd)"
+ns_args=()
+if [ -n "${NAMESPACE:-}" ]; then ns_args=(--namespace "$NAMESPACE"); fi
+k() { "$kubectl" "${ns_args[@]}" "$@"; }
+
+# Pod names allow lower-case letters, digits and '-', run ids also '.' and '_'.
+pod="verl-consistency-reader-$(printf '%s' "$run" | tr '._' '--' | cut -c1-40)"
+bundle="/dump/bundles/bundle-$run.tar.zst"
+
+cleanup() { k delete pod "$pod" --ignore-not-found --wait=false >/dev/null || true; }
+trap cleanup EXIT
+
+sed "s/@POD@/$pod/" "$here/bundle-reader.yaml" | k apply -f - >/dev/null
+k wait --for=condition=Ready "pod/$pod" --timeout=180s >/dev/null
+if ! k exec "$pod" -- test -f "$bundle"; then
+  echo "error: $bundle is not on the dump volume. Bundles there:" >&2
+  k exec "$pod" -- ls -l /dump/bundles >&2 || true
+  echo "Is the postprocess Job done? kubectl logs job/verl-consistency-fully-async-postprocess" >&2
+  exit 1
+fi
+mkdir -p "$dest"
+tmp="$dest/.bundle-$run.tar.zst.part"
+k cp "$pod:$bundle" "$tmp" >/dev/null
+mv -f "$tmp" "$dest/bundle-$run.tar.zst"
+# How the RayJob ended (written by `verl-consistency wait-rayjob`), when present.
+if k exec "$pod" -- test -f "/dump/bundles/rayjob-$run.json"; then
+  k cp "$pod:/dump/bundles/rayjob-$run.json" "$dest/rayjob-$run.json" >/dev/null
+fi
+echo "bundle: $(cd "$dest" && pwd)/bundle-$run.tar.zst"

@@ -1,0 +1,157 @@
+"""Pin verl's resource pools to Ray worker groups: a Ray ``worker_process_setup_hook``.
+
+Why: in fully-async mode the rollouter and the trainer must run on separate NPU pools, but
+verl 0.8.0 does not tell Ray which worker group a pool belongs to. Every pool becomes plain
+``{CPU: n, NPU: 1}`` bundles, so on two identical nodes Ray may put the rollout replicas on
+the trainer's node. verl names its pools, though (read in verl 0.8.0):
+
+* ``trainer_pool`` — ``verl/experimental/separation/utils.py:create_resource_pool_manager``;
+* ``rollout_pool_<rank>`` — ``verl/workers/rollout/replica.py:RolloutReplica.init_standalone``
+  (also ``rollout_pool_reward_<rank>`` / ``rollout_pool_teacher_<rank>``);
+
+and ``RayResourcePool.get_placement_groups`` (``verl/single_controller/ray/base.py``) names
+each placement group ``<pool name>verl_group_<counts>:<idx>``. This hook wraps Ray's
+``placement_group()`` and, by pool-name prefix, adds a tiny amount of a per-group custom
+resource to every bundle. Each KubeRay worker group declares a large amount of its own custom
+resource, so a bundle can only land on a node of its group. Custom resources work on every
+Ray version; label selectors (``bundle_label_selector``) would need Ray >= 2.49, and the
+vllm-ascend 0.18.0 image pins ``ray<=2.48.0``.
+
+Install it in every Ray worker through the job's runtime env (the RayJob's ``runtimeEnvYAML``)::
+
+    worker_process_setup_hook: verl_consistency.hooks.placement.install
+
+verl creates all its pools inside Ray actors (TaskRunner, FullyAsyncTrainer, the rollouter),
+never in the driver, so a worker-process hook sees every ``placement_group()`` call.
+
+Importing this module imports neither torch, verl nor vLLM; it imports Ray only in
+:func:`install`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+POOL_RESOURCES_ENV = "VERL_CONSISTENCY_POOL_RESOURCES"
+"""``prefix=resource[,prefix=resource...]``; overrides :data:`DEFAULT_POOL_RESOURCES`.
+
+Set it to an empty string to turn pinning off while keeping the hook installed.
+"""
+
+TRAINER_RESOURCE = "verl_consistency_trainer"
+ROLLOUT_RESOURCE = "verl_consistency_rollout"
+
+DEFAULT_POOL_RESOURCES: dict[str, str] = {
+    "trainer_pool": TRAINER_RESOURCE,
+    "rollout_pool_": ROLLOUT_RESOURCE,
+}
+"""verl 0.8.0's pool-name prefixes and the custom resource each worker group declares."""
+
+BUNDLE_AMOUNT = 0.001
+"""What each bundle asks for. Tiny, so the resource is a tag and not a capacity: a worker group
+declaring ``1000`` of it can hold a million bundles, and NPUs and CPUs stay the real limits."""
+
+_WRAPPED_FLAG = "__verl_consistency_pinned__"
+
+# Modules that bind ``placement_group`` by name at import time (``from ... import placement_group``).
+# If one of them was imported before the hook ran (a preloaded module), its name is rebound too.
+_BINDERS = ("verl.single_controller.ray.base",)
+
+
+def parse_pool_resources(raw: str | None) -> dict[str, str]:
+    """Parse :data:`POOL_RESOURCES_ENV`. ``None`` gives the defaults; a bad entry is an error."""
+    if raw is None:
+        return dict(DEFAULT_POOL_RESOURCES)
+    mapping: dict[str, str] = {}
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        prefix, sep, resource = item.partition("=")
+        if not sep or not prefix.strip() or not resource.strip():
+            raise ValueError(
+                f"{POOL_RESOURCES_ENV}={raw!r}: entry {item!r} is not 'pool_prefix=resource_name'"
+                " (example: trainer_pool=verl_consistency_trainer,rollout_pool_=verl_consistency_rollout)"
+            )
+        mapping[prefix.strip()] = resource.strip()
+    return mapping
+
+
+def resource_for(name: str | None, mapping: Mapping[str, str]) -> str | None:
+    """The custom resource of the longest prefix that ``name`` starts with, or ``None``."""
+    if not name:
+        return None
+    matches = [prefix for prefix in mapping if name.startswith(prefix)]
+    return mapping[max(matches, key=len)] if matches else None
+
+
+def pin_bundles(
+    bundles: Sequence[Mapping[str, float]], resource: str, amount: float = BUNDLE_AMOUNT
+) -> list[dict[str, float]]:
+    """A copy of ``bundles`` where each bundle also asks for ``amount`` of ``resource``."""
+    return [{**bundle, resource: amount} for bundle in bundles]
+
+
+def wrap(original: Callable[..., Any], mapping: Mapping[str, str]) -> Callable[..., Any]:
+    """Wrap a ``placement_group(bundles, strategy, name, ...)`` function; idempotent."""
+    if getattr(original, _WRAPPED_FLAG, False):
+        return original
+
+    @functools.wraps(original)
+    def placement_group(
+        bundles: list[dict[str, float]], strategy: str = "PACK", name: str = "", *args: Any, **kwargs: Any
+    ) -> Any:
+        resource = resource_for(name, mapping)
+        if resource is not None:
+            bundles = pin_bundles(bundles, resource)
+            logger.info(
+                "verl-consistency: placement group %r pinned to nodes with resource %r", name, resource
+            )
+            _warn_if_absent(resource, name)
+        return original(bundles, strategy, name, *args, **kwargs)
+
+    setattr(placement_group, _WRAPPED_FLAG, True)
+    return placement_group
+
+
+def _warn_if_absent(resource: str, name: str) -> None:
+    """A pinned group waits forever if no node offers the resource; say so where users look."""
+    try:
+        import ray
+
+        if ray.is_initialized() and resource not in ray.cluster_resources():
+            logger.warning(
+                "verl-consistency: no Ray node offers resource %r, so placement group %r waits until one "
+                "joins. Check that the worker group declares it (RayJob workerGroupSpecs[].resources).",
+                resource,
+                name,
+            )
+    except Exception:  # a diagnostic must never break scheduling
+        logger.debug("could not read cluster resources", exc_info=True)
+
+
+def install(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The setup hook: wrap Ray's ``placement_group`` in this process. Returns the mapping used."""
+    import ray.util
+    import ray.util.placement_group
+
+    env = os.environ if environ is None else environ
+    mapping = parse_pool_resources(env.get(POOL_RESOURCES_ENV))
+    if not mapping:
+        return mapping
+    module = sys.modules["ray.util.placement_group"]
+    wrapped = wrap(module.placement_group, mapping)
+    module.placement_group = wrapped  # type: ignore[attr-defined]
+    # `ray.util` re-exports the function under the same name as the submodule.
+    ray.util.placement_group = wrapped  # type: ignore[attr-defined,assignment]
+    for binder in _BINDERS:
+        bound = sys.modules.get(binder)
+        if bound is not None and hasattr(bound, "placement_group"):
+            bound.placement_group = wrap(bound.placement_group, mapping)  # type: ignore[attr-defined]
+    return mapping

@@ -1,0 +1,127 @@
+"""Offline RayJob admission: the v1.7.0 CRD schema (strict, defaults applied) + KubeRay's controller rules.
+
+No API server runs here, so this does its two jobs the way the real path does:
+1. the API server applies the schema's ``default`` values (structural defaulting), prunes or
+   (with strict field validation) rejects unknown fields, then validates the openAPIV3Schema;
+2. the KubeRay controller then rejects, after admission, what the schema allows
+   (``ray-operator/controllers/ray/utils/validation.go``: ValidateRayJobMetadata/Spec,
+   validateRayGroupResources, validateRayGroupLabels, validateDeletionConfiguration).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import jsonschema
+
+MAX_RAYJOB_NAME = 47
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+RAY_START_RESOURCE_KEYS = ("num-cpus", "num-gpus", "memory", "resources")
+
+
+def crd_schema(crd: dict[str, Any], version: str = "v1") -> dict[str, Any]:
+    for v in crd["spec"]["versions"]:
+        if v["name"] == version:
+            return v["schema"]["openAPIV3Schema"]
+    raise KeyError(f"CRD has no version {version}")
+
+
+def strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """Close every object that declares properties: unknown fields become errors, as with
+    ``kubectl apply --validate=strict``. Objects marked x-kubernetes-preserve-unknown-fields
+    or with their own additionalProperties stay open."""
+    out = copy.deepcopy(schema)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if (
+                node.get("type") == "object"
+                and "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
+                node["additionalProperties"] = False
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(out)
+    return out
+
+
+def apply_defaults(obj: Any, schema: dict[str, Any]) -> Any:
+    """Structural defaulting: fill ``default`` of absent properties inside present objects."""
+    if isinstance(obj, dict):
+        props = schema.get("properties", {})
+        for key, sub in props.items():
+            if key not in obj and "default" in sub:
+                obj[key] = copy.deepcopy(sub["default"])
+            if key in obj:
+                apply_defaults(obj[key], sub)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in obj.keys() - props.keys():
+                apply_defaults(obj[key], extra)
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for item in obj:
+            apply_defaults(item, schema["items"])
+    return obj
+
+
+def schema_errors(rayjob: dict[str, Any], crd: dict[str, Any]) -> list[str]:
+    schema = crd_schema(crd)
+    obj = apply_defaults(copy.deepcopy(rayjob), schema)
+    validator = jsonschema.Draft7Validator(strict(schema))
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
+
+
+def _groups(spec: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    cluster = spec.get("rayClusterSpec") or {}
+    groups = [("head", cluster.get("headGroupSpec") or {})]
+    groups += [(g.get("groupName", "?"), g) for g in cluster.get("workerGroupSpecs") or []]
+    return groups
+
+
+def controller_errors(rayjob: dict[str, Any]) -> list[str]:
+    """What KubeRay v1.7.0's controller rejects although the schema accepts it."""
+    errors: list[str] = []
+    name = rayjob.get("metadata", {}).get("name", "")
+    if len(name) > MAX_RAYJOB_NAME:
+        errors.append(f"name {name!r} is longer than {MAX_RAYJOB_NAME}")
+    if not DNS1035.match(name):
+        errors.append(f"name {name!r} is not a DNS-1035 label")
+    spec = rayjob.get("spec", {})
+    shutdown = bool(spec.get("shutdownAfterJobFinishes"))
+    if spec.get("ttlSecondsAfterFinished", 0) > 0 and not shutdown:
+        errors.append("ttlSecondsAfterFinished without shutdownAfterJobFinishes")
+    if spec.get("suspend") and not shutdown:
+        errors.append("suspend without shutdownAfterJobFinishes")
+    if spec.get("activeDeadlineSeconds") is not None and spec["activeDeadlineSeconds"] <= 0:
+        errors.append("activeDeadlineSeconds must be positive")
+    if spec.get("backoffLimit") is not None and spec["backoffLimit"] < 0:
+        errors.append("backoffLimit must be >= 0")
+    if spec.get("rayClusterSpec") is None and not spec.get("clusterSelector"):
+        errors.append("one of rayClusterSpec or clusterSelector must be set")
+    for group, g in _groups(spec):
+        params = g.get("rayStartParams") or {}
+        for key, value in params.items():
+            if not isinstance(value, str):
+                errors.append(f"{group}: rayStartParams[{key!r}] = {value!r} is not a string")
+        if "labels" in params:
+            errors.append(f"{group}: rayStartParams['labels'] is not supported; use the group's labels")
+        if any(params.get(k) for k in RAY_START_RESOURCE_KEYS) and g.get("resources"):
+            errors.append(f"{group}: resources in both rayStartParams and the group's resources")
+        if not (g.get("template", {}).get("spec", {}).get("containers")):
+            errors.append(f"{group}: no container")
+        if group != "head":
+            lo, hi = g.get("minReplicas", 0), g.get("maxReplicas", 2147483647)
+            if lo > hi:
+                errors.append(f"{group}: minReplicas {lo} > maxReplicas {hi}")
+            replicas = g.get("replicas")
+            if replicas is not None and not lo <= replicas <= hi:
+                errors.append(f"{group}: replicas {replicas} outside [{lo}, {hi}]")
+    return errors

@@ -1,0 +1,189 @@
+"""A real multi-node Ray cluster on loopback, owned by one test and torn down by process id.
+
+Each node is ``ray start --block`` in its own session, so that stopping the cluster ends exactly
+the processes this test started: the ``ray start`` parent stops the GCS/raylet it launched,
+then every leftover process whose command line names this cluster's private temp dir is ended
+by pid. ``ray stop`` is deliberately not used: it ends every Ray process on the machine,
+including other people's clusters. Ports are all chosen free (several engineers' clusters may
+share this host) and the dashboard is off to keep memory small.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ray_cli() -> list[str]:
+    # The .venv's interpreter (not /work/venv/bin/ray): workers then run with the same Python,
+    # which can import verl_consistency (the setup hook) as the image's Python can.
+    return [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
+
+
+@dataclass
+class NodeSpec:
+    name: str
+    num_cpus: int
+    resources: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LoopbackCluster:
+    head_cpus: int
+    workers: list[NodeSpec]
+    temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rvc", dir="/tmp")))
+    gcs_port: int = 0
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
+    def _start(self, args: list[str], log_name: str) -> None:
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
+        log = open(self.temp_dir / f"{log_name}.log", "wb")  # noqa: SIM115 - lives as long as the node
+        per_node_ports = [
+            "--node-manager-port",
+            "--object-manager-port",
+            "--dashboard-agent-listen-port",
+            "--dashboard-agent-grpc-port",
+            "--runtime-env-agent-port",
+            "--metrics-export-port",
+        ]
+        ports = [x for flag in per_node_ports for x in (flag, str(free_port()))]
+        cmd = [
+            *_ray_cli(),
+            "start",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            "--disable-usage-stats",
+            f"--object-store-memory={OBJECT_STORE_BYTES}",
+            *ports,
+            *args,
+        ]
+        self.procs.append(
+            subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        )
+
+    def start(self, timeout: float = 120) -> LoopbackCluster:
+        self.gcs_port = free_port()
+        self._start(
+            [
+                "--head",
+                f"--port={self.gcs_port}",
+                f"--num-cpus={self.head_cpus}",
+                "--include-dashboard=false",
+                f"--ray-client-server-port={free_port()}",
+                f"--temp-dir={self.temp_dir}",
+                "--node-name=head",
+            ],
+            "head",
+        )
+        self._wait_started("head", timeout)
+        # One at a time: nodes on one host share the session dir, and two raylets starting
+        # together pick the same socket names.
+        for node in self.workers:
+            self._start(
+                [
+                    f"--address={self.address}",
+                    f"--num-cpus={node.num_cpus}",
+                    f"--resources={json.dumps(node.resources)}",
+                    f"--node-name={node.name}",
+                ],
+                node.name,
+            )
+            self._wait_started(node.name, timeout)
+        self._wait_nodes(1 + len(self.workers), timeout)
+        return self
+
+    def _wait_started(self, log_name: str, timeout: float) -> None:
+        """`ray start` prints this once its node has registered with the GCS."""
+        log = self.temp_dir / f"{log_name}.log"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "Ray runtime started" in log.read_text(errors="replace"):
+                return
+            if any(p.poll() is not None for p in self.procs):
+                raise RuntimeError(f"a ray node exited early: {self.logs()}")
+            time.sleep(0.5)
+        raise TimeoutError(f"ray node {log_name} did not start in {timeout}s: {self.logs()}")
+
+    def _wait_nodes(self, count: int, timeout: float) -> None:
+        """Poll the GCS from a throw-away process until ``count`` nodes are alive."""
+        probe = (
+            "import ray,sys;ray.init(address=sys.argv[1],_node_ip_address='127.0.0.1',logging_level='ERROR');"
+            "print(sum(n['Alive'] for n in ray.nodes()))"
+        )
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"a ray node exited early; logs in {self.temp_dir}: {self.logs()}")
+            res = subprocess.run(
+                [sys.executable, "-c", probe, self.address], capture_output=True, text=True, timeout=30
+            )
+            last = res.stdout.strip() + res.stderr[-500:]
+            if res.returncode == 0 and res.stdout.strip().splitlines()[-1:] == [str(count)]:
+                return
+            time.sleep(1)
+        raise TimeoutError(f"{count} ray nodes not alive after {timeout}s: {last}\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+            for p in sorted(self.temp_dir.glob("*.log"))
+        )
+
+    def own_pids(self) -> list[int]:
+        """Every live process that belongs to this cluster: our Popen children, or names our temp dir."""
+        mine = {p.pid for p in self.procs}
+        marker = str(self.temp_dir)
+        pids = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                cmd = " ".join(proc.info["cmdline"] or [])
+                if proc.info["pid"] in mine or marker in cmd:
+                    pids.append(proc.info["pid"])
+                    pids.extend(c.pid for c in proc.children(recursive=True))
+        return sorted(set(pids) - {os.getpid()})
+
+    def stop(self, grace: float = 15) -> list[int]:
+        """Stop this cluster only. Returns the pids still alive afterwards (should be none)."""
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)  # the session we started: ray start and its children
+        deadline = time.monotonic() + grace
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        leftovers = self.own_pids()
+        for pid in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
+        time.sleep(0.5)
+        return self.own_pids()

@@ -1,0 +1,298 @@
+"""The k8s manifests: render, lint, validate (built-in kinds and the real KubeRay CRD), and agree.
+
+Every check runs on every source: the two plain files and every kustomize base and overlay.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from verl_consistency.hooks import placement
+from verl_consistency.layout import check_run_id
+
+from tests.k8s import kuberay_rules
+from tests.k8s.conftest import FILES, K8S, REPO, SOURCES, of_kind, render
+
+NPU_RESOURCE_NAMES = {"huawei.com/Ascend910", "huawei.com/Ascend910B3", "huawei.com/ascend-1980"}
+KUBE_VERSION = "1.31.0"
+
+
+def crd_path() -> Path:
+    default = REPO.parent / ".." / "shared" / "kuberay" / "ray.io_rayjobs.v1.7.0.yaml"
+    path = Path(os.environ.get("VERL_CONSISTENCY_KUBERAY_CRD", str(default)))
+    if not path.is_absolute():
+        path = REPO / path
+    return path
+
+
+@pytest.fixture(scope="session")
+def crd() -> dict[str, Any]:
+    path = crd_path()
+    if not path.is_file():
+        pytest.skip(
+            f"KubeRay RayJob CRD not found at {path}. Get ray-operator/config/crd/bases/ray.io_rayjobs.yaml "
+            "from KubeRay tag v1.7.0 and set VERL_CONSISTENCY_KUBERAY_CRD=<path to it>."
+        )
+    return yaml.safe_load(path.read_text())
+
+
+def rayjob(source: str) -> dict[str, Any]:
+    (job,) = of_kind(render(source)[1], "RayJob")
+    return job
+
+
+def groups(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {g["groupName"]: g for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
+
+
+def overrides(job: dict[str, Any]) -> dict[str, str]:
+    return dict(tok.split("=", 1) for tok in shlex.split(job["spec"]["entrypoint"]) if "=" in tok)
+
+
+def npu_limit(group: dict[str, Any]) -> tuple[str, int]:
+    limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+    (name,) = [k for k in limits if k in NPU_RESOURCE_NAMES]
+    return name, int(limits[name])
+
+
+def test_every_source_renders_the_whole_run(source: str) -> None:
+    kinds = sorted(d["kind"] for d in render(source)[1])
+    assert kinds == sorted(
+        ["PersistentVolumeClaim"] * 2
+        + ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "RayJob", "Job"]
+    )
+
+
+def test_plain_files_equal_their_kustomize_base() -> None:
+    for name, base in (
+        ("file:fully-async", "kustomize:base/fully-async"),
+        ("file:hybrid", "kustomize:base/hybrid"),
+    ):
+        key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
+        assert sorted(render(name)[1], key=key) == sorted(render(base)[1], key=key)
+
+
+def test_yamllint() -> None:
+    config = "{extends: default, rules: {line-length: {max: 130}, comments: {min-spaces-from-content: 1}}}"
+    files = sorted(str(p) for p in K8S.rglob("*.yaml") if not p.is_symlink())
+    res = subprocess.run(
+        [sys.executable, "-m", "yamllint", "-s", "-d", config, *files], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_builtin_kinds_validate_strictly(source: str) -> None:
+    for doc in render(source)[1]:
+        if doc["kind"] == "RayJob":
+            continue
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+def test_rayjob_passes_crd_schema_and_controller_rules(source: str, crd: dict[str, Any]) -> None:
+    job = rayjob(source)
+    assert kuberay_rules.schema_errors(job, crd) == []
+    assert kuberay_rules.controller_errors(job) == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expect"),
+    [
+        (lambda j: groups(j)["trainer"].__setitem__("rayStartParams", {"num-cpus": 8}), "not a string"),
+        (lambda j: groups(j)["trainer"].__setitem__("rayStartParams", {"labels": "a=b"}), "labels"),
+        (lambda j: groups(j)["rollout"].__setitem__("rayStartParams", {"resources": '"{}"'}), "both"),
+        (
+            lambda j: groups(j)["rollout"].update(minReplicas=3, maxReplicas=2),
+            "minReplicas 3 > maxReplicas 2",
+        ),
+        (
+            lambda j: j["spec"].__setitem__("shutdownAfterJobFinishes", False),
+            "without shutdownAfterJobFinishes",
+        ),
+        (lambda j: j["metadata"].__setitem__("name", "x" * 48), "longer than 47"),
+    ],
+)
+def test_controller_rules_catch_what_the_schema_allows(mutate: Any, expect: str, crd: dict[str, Any]) -> None:
+    job = copy.deepcopy(rayjob("file:fully-async"))
+    mutate(job)
+    assert any(expect in e for e in kuberay_rules.controller_errors(job))
+
+
+def test_schema_is_strict_and_defaults_are_applied(crd: dict[str, Any]) -> None:
+    job = copy.deepcopy(rayjob("file:fully-async"))
+    job["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParam"] = {}  # a typo
+    assert any("rayStartParam" in e for e in kuberay_rules.schema_errors(job, crd))
+    job = copy.deepcopy(rayjob("file:fully-async"))
+    for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
+        del g["minReplicas"], g["maxReplicas"]  # required by the schema, but defaulted first
+    assert kuberay_rules.schema_errors(job, crd) == []
+    schema = kuberay_rules.crd_schema(crd)
+    raw = jsonschema_errors_without_defaults(job, schema)
+    assert any("maxReplicas" in e for e in raw)
+
+
+def jsonschema_errors_without_defaults(job: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    import jsonschema
+
+    return [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(job)]
+
+
+def test_pool_sizes_agree_with_worker_groups(source: str) -> None:
+    job = rayjob(source)
+    ov = overrides(job)
+    gs = groups(job)
+    pools = {"rollout": "rollout", "trainer": "trainer"} if "rollout" in gs else {"trainer": "worker"}
+    for pool, group_name in pools.items():
+        g = gs[group_name]
+        _, npus = npu_limit(g)
+        assert int(ov[f"{pool}.nnodes"]) == g["replicas"] == g["minReplicas"] == g["maxReplicas"]
+        assert int(ov[f"{pool}.n_gpus_per_node"]) == npus == int(g["resources"]["NPU"])
+    assert ov["trainer.device"] == "npu"
+
+
+def test_npu_resource_name_is_the_parameter(source: str) -> None:
+    job = rayjob(source)
+    expected = {"hami": "huawei.com/Ascend910B3", "cce": "huawei.com/ascend-1980"}.get(
+        source.rsplit("/", 1)[-1], "huawei.com/Ascend910"
+    )
+    for g in groups(job).values():
+        name, _ = npu_limit(g)
+        assert name == expected
+        assert [t["key"] for t in g["template"]["spec"]["tolerations"]] == [expected]
+    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]
+    head_limits = head["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert not NPU_RESOURCE_NAMES & head_limits.keys()
+    assert head["resources"] == {"CPU": "0", "NPU": "0"}
+
+
+@pytest.mark.parametrize("source", [s for s in SOURCES if "hybrid" not in s])
+def test_fully_async_installs_the_placement_hook_and_tags_each_group(source: str) -> None:
+    job = rayjob(source)
+    runtime_env = yaml.safe_load(job["spec"]["runtimeEnvYAML"])
+    hook = runtime_env["worker_process_setup_hook"]
+    module, _, func = hook.rpartition(".")
+    assert getattr(__import__(module, fromlist=[func]), func) is placement.install
+    gs = groups(job)
+    assert (
+        placement.resource_for("trainer_poolverl_group_8:0", placement.DEFAULT_POOL_RESOURCES)
+        in gs["trainer"]["resources"]
+    )
+    assert (
+        placement.resource_for("rollout_pool_0verl_group_8:0", placement.DEFAULT_POOL_RESOURCES)
+        in gs["rollout"]["resources"]
+    )
+    assert placement.TRAINER_RESOURCE not in gs["rollout"]["resources"]
+    assert placement.ROLLOUT_RESOURCE not in gs["trainer"]["resources"]
+
+
+def test_lifecycle_and_run_settings(source: str) -> None:
+    docs = render(source)[1]
+    job = rayjob(source)
+    spec = job["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert spec["ttlSecondsAfterFinished"] > 0
+    assert spec["backoffLimit"] == 0
+    assert spec["activeDeadlineSeconds"] > 0
+    (post,) = of_kind(docs, "Job")
+    assert post["spec"]["backoffLimit"] == 0
+    assert post["spec"]["activeDeadlineSeconds"] > spec["activeDeadlineSeconds"]
+    (cm,) = of_kind(docs, "ConfigMap")
+    check_run_id(cm["data"]["RUN_ID"])
+    assert cm["data"]["RAYJOB_NAME"] == job["metadata"]["name"]
+    assert re.search(
+        r"--run-id \$\{RUN_ID\} .* actor_rollout_ref\.model\.path=\$\{MODEL_PATH\} ", spec["entrypoint"]
+    )
+    head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    post_c = post["spec"]["template"]["spec"]["containers"][0]
+    for container in (head, post_c):
+        assert {"configMapRef": {"name": cm["metadata"]["name"]}} in container["envFrom"]
+    # every pod that touches the dump volume mounts the one RWX claim at /dump
+    (dump_pvc,) = [
+        p for p in of_kind(docs, "PersistentVolumeClaim") if p["metadata"]["name"].endswith("dump")
+    ]
+    assert dump_pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    for pod in pod_specs(job, post):
+        claims = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in pod["volumes"]}
+        assert claims["dump"] == dump_pvc["metadata"]["name"]
+        mounts = {m["name"]: m["mountPath"] for c in pod["containers"] for m in c["volumeMounts"]}
+        assert mounts["dump"] == "/dump"
+    assert "wait-rayjob" in post_c["args"][0]
+    assert 'postprocess "/dump/$RUN_ID" --out /dump/bundles' in post_c["args"][0]
+
+
+def pod_specs(job: dict[str, Any], post: dict[str, Any]) -> list[dict[str, Any]]:
+    cluster = job["spec"]["rayClusterSpec"]
+    return [
+        cluster["headGroupSpec"]["template"]["spec"],
+        *(g["template"]["spec"] for g in cluster["workerGroupSpecs"]),
+        post["spec"]["template"]["spec"],
+    ]
+
+
+def test_pod_templates_are_locked_down(source: str) -> None:
+    """checkov does not look inside a RayJob, so its pod templates are checked here."""
+    docs = render(source)[1]
+    job = rayjob(source)
+    (post,) = of_kind(docs, "Job")
+    ray_pods, post_pod = pod_specs(job, post)[:-1], pod_specs(job, post)[-1]
+    for pod in [*ray_pods, post_pod]:
+        assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False
+            assert not sc.get("privileged")
+            assert "ALL" in sc["capabilities"]["drop"]
+            assert set(sc["capabilities"].get("add", [])) <= {"CHOWN", "FOWNER"}, c["name"]
+            image = c["image"]
+            assert ":" in image, image
+            assert not image.endswith(":latest"), image
+            for kind in ("requests", "limits"):
+                assert {"cpu", "memory"} <= c["resources"][kind].keys(), (c["name"], kind)
+        host_paths = {v["name"] for v in pod["volumes"] if "hostPath" in v}
+        for c in pod["containers"]:
+            for m in c["volumeMounts"]:
+                if m["name"] in host_paths:
+                    assert m.get("readOnly") is True, m
+    for pod in ray_pods:
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["containers"][0]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = post_pod["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["runAsUser"] != 0
+    assert post_pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    assert post_pod["serviceAccountName"] == "verl-consistency-postprocess"
+
+
+def test_postprocess_service_account_may_only_read_rayjobs(source: str) -> None:
+    docs = render(source)[1]
+    (role,) = of_kind(docs, "Role")
+    assert role["rules"] == [
+        {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch"]}
+    ]
+    (binding,) = of_kind(docs, "RoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    (post,) = of_kind(docs, "Job")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": post["spec"]["template"]["spec"]["serviceAccountName"]}
+    ]
+    assert not of_kind(docs, "ClusterRole")
+    assert not of_kind(docs, "ClusterRoleBinding")
+
+
+def test_plain_files_are_the_documented_paths() -> None:
+    for path in FILES.values():
+        assert path.parent == K8S
+        assert path.resolve().is_file()

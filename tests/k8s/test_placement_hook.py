@@ -1,0 +1,83 @@
+"""The placement hook's own logic, in-process (the loopback-cluster proof is test_placement.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from verl_consistency.hooks import placement
+
+
+def test_import_pulls_in_neither_torch_nor_verl_nor_ray() -> None:
+    code = (
+        "import sys, verl_consistency.hooks.placement as p;"
+        "bad=[m for m in ('torch','verl','vllm','torch_npu','ray') if m in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_prefixes_match_verl_pool_names() -> None:
+    m = placement.DEFAULT_POOL_RESOURCES
+    assert placement.resource_for("trainer_poolverl_group_8_8:1", m) == placement.TRAINER_RESOURCE
+    assert placement.resource_for("rollout_pool_3verl_group_8:0", m) == placement.ROLLOUT_RESOURCE
+    assert placement.resource_for("rollout_pool_reward_0verl_group_1:0", m) == placement.ROLLOUT_RESOURCE
+    assert placement.resource_for("global_poolverl_group_8:0", m) is None
+    assert placement.resource_for("", m) is None
+    longest = {"rollout_pool_": "a", "rollout_pool_reward_": "b"}
+    assert placement.resource_for("rollout_pool_reward_0x", longest) == "b"
+
+
+def test_env_mapping_parses_and_rejects_bad_entries() -> None:
+    assert placement.parse_pool_resources(None) == placement.DEFAULT_POOL_RESOURCES
+    assert placement.parse_pool_resources("") == {}
+    assert placement.parse_pool_resources(" trainer_pool = t , rollout_pool_=r ") == {
+        "trainer_pool": "t",
+        "rollout_pool_": "r",
+    }
+    with pytest.raises(ValueError, match="pool_prefix=resource_name"):
+        placement.parse_pool_resources("trainer_pool")
+
+
+def test_install_wraps_ray_and_pins_only_named_pools(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray.util
+
+    # `ray.util.placement_group` is the function (re-exported); the module is only in sys.modules.
+    pg_module = sys.modules["ray.util.placement_group"]
+
+    calls: list[tuple[Any, ...]] = []
+
+    def recorder(bundles: Any, strategy: str = "PACK", name: str = "", *args: Any, **kwargs: Any) -> str:
+        calls.append((bundles, strategy, name, args, kwargs))
+        return "pg"
+
+    monkeypatch.setattr(pg_module, "placement_group", recorder)
+    monkeypatch.setattr(ray.util, "placement_group", recorder)
+    mapping = placement.install({})
+    assert mapping == placement.DEFAULT_POOL_RESOURCES
+    assert ray.util.placement_group is pg_module.placement_group is not recorder
+    placement.install({})  # idempotent: wrapping twice would not add twice, but must not nest either
+    pg_module.placement_group(
+        [{"CPU": 3, "NPU": 1}], "STRICT_PACK", "trainer_poolverl_group_1:0", lifetime=None
+    )
+    pg_module.placement_group([{"CPU": 1}], "PACK", "other")
+    assert calls[0][0] == [{"CPU": 3, "NPU": 1, placement.TRAINER_RESOURCE: placement.BUNDLE_AMOUNT}]
+    assert calls[0][1:3] == ("STRICT_PACK", "trainer_poolverl_group_1:0")
+    assert calls[0][4] == {"lifetime": None}
+    assert calls[1][0] == [{"CPU": 1}]
+    assert len(calls) == 2
+
+
+@pytest.mark.verl
+def test_verl_binds_the_wrapped_function_when_imported_after_the_hook() -> None:
+    """verl's base.py does `from ray.util.placement_group import placement_group` at import."""
+    code = (
+        "from verl_consistency.hooks import placement; placement.install({});"
+        "import verl.single_controller.ray.base as b;"
+        "import sys; sys.exit(0 if getattr(b.placement_group, '__verl_consistency_pinned__', False) else 1)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
