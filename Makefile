@@ -35,12 +35,19 @@ $(VENV)/.installed: pyproject.toml patches/pins.toml
 	$(PY) -m pip install -e ".[test]"
 	touch $@
 
+# checkov has heavy pinned dependencies of its own, so it gets a tool venv beside .venv.
+CHECKOV := $(CACHE)/checkov-venv/bin/checkov
+$(CHECKOV):
+	$(PYTHON) -m venv $(CACHE)/checkov-venv
+	$(CACHE)/checkov-venv/bin/pip install -q checkov
+
 .PHONY: venv
 venv: $(VENV)/.installed ## Create .venv: CPU torch, the pinned verl, mindstudio-probe and Ray, and this bundle.
 
 .PHONY: test
-test: venv ## Run the whole test suite (what CI runs).
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: venv $(CHECKOV) ## Run the whole test suite (what CI runs).
+	VERL_CONSISTENCY_CACHE=$(abspath $(CACHE)) VERL_CONSISTENCY_CHECKOV=$(abspath $(CHECKOV)) \
+		$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: lint
 lint: venv ## ruff (style and lint) over the whole tree.

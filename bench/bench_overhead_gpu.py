@@ -235,7 +235,10 @@ def main() -> None:
                     str(out),
                 ],
                 check=True,
-                env={**os.environ, "PYTHONPATH": str(REPO)},
+                env={
+                    **os.environ,
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                },
             )
             results[mode] = json.loads(out.read_text())
     hw = results["off"]["device"]
