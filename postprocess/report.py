@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,9 +171,15 @@ def _context(
     pairs: Sequence[Pair],
     unpaired: Sequence[Unpaired],
     comparisons: Sequence[PairComparison],
+    unpaired_counts: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, object]:
     by_id = {p.pair_id: p for p in pairs}
-    reasons = Counter(u.reason.value for u in unpaired)
+    reasons: Counter[str] = Counter()
+    if unpaired_counts:
+        for by_reason in unpaired_counts.values():
+            reasons.update(dict(by_reason))
+    else:
+        reasons.update(u.reason.value for u in unpaired)
     ok = [c for c in comparisons if c.status == "ok"]
     verdicts = Counter(c.verdict for c in comparisons)
     first = Counter(c.first_divergence for c in ok if c.first_divergence)
@@ -200,7 +206,7 @@ def _context(
         "common_first": first.most_common(1)[0] if first else None,
         "reasons": sorted(reasons.items(), key=lambda kv: -kv[1]),
         "unpaired": list(unpaired)[:_UNPAIRED_ROWS],
-        "unpaired_total": len(unpaired),
+        "unpaired_total": max(len(unpaired), sum(reasons.values())),
         "any_statistics": any(c.task == "statistics" for c in ok),
         "any_tensor": any(c.task == "tensor" for c in ok),
         "structural": [(p.pattern, ", ".join(sorted(k)), why) for p, k, why in STRUCTURAL],
@@ -229,12 +235,17 @@ def write_report(
     pairs: Sequence[Pair],
     unpaired: Sequence[Unpaired],
     comparisons: Sequence[PairComparison],
+    unpaired_counts: Mapping[str, Mapping[str, int]] | None = None,
 ) -> tuple[Path, Path]:
-    """Write ``report.html`` and ``summary.md`` into ``out_dir`` (atomically; reruns overwrite)."""
+    """Write ``report.html`` and ``summary.md`` into ``out_dir`` (atomically; reruns overwrite).
+
+    ``unpaired`` is the listed detail; ``unpaired_counts`` (subject → reason → n), when given, is
+    the full tally, which also holds the reasons counted in bulk (decode steps, multi-request steps).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     env = _env()
-    ctx = _context(run_id, pairs, unpaired, comparisons)
+    ctx = _context(run_id, pairs, unpaired, comparisons, unpaired_counts)
     html, md = out_dir / REPORT_HTML, out_dir / SUMMARY_MD
     _atomic_write(html, env.get_template("report.html.j2").render(**ctx))
     _atomic_write(md, env.get_template("summary.md.j2").render(**ctx))

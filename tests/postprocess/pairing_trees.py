@@ -29,8 +29,14 @@ def vid(base: str, child: int | None = None, suffix: str = SUFFIX) -> str:
     return f"{child}_{base}-{suffix}" if child is not None else f"{base}-{suffix}"
 
 
-def req(request_id: str, tokens: int = 16, *, type: str = "new", prompt: int | None = None,
-        computed: int | None = 0) -> dict[str, Any]:
+def req(
+    request_id: str,
+    tokens: int = 16,
+    *,
+    type: str = "new",
+    prompt: int | None = None,
+    computed: int | None = 0,
+) -> dict[str, Any]:
     out: dict[str, Any] = {"request_id": request_id, "type": type, "tokens": tokens}
     if type == "new":
         out["prompt_tokens"] = tokens if prompt is None else prompt
@@ -40,22 +46,46 @@ def req(request_id: str, tokens: int = 16, *, type: str = "new", prompt: int | N
 
 
 def _tensor(shape: list[int], seed: float) -> dict[str, Any]:
-    return {"type": "torch.Tensor", "dtype": "torch.bfloat16", "shape": shape, "Max": 1.5 + seed,
-            "Min": -1.25 - seed, "Mean": 0.01 * seed, "Norm": 12.0 + seed, "requires_grad": False}
+    return {
+        "type": "torch.Tensor",
+        "dtype": "torch.bfloat16",
+        "shape": shape,
+        "Max": 1.5 + seed,
+        "Min": -1.25 - seed,
+        "Mean": 0.01 * seed,
+        "Norm": 12.0 + seed,
+        "requires_grad": False,
+    }
 
 
-def dump_json(tokens: int = 16, layers: int = 2, *, task: str = "statistics", seed: float = 0.0,
-              vllm: bool = False) -> dict[str, Any]:
+def dump_json(
+    tokens: int = 16, layers: int = 2, *, task: str = "statistics", seed: float = 0.0, vllm: bool = False
+) -> dict[str, Any]:
     hidden = 64
     data: dict[str, Any] = {}
     for i in range(layers):
-        names = (["self_attn.qkv_proj.QKVParallelLinear", "self_attn.o_proj.RowParallelLinear",
-                  "mlp.gate_up_proj.MergedColumnParallelLinear", "mlp.down_proj.RowParallelLinear"] if vllm else
-                 ["self_attn.q_proj.Linear", "self_attn.k_proj.Linear", "self_attn.v_proj.Linear",
-                  "self_attn.o_proj.Linear", "mlp.gate_proj.Linear", "mlp.up_proj.Linear", "mlp.down_proj.Linear"])
+        names = (
+            [
+                "self_attn.qkv_proj.QKVParallelLinear",
+                "self_attn.o_proj.RowParallelLinear",
+                "mlp.gate_up_proj.MergedColumnParallelLinear",
+                "mlp.down_proj.RowParallelLinear",
+            ]
+            if vllm
+            else [
+                "self_attn.q_proj.Linear",
+                "self_attn.k_proj.Linear",
+                "self_attn.v_proj.Linear",
+                "self_attn.o_proj.Linear",
+                "mlp.gate_proj.Linear",
+                "mlp.up_proj.Linear",
+                "mlp.down_proj.Linear",
+            ]
+        )
         for name in names:
             data[f"Module.model.layers.{i}.{name}.forward.0"] = {
-                "input_args": [_tensor([tokens, hidden], seed)], "input_kwargs": {},
+                "input_args": [_tensor([tokens, hidden], seed)],
+                "input_kwargs": {},
                 "output": [_tensor([tokens, hidden], seed + i)],
             }
     return {"task": task, "level": "L0", "framework": "pytorch", "dump_data_dir": None, "data": data}
@@ -94,10 +124,19 @@ class RunTree:
         with path.open("ab") as fh:
             fh.write(orjson.dumps(rec) + b"\n")
 
-    def write_dump(self, folder: Path, *, tokens: int = 16, task: str = "statistics", vllm: bool = False,
-                   seed: float = 0.0) -> Path:
+    def write_dump(
+        self,
+        folder: Path,
+        *,
+        tokens: int = 16,
+        task: str = "statistics",
+        vllm: bool = False,
+        seed: float = 0.0,
+    ) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "dump.json").write_text(json.dumps(dump_json(tokens, task=task, seed=seed, vllm=vllm), indent=1))
+        (folder / "dump.json").write_text(
+            json.dumps(dump_json(tokens, task=task, seed=seed, vllm=vllm), indent=1)
+        )
         keys = list(dump_json(tokens, vllm=vllm)["data"])
         (folder / "stack.json").write_text(json.dumps({"0": [keys, ["File model.py, line 1, in forward"]]}))
         (folder / "construct.json").write_text(json.dumps(dict.fromkeys(keys)))
@@ -109,15 +148,32 @@ class RunTree:
         self.written.append(folder)
         return folder
 
-    def rollout_step(self, pid: int, rank: int, step: int, reqs: list[dict[str, Any]], *,
-                     phase: str = "prefill", attn_state: str | None = None, dumped: bool = True,
-                     dump: bool = True, captured: str | None = None, task: str = "statistics",
-                     rank_folder: str | None = None, step_folder: str | None = None) -> Path | None:
+    def rollout_step(
+        self,
+        pid: int,
+        rank: int,
+        step: int,
+        reqs: list[dict[str, Any]],
+        *,
+        phase: str = "prefill",
+        attn_state: str | None = None,
+        dumped: bool = True,
+        dump: bool = True,
+        captured: str | None = None,
+        task: str = "statistics",
+        rank_folder: str | None = None,
+        step_folder: str | None = None,
+    ) -> Path | None:
         proc_dir = self.rollout_root / str(pid)
         rec: dict[str, Any] = {
-            "source": "dispatch_logger", "timestamp": f"2026-01-01T00:00:{step % 60:02d}", "pid": pid,
-            "rank": rank, "step": step, "phase": phase,
-            "total_num_scheduled_tokens": sum(r["tokens"] for r in reqs), "requests": reqs,
+            "source": "dispatch_logger",
+            "timestamp": f"2026-01-01T00:00:{step % 60:02d}",
+            "pid": pid,
+            "rank": rank,
+            "step": step,
+            "phase": phase,
+            "total_num_scheduled_tokens": sum(r["tokens"] for r in reqs),
+            "requests": reqs,
         }
         if attn_state:
             rec["attn_state"] = attn_state
@@ -131,17 +187,37 @@ class RunTree:
         self._append(proc_dir / records.DISPATCH_LOG, rec)
         if dumped and dump:
             folder = proc_dir / (step_folder or f"step{step}") / (rank_folder or f"rank{rank}")
-            tokens = next((r["tokens"] for r in reqs if r["request_id"] == captured), None) if captured else None
-            return self.write_dump(folder, tokens=tokens or reqs[0]["tokens"] if reqs else 1, task=task, vllm=True)
+            tokens = (
+                next((r["tokens"] for r in reqs if r["request_id"] == captured), None) if captured else None
+            )
+            return self.write_dump(
+                folder, tokens=tokens or reqs[0]["tokens"] if reqs else 1, task=task, vllm=True
+            )
         return None
 
-    def actor_step(self, pid: int, rank: int, step: int, request_ids: list[str], *, phase: str = "log_prob",
-                   backend: str | None = "fsdp", dump: bool = True, task: str = "statistics",
-                   rank_folder: str | None = None, ts: str | None = None) -> Path | None:
+    def actor_step(
+        self,
+        pid: int,
+        rank: int,
+        step: int,
+        request_ids: list[str],
+        *,
+        phase: str = "log_prob",
+        backend: str | None = "fsdp",
+        dump: bool = True,
+        task: str = "statistics",
+        rank_folder: str | None = None,
+        ts: str | None = None,
+    ) -> Path | None:
         proc_dir = self.actor_root / str(pid)
         rec: dict[str, Any] = {
-            "source": "update_actor", "timestamp": ts or f"2026-01-01T00:01:{step % 60:02d}", "pid": pid,
-            "rank": rank, "step": step, "request_ids": request_ids, "num_requests": len(request_ids),
+            "source": "update_actor",
+            "timestamp": ts or f"2026-01-01T00:01:{step % 60:02d}",
+            "pid": pid,
+            "rank": rank,
+            "step": step,
+            "request_ids": request_ids,
+            "num_requests": len(request_ids),
             "phase": phase,
         }
         if backend:
@@ -177,8 +253,13 @@ def tree_digest(*tops: Path, dir_mtimes: bool = True) -> dict[str, tuple[Any, ..
                 if stat.S_ISLNK(st.st_mode):
                     out[str(p)] = ("link", os.readlink(p))
                 elif stat.S_ISREG(st.st_mode):
-                    out[str(p)] = ("file", st.st_mode, st.st_size, st.st_mtime_ns,
-                                   hashlib.sha256(p.read_bytes()).hexdigest())
+                    out[str(p)] = (
+                        "file",
+                        st.st_mode,
+                        st.st_size,
+                        st.st_mtime_ns,
+                        hashlib.sha256(p.read_bytes()).hexdigest(),
+                    )
                 else:
                     out[str(p)] = ("other", st.st_mode, st.st_mtime_ns if dir_mtimes else 0)
     return out

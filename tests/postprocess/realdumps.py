@@ -357,7 +357,6 @@ def specs(dump_root: Path) -> RealRuns:
                 {
                     "decode_only",
                     "multi_request_step",
-                    "prefix_cache_hit",
                     "no_training_micro_batch",
                     "multi_request_micro_batch",
                     "no_rollout_prefill",

@@ -52,8 +52,16 @@ def append(path: Path, data: bytes) -> None:
 
 
 def line(**rec) -> bytes:
-    base = {"source": "dispatch_logger", "timestamp": "t", "pid": 1, "rank": 0, "step": 9, "phase": "prefill",
-            "total_num_scheduled_tokens": 4, "requests": [req(vid("zz"), 4)]}
+    base = {
+        "source": "dispatch_logger",
+        "timestamp": "t",
+        "pid": 1,
+        "rank": 0,
+        "step": 9,
+        "phase": "prefill",
+        "total_num_scheduled_tokens": 4,
+        "requests": [req(vid("zz"), 4)],
+    }
     base.update(rec)
     return json.dumps({k: v for k, v in base.items() if v is not ...}).encode() + b"\n"
 
@@ -77,89 +85,248 @@ def _mv_run(t: RunTree, outside: Path) -> None:
 CASES = [
     # -- the folders themselves -------------------------------------------------------------
     Case("run dir missing", lambda t, o: _mv_run(t, o), bad_input="not a folder"),
-    Case("run dir is a file", lambda t, o: (_mv_run(t, o), t.run_dir.write_text("x")), bad_input="not a folder"),
-    Case("no rollout folder", lambda t, o: (t.run_dir / "rollout").rename(o / "r"), bad_input="--rollout-dir"),
+    Case(
+        "run dir is a file", lambda t, o: (_mv_run(t, o), t.run_dir.write_text("x")), bad_input="not a folder"
+    ),
+    Case(
+        "no rollout folder", lambda t, o: (t.run_dir / "rollout").rename(o / "r"), bad_input="--rollout-dir"
+    ),
     Case("no actor folder", lambda t, o: (t.run_dir / "actor").rename(o / "a"), bad_input="--actor-dir"),
-    Case("no logs at all", lambda t, o: (rlog(t).rename(o / "1"), alog(t).rename(o / "2")),
-         bad_input="DUMP_ON=1"),
+    Case(
+        "no logs at all",
+        lambda t, o: (rlog(t).rename(o / "1"), alog(t).rename(o / "2")),
+        bad_input="DUMP_ON=1",
+    ),
     # -- dispatch_log.jsonl lines -----------------------------------------------------------
-    Case("garbage line", lambda t, o: append(rlog(t), b"this is not json\n"), R.BAD_LOG_LINE, f"{ROLL_LOG}:4",
-         pairs=2),
-    Case("torn last line", lambda t, o: append(rlog(t), line()[:30]), R.BAD_LOG_LINE, f"{ROLL_LOG}:4", pairs=2),
+    Case(
+        "garbage line",
+        lambda t, o: append(rlog(t), b"this is not json\n"),
+        R.BAD_LOG_LINE,
+        f"{ROLL_LOG}:4",
+        pairs=2,
+    ),
+    Case(
+        "torn last line", lambda t, o: append(rlog(t), line()[:30]), R.BAD_LOG_LINE, f"{ROLL_LOG}:4", pairs=2
+    ),
     Case("line is an array", lambda t, o: append(rlog(t), b"[1, 2]\n"), R.BAD_LOG_LINE, "not a JSON object"),
-    Case("missing requests", lambda t, o: append(rlog(t), line(requests=...)), R.BAD_LOG_LINE,
-         "missing field 'requests'"),
+    Case(
+        "missing requests",
+        lambda t, o: append(rlog(t), line(requests=...)),
+        R.BAD_LOG_LINE,
+        "missing field 'requests'",
+    ),
     Case("step is a string", lambda t, o: append(rlog(t), line(step="3")), R.BAD_LOG_LINE, "integers"),
     Case("unknown phase", lambda t, o: append(rlog(t), line(phase="prefil")), R.BAD_LOG_LINE, "'prefil'"),
-    Case("requests not a list", lambda t, o: append(rlog(t), line(requests={"a": 1})), R.BAD_LOG_LINE,
-         "requests must be a list"),
-    Case("request without id", lambda t, o: append(rlog(t), line(requests=[{"type": "new", "tokens": 3}])),
-         R.BAD_LOG_LINE, "missing field 'request_id'"),
-    Case("invalid utf-8", lambda t, o: append(rlog(t), b'{"step": "\xff\xfe"}\n'), R.BAD_LOG_LINE, f"{ROLL_LOG}:4"),
-    Case("prefill with no requests", lambda t, o: append(rlog(t), line(requests=[])), R.BAD_LOG_LINE,
-         "no requests"),
-    Case("captured id not in step", lambda t, o: append(rlog(t), line(
-        requests=[req(vid("p")), req(vid("q"))], captured_request_id="nope")), R.BAD_LOG_LINE, "'nope'"),
+    Case(
+        "requests not a list",
+        lambda t, o: append(rlog(t), line(requests={"a": 1})),
+        R.BAD_LOG_LINE,
+        "requests must be a list",
+    ),
+    Case(
+        "request without id",
+        lambda t, o: append(rlog(t), line(requests=[{"type": "new", "tokens": 3}])),
+        R.BAD_LOG_LINE,
+        "missing field 'request_id'",
+    ),
+    Case(
+        "invalid utf-8",
+        lambda t, o: append(rlog(t), b'{"step": "\xff\xfe"}\n'),
+        R.BAD_LOG_LINE,
+        f"{ROLL_LOG}:4",
+    ),
+    Case(
+        "prefill with no requests",
+        lambda t, o: append(rlog(t), line(requests=[])),
+        R.BAD_LOG_LINE,
+        "no requests",
+    ),
+    Case(
+        "captured id not in step",
+        lambda t, o: append(
+            rlog(t), line(requests=[req(vid("p")), req(vid("q"))], captured_request_id="nope")
+        ),
+        R.BAD_LOG_LINE,
+        "'nope'",
+    ),
     Case("blank lines are skipped", lambda t, o: append(rlog(t), b"\n\n  \n"), pairs=2),
-    Case("bare NaN in a log line", lambda t, o: append(rlog(t), line(step=7, requests=[req(vid("nan"))])
-                                                        .replace(b'"timestamp": "t"', b'"timestamp": NaN')),
-         R.NO_TRAINING_MICRO_BATCH, "nan", pairs=2),
+    Case(
+        "bare NaN in a log line",
+        lambda t, o: append(
+            rlog(t),
+            line(step=7, requests=[req(vid("nan"))]).replace(b'"timestamp": "t"', b'"timestamp": NaN'),
+        ),
+        R.NO_TRAINING_MICRO_BATCH,
+        "nan",
+        pairs=2,
+    ),
     # -- update_actor_log.jsonl lines -------------------------------------------------------
-    Case("actor line without request_ids", lambda t, o: append(alog(t), b'{"pid": 2, "rank": 0, "step": 5}\n'),
-         R.BAD_LOG_LINE, f"{ACT_LOG}:3"),
-    Case("actor request id is a number", lambda t, o: append(alog(t), json.dumps(
-        {"pid": 2, "rank": 0, "step": 5, "request_ids": [5], "num_requests": 1}).encode() + b"\n"),
-         R.BAD_LOG_LINE, "strings"),
+    Case(
+        "actor line without request_ids",
+        lambda t, o: append(alog(t), b'{"pid": 2, "rank": 0, "step": 5}\n'),
+        R.BAD_LOG_LINE,
+        f"{ACT_LOG}:3",
+    ),
+    Case(
+        "actor request id is a number",
+        lambda t, o: append(
+            alog(t),
+            json.dumps({"pid": 2, "rank": 0, "step": 5, "request_ids": [5], "num_requests": 1}).encode()
+            + b"\n",
+        ),
+        R.BAD_LOG_LINE,
+        "strings",
+    ),
     # -- dump.json --------------------------------------------------------------------------
-    Case("truncated dump.json", lambda t, o: dump1(t).write_bytes(dump1(t).read_bytes()[:200]),
-         R.DUMP_UNREADABLE, "good1", pairs=1),
-    Case("binary dump.json", lambda t, o: dump1(t).write_bytes(os.urandom(64)), R.DUMP_UNREADABLE,
-         "rollout/1/step0/rank0", pairs=1),
-    Case("dump.json without data", lambda t, o: dump1(t).write_text('{"task": "statistics"}'),
-         R.DUMP_UNREADABLE, "no 'data'", pairs=1),
-    Case("NaN and Infinity values are fine", lambda t, o: dump1(t).write_text(
-        dump1(t).read_text().replace('"Max": 1.5', '"Max": NaN').replace('"Min": -1.25', '"Min": -Infinity')),
-         pairs=2),
-    Case("step folder missing", lambda t, o: (t.run_dir / "rollout/1/step0").rename(o / "s"), R.DUMP_MISSING,
-         "step0", pairs=1),
-    Case("rank folder missing", lambda t, o: (t.run_dir / "actor/2/step1/rank0").rename(o / "k"),
-         R.DUMP_MISSING, "rank0", pairs=1),
-    Case("two foreign rank folders", lambda t, o: (t.run_dir / "actor/2/step1/rank0").rename(
-        t.run_dir / "actor/2/step1/rank5"), R.DUMP_MISSING, "actor", pairs=1),
-    Case("dump.json is a symlink outside", lambda t, o: (dump1(t).unlink(), (o / "d.json").write_text("{}"),
-                                                         dump1(t).symlink_to(o / "d.json")),
-         R.OUTSIDE_RUN, "leads outside", pairs=1),
-    Case("step folder is a symlink outside", lambda t, o: (
-        (t.run_dir / "rollout/1/step1").rename(o / "step1"), (t.run_dir / "rollout/1/step1").symlink_to(o / "step1")),
-         R.OUTSIDE_RUN, "leads outside", pairs=1),
-    Case("dump_path absolute elsewhere", lambda t, o: (append(rlog(t), line(step=0, requests=[req(vid("abs"))],
-                                                                           dump_path="/etc")),
-                                                        t.actor_step(2, 0, 3, ["abs"])),
-         R.OUTSIDE_RUN, "'/etc'", pairs=2),
-    Case("dump_path escapes with ..", lambda t, o: (append(rlog(t), line(step=0, requests=[req(vid("esc"))],
-                                                                        dump_path="rollout/../../..")),
-                                                     t.actor_step(2, 0, 3, ["esc"])),
-         R.OUTSIDE_RUN, "rollout/../../..", pairs=2),
+    Case(
+        "truncated dump.json",
+        lambda t, o: dump1(t).write_bytes(dump1(t).read_bytes()[:200]),
+        R.DUMP_UNREADABLE,
+        "good1",
+        pairs=1,
+    ),
+    Case(
+        "binary dump.json",
+        lambda t, o: dump1(t).write_bytes(os.urandom(64)),
+        R.DUMP_UNREADABLE,
+        "rollout/1/step0/rank0",
+        pairs=1,
+    ),
+    Case(
+        "dump.json without data",
+        lambda t, o: dump1(t).write_text('{"task": "statistics"}'),
+        R.DUMP_UNREADABLE,
+        "no 'data'",
+        pairs=1,
+    ),
+    Case(
+        "NaN and Infinity values are fine",
+        lambda t, o: dump1(t).write_text(
+            dump1(t)
+            .read_text()
+            .replace('"Max": 1.5', '"Max": NaN')
+            .replace('"Min": -1.25', '"Min": -Infinity')
+        ),
+        pairs=2,
+    ),
+    Case(
+        "step folder missing",
+        lambda t, o: (t.run_dir / "rollout/1/step0").rename(o / "s"),
+        R.DUMP_MISSING,
+        "step0",
+        pairs=1,
+    ),
+    Case(
+        "rank folder missing",
+        lambda t, o: (t.run_dir / "actor/2/step1/rank0").rename(o / "k"),
+        R.DUMP_MISSING,
+        "rank0",
+        pairs=1,
+    ),
+    Case(
+        "two foreign rank folders",
+        lambda t, o: (t.run_dir / "actor/2/step1/rank0").rename(t.run_dir / "actor/2/step1/rank5"),
+        R.DUMP_MISSING,
+        "actor",
+        pairs=1,
+    ),
+    Case(
+        "dump.json is a symlink outside",
+        lambda t, o: (dump1(t).unlink(), (o / "d.json").write_text("{}"), dump1(t).symlink_to(o / "d.json")),
+        R.OUTSIDE_RUN,
+        "leads outside",
+        pairs=1,
+    ),
+    Case(
+        "step folder is a symlink outside",
+        lambda t, o: (
+            (t.run_dir / "rollout/1/step1").rename(o / "step1"),
+            (t.run_dir / "rollout/1/step1").symlink_to(o / "step1"),
+        ),
+        R.OUTSIDE_RUN,
+        "leads outside",
+        pairs=1,
+    ),
+    Case(
+        "dump_path absolute elsewhere",
+        lambda t, o: (
+            append(rlog(t), line(step=0, requests=[req(vid("abs"))], dump_path="/etc")),
+            t.actor_step(2, 0, 3, ["abs"]),
+        ),
+        R.OUTSIDE_RUN,
+        "'/etc'",
+        pairs=2,
+    ),
+    Case(
+        "dump_path escapes with ..",
+        lambda t, o: (
+            append(rlog(t), line(step=0, requests=[req(vid("esc"))], dump_path="rollout/../../..")),
+            t.actor_step(2, 0, 3, ["esc"]),
+        ),
+        R.OUTSIDE_RUN,
+        "rollout/../../..",
+        pairs=2,
+    ),
     # -- log files --------------------------------------------------------------------------
-    Case("log is a symlink outside", lambda t, o: ((o / "x.jsonl").write_bytes(rlog(t).read_bytes()),
-                                                   (t.run_dir / "rollout/5").mkdir(),
-                                                   (t.run_dir / "rollout/5/dispatch_log.jsonl").symlink_to(o / "x.jsonl")),
-         R.OUTSIDE_RUN, "rollout/5/dispatch_log.jsonl", pairs=2),
-    Case("dangling log symlink", lambda t, o: ((t.run_dir / "actor/6").mkdir(),
-                                               (t.run_dir / "actor/6/update_actor_log.jsonl").symlink_to(o / "none")),
-         R.LOG_UNREADABLE, "actor/6/update_actor_log.jsonl", pairs=2),
-    Case("log is a folder", lambda t, o: (t.run_dir / "rollout/7/dispatch_log.jsonl").mkdir(parents=True),
-         R.LOG_UNREADABLE, "not a regular file", pairs=2),
-    Case("log is a fifo", lambda t, o: ((t.run_dir / "rollout/8").mkdir(),
-                                        os.mkfifo(t.run_dir / "rollout/8/dispatch_log.jsonl")),
-         R.LOG_UNREADABLE, "rollout/8/dispatch_log.jsonl", pairs=2),
+    Case(
+        "log is a symlink outside",
+        lambda t, o: (
+            (o / "x.jsonl").write_bytes(rlog(t).read_bytes()),
+            (t.run_dir / "rollout/5").mkdir(),
+            (t.run_dir / "rollout/5/dispatch_log.jsonl").symlink_to(o / "x.jsonl"),
+        ),
+        R.OUTSIDE_RUN,
+        "rollout/5/dispatch_log.jsonl",
+        pairs=2,
+    ),
+    Case(
+        "dangling log symlink",
+        lambda t, o: (
+            (t.run_dir / "actor/6").mkdir(),
+            (t.run_dir / "actor/6/update_actor_log.jsonl").symlink_to(o / "none"),
+        ),
+        R.LOG_UNREADABLE,
+        "actor/6/update_actor_log.jsonl",
+        pairs=2,
+    ),
+    Case(
+        "log is a folder",
+        lambda t, o: (t.run_dir / "rollout/7/dispatch_log.jsonl").mkdir(parents=True),
+        R.LOG_UNREADABLE,
+        "not a regular file",
+        pairs=2,
+    ),
+    Case(
+        "log is a fifo",
+        lambda t, o: (
+            (t.run_dir / "rollout/8").mkdir(),
+            os.mkfifo(t.run_dir / "rollout/8/dispatch_log.jsonl"),
+        ),
+        R.LOG_UNREADABLE,
+        "rollout/8/dispatch_log.jsonl",
+        pairs=2,
+    ),
     # -- duplicates and the run manifest ---------------------------------------------------
-    Case("duplicate prefill on one rank", lambda t, o: (t.rollout_step(9, 0, 0, [req(vid("good1", suffix="99999999"))])),
-         R.DUPLICATE_ID, "rollout/9/step0/rank0", pairs=2),
-    Case("duplicate micro batch", lambda t, o: t.actor_step(2, 0, 7, ["good1"]), R.REPEATED_MICRO_BATCH,
-         "actor/2/step7", pairs=2),
-    Case("run.json malformed", lambda t, o: (t.run_dir / "run.json").write_text("{not json"),
-         warning="unreadable run manifest", pairs=2),
+    Case(
+        "duplicate prefill on one rank",
+        lambda t, o: t.rollout_step(9, 0, 0, [req(vid("good1", suffix="99999999"))]),
+        R.DUPLICATE_ID,
+        "rollout/9/step0/rank0",
+        pairs=2,
+    ),
+    Case(
+        "duplicate micro batch",
+        lambda t, o: t.actor_step(2, 0, 7, ["good1"]),
+        R.REPEATED_MICRO_BATCH,
+        "actor/2/step7",
+        pairs=2,
+    ),
+    Case(
+        "run.json malformed",
+        lambda t, o: (t.run_dir / "run.json").write_text("{not json"),
+        warning="unreadable run manifest",
+        pairs=2,
+    ),
     Case("empty micro batch", lambda t, o: t.actor_step(2, 0, 8, []), pairs=2),
 ]
 
@@ -183,7 +350,11 @@ def test_bad_input(tmp_path, case: Case):
         assert not case.bad_input, "expected BadInput"
         m = outcome.manifest
         if case.reason is not None:
-            hits = [u for u in m.unpaired if u.reason is case.reason and (case.ref in u.ref or case.ref in u.detail)]
+            hits = [
+                u
+                for u in m.unpaired
+                if u.reason is case.reason and (case.ref in u.ref or case.ref in u.detail)
+            ]
             assert hits, [u.model_dump() for u in m.unpaired]
         if case.warning:
             assert any(case.warning in w for w in m.warnings)

@@ -35,8 +35,11 @@ def _tree(root: Path) -> RunTree:
 
 
 def _members(path: Path) -> dict[str, bytes]:
-    with path.open("rb") as fh, zstandard.ZstdDecompressor().stream_reader(fh) as zr, \
-            tarfile.open(fileobj=zr, mode="r|") as tar:
+    with (
+        path.open("rb") as fh,
+        zstandard.ZstdDecompressor().stream_reader(fh) as zr,
+        tarfile.open(fileobj=zr, mode="r|") as tar,
+    ):
         return {m.name: tar.extractfile(m).read() for m in tar if m.isreg()}
 
 
@@ -46,13 +49,24 @@ def test_bundle_holds_only_paired_dumps_logs_and_run_manifest(tmp_path):
     outcome = pipeline.postprocess(t.run_dir, compare=False)
     assert outcome.bundle == tmp_path / "dump" / "bundles" / f"bundle-{t.run_id}.tar.zst"
     names = set(_members(outcome.bundle))
-    paired = {f"{d}/{f}" for d in ("rollout/1/step0/rank0", "actor/2/step0/rank0", "rollout/1/step2/rank0",
-                                   "actor/2/step1/rank0") for f in ("dump.json", "stack.json", "construct.json")}
+    paired = {
+        f"{d}/{f}"
+        for d in (
+            "rollout/1/step0/rank0",
+            "actor/2/step0/rank0",
+            "rollout/1/step2/rank0",
+            "actor/2/step1/rank0",
+        )
+        for f in ("dump.json", "stack.json", "construct.json")
+    }
     tensors = {n for n in names if "/dump_tensor_data/" in n}
     assert len(tensors) == 6  # 3 files per side of the tensor-mode pair
     assert names == paired | tensors | {
-        "manifest.json", "manifest.schema.json", "run.json",
-        "rollout/1/dispatch_log.jsonl", "actor/2/update_actor_log.jsonl",
+        "manifest.json",
+        "manifest.schema.json",
+        "run.json",
+        "rollout/1/dispatch_log.jsonl",
+        "actor/2/update_actor_log.jsonl",
     }
     m = outcome.manifest
     assert {p.pair_id: p.task for p in m.pairs} == {"p1.r0.a0": "statistics", "t1.r0.a0": "tensor"}
@@ -87,7 +101,9 @@ def test_verify_and_extract_round_trip(tmp_path):
     assert res.ok
     for p in out.manifest.pairs:
         for ref in (p.rollout, p.actor):
-            assert (dest / ref.dir / "dump.json").read_bytes() == (t.run_dir / ref.dir / "dump.json").read_bytes()
+            assert (dest / ref.dir / "dump.json").read_bytes() == (
+                t.run_dir / ref.dir / "dump.json"
+            ).read_bytes()
     assert BundleManifest.model_validate_json((dest / MANIFEST_NAME).read_bytes()) == out.manifest
     assert not [p for p in dest.iterdir() if p.name.startswith(".extract-")]
     with pytest.raises(bundle.BundleError, match="not an empty folder"):
@@ -114,9 +130,12 @@ def test_verify_finds_altered_missing_and_extra_members(tmp_path):
     good = pipeline.postprocess(t.run_dir, compare=False).bundle
     bad = tmp_path / "bad.tar.zst"
 
-    _rewrite(good, bad, lambda n, d: d.replace(b"1.5", b"9.5") if n == "rollout/1/step0/rank0/dump.json" else d)
-    assert bundle.verify(bad).errors == ["rollout/1/step0/rank0/dump.json: size/sha256 differ from the manifest "
-                                         "(corrupted or altered)"]
+    _rewrite(
+        good, bad, lambda n, d: d.replace(b"1.5", b"9.5") if n == "rollout/1/step0/rank0/dump.json" else d
+    )
+    assert bundle.verify(bad).errors == [
+        "rollout/1/step0/rank0/dump.json: size/sha256 differ from the manifest (corrupted or altered)"
+    ]
     dest = tmp_path / "ex"
     assert not bundle.extract(bad, dest).ok
     assert not dest.exists()  # nothing is left behind from a bundle that failed its checksums
@@ -173,8 +192,10 @@ EVIL = {
     "nested dotdot": (lambda tar: _file(tar, "a/b/../../../escaped.txt"), "outside the target"),
     "absolute": (lambda tar: _file(tar, "/tmp/escaped-abs.txt"), "outside the target"),
     "symlink": (lambda tar: _special(tar, "link", tarfile.SYMTYPE, "/etc/passwd"), "symlink"),
-    "symlink then write through it": (lambda tar: (_special(tar, "d", tarfile.SYMTYPE, ".."),
-                                                   _file(tar, "d/escaped.txt")), "symlink"),
+    "symlink then write through it": (
+        lambda tar: (_special(tar, "d", tarfile.SYMTYPE, ".."), _file(tar, "d/escaped.txt")),
+        "symlink",
+    ),
     "hardlink": (lambda tar: _special(tar, "hl", tarfile.LNKTYPE, "/etc/passwd"), "hardlink"),
     "char device": (lambda tar: _special(tar, "dev", tarfile.CHRTYPE), "device"),
     "fifo": (lambda tar: _special(tar, "fifo", tarfile.FIFOTYPE), "fifo"),
@@ -223,7 +244,9 @@ def test_killing_the_writer_leaves_no_partial_bundle_under_the_final_name(tmp_pa
         (src / f"{i}.bin").write_bytes(os.urandom(256 << 10))
     t = _tree(tmp_path / "dump")
     dest = tmp_path / "bundles" / f"bundle-{t.run_id}.tar.zst"
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(src), str(dest)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(src), str(dest)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None
         for _ in range(12):  # 3 of 10 MiB streamed (zstd's worker may still hold them in memory)
@@ -251,7 +274,9 @@ def test_a_killed_rewrite_keeps_the_previous_bundle_intact(tmp_path):
     src.mkdir()
     for i in range(20):
         (src / f"{i}.bin").write_bytes(os.urandom(128 << 10))
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(src), str(good)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(src), str(good)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith("progress")

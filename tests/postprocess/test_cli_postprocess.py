@@ -66,8 +66,18 @@ def test_recipe_dumps_by_hand_with_side_folders(tmp_path):
     t = RunTree(tmp_path, recipe=True)
     t.rollout_step(1, 0, 0, [req(vid("a"))], rank_folder="proc1")
     t.actor_step(2, 0, 0, ["a"], backend=None)
-    res = runner.invoke(app, ["postprocess", str(t.run_dir), "--no-compare", "--rollout-dir", str(t.rollout_root),
-                              "--actor-dir", str(t.actor_root)])
+    res = runner.invoke(
+        app,
+        [
+            "postprocess",
+            str(t.run_dir),
+            "--no-compare",
+            "--rollout-dir",
+            str(t.rollout_root),
+            "--actor-dir",
+            str(t.actor_root),
+        ],
+    )
     assert res.exit_code == Exit.OK, res.output
 
 
@@ -87,8 +97,11 @@ def test_verify_and_extract_exit_codes(tmp_path):
     garbage.write_bytes(b"\x00" * 100)
     assert runner.invoke(app, ["verify", str(garbage)]).exit_code == Exit.BAD_INPUT
 
-    with bundle.open("rb") as fh, zstandard.ZstdDecompressor().stream_reader(fh) as zr, \
-            tarfile.open(fileobj=zr, mode="r|") as tar:
+    with (
+        bundle.open("rb") as fh,
+        zstandard.ZstdDecompressor().stream_reader(fh) as zr,
+        tarfile.open(fileobj=zr, mode="r|") as tar,
+    ):
         members = [(m, tar.extractfile(m).read()) for m in tar]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -101,14 +114,21 @@ def test_verify_and_extract_exit_codes(tmp_path):
     res = runner.invoke(app, ["verify", str(tampered)])
     assert res.exit_code == Exit.CHECKSUM_MISMATCH
     assert "rollout/1/dispatch_log.jsonl" in res.output
-    assert runner.invoke(app, ["extract", str(tampered), str(tmp_path / "y")]).exit_code == Exit.CHECKSUM_MISMATCH
+    assert (
+        runner.invoke(app, ["extract", str(tampered), str(tmp_path / "y")]).exit_code
+        == Exit.CHECKSUM_MISMATCH
+    )
     assert not (tmp_path / "y").exists()
 
 
 def test_the_installed_command_runs_it(tmp_path):
     """Through ``python -m verl_consistency``, as the Kubernetes Job calls it."""
     t = _tree(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "verl_consistency", "postprocess", str(t.run_dir), "--no-compare"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl_consistency", "postprocess", str(t.run_dir), "--no-compare"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "bundle:" in proc.stdout

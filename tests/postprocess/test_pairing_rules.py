@@ -56,14 +56,22 @@ def test_every_unusable_step_gets_its_reason(tmp_path):
     res = _pair(t)
     assert res.pairs == []
     assert res.counts["rollout_step"] == {
-        "multi_request_step": 1, "chunked_prefill": 2, "prefix_cache_hit": 2, "not_dumped": 1,
+        "multi_request_step": 1,
+        "chunked_prefill": 2,
+        "prefix_cache_hit": 2,
+        "not_dumped": 1,
         "spec_decoding": 1,
     }
     by_req = {u.ref: u.reason for u in res.unpaired if u.subject == "request"}
     assert by_req == {
-        "multi1": R.MULTI_REQUEST_STEP, "chunk": R.CHUNKED_PREFILL, "hit": R.PREFIX_CACHE_HIT,
-        "skipped": R.NOT_DUMPED, "cachestate": R.PREFIX_CACHE_HIT, "ghost": R.NO_ROLLOUT_PREFILL,
-        "lonely": R.NO_TRAINING_MICRO_BATCH, "crowded": R.MULTI_REQUEST_MICRO_BATCH,
+        "multi1": R.MULTI_REQUEST_STEP,
+        "chunk": R.CHUNKED_PREFILL,
+        "hit": R.PREFIX_CACHE_HIT,
+        "skipped": R.NOT_DUMPED,
+        "cachestate": R.PREFIX_CACHE_HIT,
+        "ghost": R.NO_ROLLOUT_PREFILL,
+        "lonely": R.NO_TRAINING_MICRO_BATCH,
+        "crowded": R.MULTI_REQUEST_MICRO_BATCH,
     }
     assert res.counts["actor_step"] == {"multi_request_micro_batch": 1}
     detail = next(u.detail for u in res.unpaired if u.ref == "multi1")
@@ -104,7 +112,9 @@ def test_tp_rollout_against_unsharded_fsdp_pairs_lowest_ranks_and_reports_the_re
     (p,) = res.pairs
     assert (p.rollout.rank, p.actor.rank) == (0, 0)
     mism = [u for u in res.unpaired if u.reason is R.TP_SHARDING_MISMATCH]
-    assert sorted(u.ref for u in mism) == [f"rollout/{pid}/step0/rank{r}" for pid, r in ((102, 1), (103, 2), (104, 3))]
+    assert sorted(u.ref for u in mism) == [
+        f"rollout/{pid}/step0/rank{r}" for pid, r in ((102, 1), (103, 2), (104, 3))
+    ]
     assert "4 rank(s), training on 1" in mism[0].detail
 
 
@@ -151,14 +161,23 @@ def test_same_request_prefilled_twice_on_one_rank_is_a_duplicate(tmp_path):
 def test_request_scoped_step_pairs_the_captured_request_only(tmp_path):
     t = RunTree(tmp_path)
     cap = vid("cap")
-    t.rollout_step(1, 0, 0, [req(vid("other"), 30), req(cap, 12), req(vid("old"), 1, type="cached")],
-                   captured=cap, attn_state="ChunkedPrefill", task="tensor")
+    t.rollout_step(
+        1,
+        0,
+        0,
+        [req(vid("other"), 30), req(cap, 12), req(vid("old"), 1, type="cached")],
+        captured=cap,
+        attn_state="ChunkedPrefill",
+        task="tensor",
+    )
     t.actor_step(2, 0, 0, ["cap"], task="tensor")
     t.actor_step(2, 0, 1, ["other"])
     res = _pair(t)
     (p,) = res.pairs
     assert (p.request_id, p.scoped, p.task, p.prompt_tokens) == ("cap", True, "tensor", 12)
-    assert {u.ref: u.reason for u in res.unpaired if u.subject == "request"} == {"other": R.MULTI_REQUEST_STEP}
+    assert {u.ref: u.reason for u in res.unpaired if u.subject == "request"} == {
+        "other": R.MULTI_REQUEST_STEP
+    }
 
 
 def test_a_scoped_capture_that_is_itself_a_chunk_does_not_pair(tmp_path):
