@@ -96,7 +96,8 @@ def layer_plot_svg(comp: PairComparison, width: int = 560, height: int = 220) ->
     ):
         y = _y(thr, h, top)
         parts.append(
-            f'<line x1="{left}" x2="{left + w}" y1="{y:.1f}" y2="{y:.1f}" stroke="{col}" stroke-dasharray="4 3"/>'
+            f'<line x1="{left}" x2="{left + w}" y1="{y:.1f}" y2="{y:.1f}" stroke="{col}" '
+            'stroke-dasharray="4 3"/>'
             f'<text x="{left + w - 4}" y="{y - 3:.1f}" text-anchor="end" class="ax" fill="{col}">'
             f"{name} {_fmt(thr)}</text>"
         )
@@ -108,7 +109,8 @@ def layer_plot_svg(comp: PairComparison, width: int = 560, height: int = 220) ->
         if p.rel_err is not None:
             y = _y(p.rel_err, h, top)
             parts.append(
-                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{_color(p.rel_err, p.cosine)}" stroke="#1f2937">'
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{_color(p.rel_err, p.cosine)}" '
+                'stroke="#1f2937">'
                 f"<title>layer {p.label}: rel err {_fmt(p.rel_err)} at {p.module}</title></circle>"
             )
         parts.append(f'<text x="{x:.1f}" y="{top + h + 16}" text-anchor="middle" class="ax">{p.label}</text>')
@@ -149,7 +151,8 @@ def heatmap_svg(comparisons: Sequence[PairComparison]) -> str:
                 f'<rect x="{x + 1}" y="{y + 1}" width="{cw - 2}" height="{ch - 2}" fill="{_color(rel, cos)}">'
                 f"<title>{c.pair_id} layer {lab}: rel err {_fmt(rel)}"
                 f"{'' if cos is None else f', cosine {cos:.6f}'}</title></rect>"
-                f'<text x="{x + cw / 2}" y="{y + ch / 2 + 4}" text-anchor="middle" class="cell">{_fmt(rel, 1)}</text>'
+                f'<text x="{x + cw / 2}" y="{y + ch / 2 + 4}" text-anchor="middle" class="cell">'
+                f"{_fmt(rel, 1)}</text>"
             )
     parts.append("</svg>")
     return "".join(parts)
