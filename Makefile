@@ -44,8 +44,8 @@ test: venv ## Run the whole test suite (what CI runs).
 
 .PHONY: lint
 lint: venv ## ruff (style and lint) over the whole tree.
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 .PHONY: clean
 clean: ## Remove build outputs (keeps .venv and the upstream cache).

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import typer
 
-from verl_consistency import __version__
+from verl_consistency import __version__, run_cmd
 from verl_consistency.patches import pins
+from verl_consistency.patches.cli import app as patches_app
+from verl_consistency.postprocess import cli as postprocess_cli
 
 app = typer.Typer(
     name="verl-consistency",
@@ -17,6 +19,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+app.add_typer(patches_app, name="patches")
 
 
 @app.callback()
@@ -33,9 +38,8 @@ def version_cmd() -> None:
         typer.echo(f"  {name} {value}")
 
 
-from verl_consistency.postprocess import cli as _postprocess_cli  # noqa: E402
-
-_postprocess_cli.register(app)
+run_cmd.register(app)
+postprocess_cli.register(app)
 
 
 def main() -> int:

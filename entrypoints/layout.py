@@ -7,6 +7,7 @@ One collection run owns one folder on the dump volume::
         config/msprobe_rollout.json       inference-side msprobe config (vLLM additional_config)
         config/msprobe_actor.json         training-side msprobe config ($VERL_CONSISTENCY_ACTOR_CONFIG)
         data/train.parquet                the generated prompt set
+        data/reward.py                    its rule-based reward (verl custom_reward_function)
         rollout/<pid>/dispatch_log.jsonl  one per vLLM worker process
         rollout/<pid>/step{N}/rank{R}/{dump,stack,construct}.json
         actor/<pid>/update_actor_log.jsonl   one per trainer process
@@ -39,6 +40,7 @@ RUN_MANIFEST = "run.json"
 ROLLOUT_CONFIG = "config/msprobe_rollout.json"
 ACTOR_CONFIG = "config/msprobe_actor.json"
 TRAIN_DATA = "data/train.parquet"
+REWARD_FN = "data/reward.py"
 ROLLOUT_DIR = "rollout"
 ACTOR_DIR = "actor"
 BUNDLES_DIR = "bundles"
@@ -90,6 +92,10 @@ class RunLayout:
     @property
     def train_data(self) -> Path:
         return self.run_dir / TRAIN_DATA
+
+    @property
+    def reward_fn(self) -> Path:
+        return self.run_dir / REWARD_FN
 
     @property
     def rollout_dir(self) -> Path:

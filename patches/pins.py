@@ -83,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = sys.argv[1:] if argv is None else argv
     if not args:
-        print("usage: python -m verl_consistency.patches.pins KEY [KEY...]  (e.g. upstream.verl)",
-              file=sys.stderr)
+        print(
+            "usage: python -m verl_consistency.patches.pins KEY [KEY...]  (e.g. upstream.verl)",
+            file=sys.stderr,
+        )
         return 2
     pins = load()
     for key in args:

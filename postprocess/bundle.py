@@ -176,9 +176,11 @@ def write_bundle(
     cctx = zstandard.ZstdCompressor(level=level, threads=threads, write_checksum=True)
     try:
         with tmp.open("wb") as raw:
+            # tarfile's plain "w" mode on the zstd writer: it only appends (tell() is asked once, at
+            # 0), and it skips the stream mode's extra buffer copy.
             with (
                 cctx.stream_writer(raw, closefd=False, write_size=_CHUNK) as zw,
-                tarfile.open(fileobj=zw, mode="w|", bufsize=_CHUNK, format=tarfile.PAX_FORMAT) as tar,  # type: ignore[call-overload]
+                tarfile.open(fileobj=zw, mode="w", format=tarfile.PAX_FORMAT) as tar,  # type: ignore[call-overload]
             ):
                 tar.copybufsize = _CHUNK
                 schema = schema_bytes()
@@ -259,8 +261,12 @@ def safe_member_name(member: tarfile.TarInfo) -> str:
     """The member's name if it may be written under a target folder; BundleError otherwise."""
     name = member.name
     if not (member.isreg() or member.isdir()):
-        kinds = ((member.issym, "symlink"), (member.islnk, "hardlink"), (member.isfifo, "fifo"),
-                 (member.isdev, "device"))
+        kinds = (
+            (member.issym, "symlink"),
+            (member.islnk, "hardlink"),
+            (member.isfifo, "fifo"),
+            (member.isdev, "device"),
+        )
         kind = next((k for test, k in kinds if test()), "special file")
         raise BundleError(f"member {name!r} is a {kind}; bundles hold only files and folders")
     if not name or "\x00" in name or "\\" in name:

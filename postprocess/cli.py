@@ -67,7 +67,7 @@ def postprocess_cmd(
             err.print(f"[red]bad input:[/] {exc}")
             raise typer.Exit(Exit.BAD_INPUT) from None
     r = outcome.result
-    out.print(_reasons_table(r.counts))
+    out.print(_reasons_table(r.counts) if r.counts else "Nothing left unpaired.")
     out.print(
         f"{len(r.pairs)} pair(s) from {r.dispatch_records} dispatch and {r.actor_records} training records"
         f" ({len(r.logs)} logs)."

@@ -22,7 +22,7 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import orjson
 
@@ -180,6 +180,20 @@ def _is_dir_noescape(entry: os.DirEntry[str]) -> bool:
         return False
 
 
+_BLOCK = 8 << 20
+
+
+def _blocks(fh: IO[bytes]) -> Iterator[list[bytes]]:
+    """Lines in batches read 8 MiB at a time (much cheaper than iterating the file by line)."""
+    tail = b""
+    while block := fh.read(_BLOCK):
+        lines = (tail + block).split(b"\n")
+        tail = lines.pop()
+        yield lines
+    if tail:
+        yield [tail]
+
+
 def iter_jsonl(log: LogFile, report: Report) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for every parsable line. A bad line is reported as ``file:line``
     and skipped, so one torn write (a worker killed mid-line) never hides the rest of the log."""
@@ -196,36 +210,39 @@ def iter_jsonl(log: LogFile, report: Report) -> Iterator[tuple[int, dict[str, An
         )
         return
     loads = orjson.loads
+    lineno = 0
     with fh:
         try:
-            for lineno, line in enumerate(fh, 1):
-                try:
-                    obj = loads(line)
-                except orjson.JSONDecodeError as exc:
-                    if not line.strip():
-                        continue
-                    obj = _lenient(line)
-                    if obj is None:
+            for lines in _blocks(fh):
+                for line in lines:
+                    lineno += 1
+                    try:
+                        obj = loads(line)
+                    except orjson.JSONDecodeError as exc:
+                        if not line.strip():
+                            continue
+                        obj = _lenient(line)
+                        if obj is None:
+                            report(
+                                Unpaired(
+                                    subject="log_line",
+                                    ref=f"{log.virtual}:{lineno}",
+                                    reason=UnpairedReason.BAD_LOG_LINE,
+                                    detail=f"not JSON: {exc}",
+                                )
+                            )
+                            continue
+                    if type(obj) is not dict:
                         report(
                             Unpaired(
                                 subject="log_line",
                                 ref=f"{log.virtual}:{lineno}",
                                 reason=UnpairedReason.BAD_LOG_LINE,
-                                detail=f"not JSON: {exc}",
+                                detail="not a JSON object",
                             )
                         )
                         continue
-                if type(obj) is not dict:
-                    report(
-                        Unpaired(
-                            subject="log_line",
-                            ref=f"{log.virtual}:{lineno}",
-                            reason=UnpairedReason.BAD_LOG_LINE,
-                            detail="not a JSON object",
-                        )
-                    )
-                    continue
-                yield lineno, obj
+                    yield lineno, obj
         except OSError as exc:
             report(
                 Unpaired(

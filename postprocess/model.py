@@ -30,7 +30,7 @@ class Pair(_Model):
     """A vLLM prefill of one request, and a training micro batch of exactly that request."""
 
     pair_id: str
-    """Stable, file-name safe: ``<request_id>.r<rollout rank>.a<actor rank>``."""
+    """Stable, file-name safe: ``<request_id>[.c<n>1 child>].r<rollout rank>.a<actor rank>``."""
     request_id: str
     """The id verl sent (vLLM's suffix stripped)."""
     vllm_request_id: str

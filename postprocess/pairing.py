@@ -5,9 +5,9 @@ Rules (the README's "Pairing rules" section is the user-facing copy):
 * **Usable inference step**: a dumped prefill that holds exactly one request, of type ``new``,
   scheduled for its whole prompt (``tokens == prompt_tokens``: no chunked prefill) with nothing
   computed before (``num_computed_tokens == 0``: no prefix-cache hit). In request-scoped mode
-  (``captured_request_id`` on the record) a multi-request step is usable for the captured request
+  (``scoped_request_id`` on the record) a multi-request step is usable for the captured request
   alone, when that request meets the same test; the pair is marked ``scoped``. (The field is read
-  from the raw record, so ``scoped_request_id``, an earlier spelling, is accepted too.)
+  from the raw record, so ``captured_request_id``, another spelling, is accepted too.)
 * **Usable training step**: a micro batch holding exactly one request id.
 * **Ids**: vLLM's trailing ``-[0-9a-f]{8}`` is stripped (``records.split_vllm_request_id``); n>1
   children ``{i}_{id}-{8hex}`` share their parent's id, and the lowest child is paired (its
@@ -135,9 +135,9 @@ def pair_run(
         )
     tick = progress or (lambda _s, _d, _t: None)
 
-    usable, seen, n_dispatch = _read_rollout(roll_logs, rep, tick)
-    usable_bases = {c.base for c in usable}
-    singles, in_multi, n_actor = _read_actor(act_logs, usable_bases, rep, tick)
+    singles, multi_ids, n_actor = _read_actor(act_logs, rep, tick)
+    usable, seen, n_dispatch = _read_rollout(roll_logs, {c.base for c in singles}, rep, tick)
+    in_multi = {c.base for c in usable if c.base in multi_ids or c.vllm_id in multi_ids}
 
     roll_by_base: dict[str, list[_Cand]] = defaultdict(list)
     for c in usable:
@@ -193,7 +193,8 @@ def pair_run(
             pairs.append(_make_pair(r, a, default_backend, used_ids))
 
     for base in sorted(act_by_base):
-        reason, where = seen.get(base, (R.NO_ROLLOUT_PREFILL, ""))
+        reason, li, lineno = seen.get(base, (R.NO_ROLLOUT_PREFILL, -1, 0))
+        where = f"{roll_logs[li].virtual}:{lineno}" if li >= 0 else ""
         detail = (
             f"its prefill was unusable ({reason.value}), e.g. {where}"
             if where
@@ -212,117 +213,11 @@ def _bad(rep: Reporter, log: LogFile, lineno: int, detail: str) -> None:
     rep(Unpaired(subject="log_line", ref=f"{log.virtual}:{lineno}", reason=R.BAD_LOG_LINE, detail=detail))
 
 
-def _read_rollout(
-    logs: list[LogFile], rep: Reporter, tick: Progress
-) -> tuple[list[_Cand], dict[str, tuple[UnpairedReason, str]], int]:
-    """One pass over every dispatch log: usable prefills, and why every other new request is not."""
-    usable: list[_Cand] = []
-    seen: dict[str, tuple[UnpairedReason, str]] = {}
-    bulk: Counter[UnpairedReason] = Counter()
-    n = 0
-    split = split_vllm_request_id
-    for li, log in enumerate(logs):
-        tick("rollout logs", li, len(logs))
-        for lineno, o in discover.iter_jsonl(log, rep):
-            n += 1
-            try:
-                phase = o["phase"]
-                reqs = o["requests"]
-                step, rank, pid = o["step"], o["rank"], o["pid"]
-                if type(step) is not int or type(rank) is not int or type(pid) is not int:
-                    raise TypeError("step, rank and pid must be integers")
-                if type(reqs) is not list:
-                    raise TypeError("requests must be a list")
-                attn = o.get("attn_state")
-                if phase == "decode" or attn == "DecodeOnly":
-                    bulk[R.DECODE_ONLY] += 1
-                    continue
-                if phase != "prefill":
-                    raise TypeError(f"phase {phase!r} is neither prefill nor decode")
-                if attn == "SpecDecoding":
-                    bulk[R.SPEC_DECODING] += 1
-                    continue
-                captured = o.get("captured_request_id") or o.get("scoped_request_id")
-                scoped = False
-                if len(reqs) == 1:
-                    req = reqs[0]
-                elif captured is not None and len(reqs) > 1:
-                    req = next((q for q in reqs if q["request_id"] == captured), None)
-                    if req is None:
-                        _bad(
-                            rep,
-                            log,
-                            lineno,
-                            f"captured_request_id {captured!r} is not among the step's requests",
-                        )
-                        continue
-                    scoped = True
-                    for q in reqs:
-                        if q is not req and q.get("type") == "new":
-                            seen.setdefault(
-                                split(q["request_id"])[0], (R.MULTI_REQUEST_STEP, f"{log.virtual}:{lineno}")
-                            )
-                elif not reqs:
-                    _bad(rep, log, lineno, "a prefill step with no requests")
-                    continue
-                else:
-                    bulk[R.MULTI_REQUEST_STEP] += 1
-                    where = f"{log.virtual}:{lineno}"
-                    for q in reqs:
-                        if q["type"] == "new":
-                            seen.setdefault(split(q["request_id"])[0], (R.MULTI_REQUEST_STEP, where))
-                    continue
-                vid, tokens = req["request_id"], req["tokens"]
-                if type(vid) is not str or type(tokens) is not int:
-                    raise TypeError("request_id must be a string and tokens an integer")
-                prompt = req.get("prompt_tokens")
-                computed = req.get("num_computed_tokens") or 0
-                if req.get("type") != "new" or (prompt is not None and tokens < prompt):
-                    why = R.CHUNKED_PREFILL
-                elif computed > 0:
-                    why = R.PREFIX_CACHE_HIT
-                elif not scoped and attn in _NOT_WHOLE_STATES:
-                    why = _NOT_WHOLE_STATES[attn]
-                elif o.get("dumped", True) is False:
-                    why = R.NOT_DUMPED
-                else:
-                    base, child = split(vid)
-                    dump_path = o.get("dump_path")
-                    usable.append(
-                        _Cand(
-                            "rollout",
-                            vid,
-                            base,
-                            child,
-                            pid,
-                            rank,
-                            step,
-                            str(o.get("timestamp", "")),
-                            (str(o.get("timestamp", "")), pid, step, lineno),
-                            f"{log.virtual}:{lineno}",
-                            log,
-                            dump_path if isinstance(dump_path, str) else None,
-                            prompt_tokens=prompt if isinstance(prompt, int) else tokens,
-                            scoped=scoped,
-                        )
-                    )
-                    continue
-                bulk[why] += 1
-                if req.get("type") == "new" or why is not R.CHUNKED_PREFILL:
-                    seen.setdefault(split(vid)[0], (why, f"{log.virtual}:{lineno}"))
-            except (KeyError, TypeError, AttributeError) as exc:
-                _bad(rep, log, lineno, f"not a dispatch_logger record: {_why(exc)}")
-    tick("rollout logs", len(logs), len(logs))
-    for reason, k in bulk.items():
-        rep.bulk("rollout_step", reason, k)
-    return usable, seen, n
-
-
-def _read_actor(
-    logs: list[LogFile], usable_bases: set[str], rep: Reporter, tick: Progress
-) -> tuple[list[_Cand], set[str], int]:
+def _read_actor(logs: list[LogFile], rep: Reporter, tick: Progress) -> tuple[list[_Cand], set[Any], int]:
+    """Single-request micro batches, and every id seen in a multi-request one (read first: the
+    training logs are the smaller side, and their ids tell the rollout pass what to explain)."""
     singles: list[_Cand] = []
-    in_multi: set[str] = set()
+    multi_ids: set[Any] = set()
     n = multi = empty = 0
     split = split_vllm_request_id
     for li, log in enumerate(logs):
@@ -366,17 +261,136 @@ def _read_actor(
                     empty += 1
                 else:
                     multi += 1
-                    for rid in ids:
-                        if rid in usable_bases:
-                            in_multi.add(rid)
-                        elif isinstance(rid, str) and (b := split(rid)[0]) in usable_bases:
-                            in_multi.add(b)
+                    multi_ids.update(ids)
             except (KeyError, TypeError, AttributeError) as exc:
                 _bad(rep, log, lineno, f"not an update_actor record: {_why(exc)}")
     tick("actor logs", len(logs), len(logs))
-    rep.bulk("actor_step", R.MULTI_REQUEST_MICRO_BATCH, multi) if multi else None
-    rep.bulk("actor_step", R.NO_REQUEST_ID, empty) if empty else None
-    return singles, in_multi, n
+    if multi:
+        rep.bulk("actor_step", R.MULTI_REQUEST_MICRO_BATCH, multi)
+    if empty:
+        rep.bulk("actor_step", R.NO_REQUEST_ID, empty)
+    return singles, multi_ids, n
+
+
+_Seen = dict[str, tuple[UnpairedReason, int, int]]
+"""base id -> (why its prefill was unusable, log index, line): only for ids the training side has."""
+
+
+def _note(seen: _Seen, wanted: set[str], vid: str, why: UnpairedReason, li: int, lineno: int) -> None:
+    """Remember why ``vid``'s prefill was unusable, if the training side holds it alone. The
+    slice test is a cheap pre-filter; the real suffix rule then confirms."""
+    if vid[:-9] in wanted or vid in wanted or "_" in vid[:8]:
+        base = split_vllm_request_id(vid)[0]
+        if base in wanted and base not in seen:
+            seen[base] = (why, li, lineno)
+
+
+def _read_rollout(
+    logs: list[LogFile], wanted: set[str], rep: Reporter, tick: Progress
+) -> tuple[list[_Cand], _Seen, int]:
+    """One pass over every dispatch log: the usable prefills, and why the prefills of requests
+    that the training side holds alone were not usable. Decode steps cost one dict lookup."""
+    usable: list[_Cand] = []
+    seen: _Seen = {}
+    bulk: Counter[UnpairedReason] = Counter()
+    n = decode = 0
+    split = split_vllm_request_id
+    for li, log in enumerate(logs):
+        tick("rollout logs", li, len(logs))
+        for lineno, o in discover.iter_jsonl(log, rep):
+            n += 1
+            try:
+                phase = o["phase"]
+                reqs = o["requests"]
+                if type(reqs) is not list:
+                    raise TypeError("requests must be a list")
+                attn = o.get("attn_state")
+                if phase == "decode" or attn == "DecodeOnly":
+                    decode += 1
+                    continue
+                step, rank, pid = o["step"], o["rank"], o["pid"]
+                if type(step) is not int or type(rank) is not int or type(pid) is not int:
+                    raise TypeError("step, rank and pid must be integers")
+                if phase != "prefill":
+                    raise TypeError(f"phase {phase!r} is neither prefill nor decode")
+                if attn == "SpecDecoding":
+                    bulk[R.SPEC_DECODING] += 1
+                    continue
+                captured = o.get("scoped_request_id") or o.get("captured_request_id")
+                scoped = False
+                if len(reqs) == 1:
+                    req = reqs[0]
+                elif captured is not None and len(reqs) > 1:
+                    req = next((q for q in reqs if q["request_id"] == captured), None)
+                    if req is None:
+                        _bad(
+                            rep,
+                            log,
+                            lineno,
+                            f"scoped_request_id {captured!r} is not among the step's requests",
+                        )
+                        continue
+                    scoped = True
+                    for q in reqs:
+                        if q is not req and q.get("type") == "new":
+                            _note(seen, wanted, q["request_id"], R.MULTI_REQUEST_STEP, li, lineno)
+                elif not reqs:
+                    _bad(rep, log, lineno, "a prefill step with no requests")
+                    continue
+                else:
+                    bulk[R.MULTI_REQUEST_STEP] += 1
+                    for q in reqs:
+                        if q["type"] == "new":
+                            _note(seen, wanted, q["request_id"], R.MULTI_REQUEST_STEP, li, lineno)
+                    continue
+                vid, tokens = req["request_id"], req["tokens"]
+                if type(vid) is not str or type(tokens) is not int:
+                    raise TypeError("request_id must be a string and tokens an integer")
+                prompt = req.get("prompt_tokens")
+                computed = req.get("num_computed_tokens") or 0
+                # A prefix-cache hit also schedules fewer tokens than the prompt: test it first.
+                if computed > 0 and req.get("type") == "new":
+                    why = R.PREFIX_CACHE_HIT
+                elif req.get("type") != "new" or (prompt is not None and tokens < prompt):
+                    why = R.CHUNKED_PREFILL
+                elif not scoped and attn in _NOT_WHOLE_STATES:
+                    why = _NOT_WHOLE_STATES[attn]
+                elif o.get("dumped", True) is False:
+                    why = R.NOT_DUMPED
+                else:
+                    base, child = split(vid)
+                    dump_path = o.get("dump_path")
+                    ts = str(o.get("timestamp", ""))
+                    usable.append(
+                        _Cand(
+                            "rollout",
+                            vid,
+                            base,
+                            child,
+                            pid,
+                            rank,
+                            step,
+                            ts,
+                            (ts, pid, step, lineno),
+                            f"{log.virtual}:{lineno}",
+                            log,
+                            dump_path if isinstance(dump_path, str) else None,
+                            prompt_tokens=prompt if isinstance(prompt, int) else tokens,
+                            scoped=scoped,
+                        )
+                    )
+                    continue
+                bulk[why] += 1
+                if req.get("type") == "new":
+                    _note(seen, wanted, vid, why, li, lineno)
+            except (KeyError, TypeError, AttributeError) as exc:
+                _bad(rep, log, lineno, f"not a dispatch_logger record: {_why(exc)}")
+    tick("rollout logs", len(logs), len(logs))
+    if decode:
+        bulk[R.DECODE_ONLY] += decode
+    for reason, k in bulk.items():
+        rep.bulk("rollout_step", reason, k)
+    return usable, seen, n
 
 
 def _why(exc: Exception) -> str:

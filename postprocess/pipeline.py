@@ -74,6 +74,18 @@ def run_id_for(run_dir: Path, run_json: dict[str, Any] | None) -> str:
     return name[:128]
 
 
+def backend_of(run_json: dict[str, Any] | None) -> Literal["fsdp", "megatron"]:
+    """For training records that do not say their backend (the recipe's): the run's actor
+    strategy, from run.json's overrides; FSDP otherwise (verl's default)."""
+    rj = run_json or {}
+    words = [str(x) for key in ("overrides", "user_overrides", "command") for x in (rj.get(key) or [])]
+    if rj.get("backend") == "megatron" or any(
+        w.lstrip("+").startswith("actor_rollout_ref.actor.strategy=megatron") for w in words
+    ):
+        return "megatron"
+    return "fsdp"
+
+
 def read_run_json(path: Path, warnings: list[str]) -> dict[str, Any] | None:
     if not path.is_file():
         return None
@@ -106,17 +118,15 @@ def postprocess(
     run_json_path = roots.run_dir / layout.RUN_MANIFEST
     run_json = read_run_json(run_json_path, warnings)
     run_id = run_id_for(roots.run_dir, run_json)
-    backend: Literal["fsdp", "megatron"] = (
-        "megatron" if (run_json or {}).get("backend") == "megatron" else "fsdp"
-    )
-
-    result = pair_run(roots, default_backend=backend, progress=hooks.stage)
+    backend = backend_of(run_json)
 
     out_dir = (out or roots.run_dir.parent / layout.BUNDLES_DIR).resolve()
-    if _inside(out_dir, roots.rollout) or _inside(out_dir, roots.actor):
+    if any(_inside(out_dir, r) for r in (roots.run_dir, roots.rollout, roots.actor)):
         raise discover.BadInput(
-            f"--out {out_dir} lies inside a dump folder; choose a folder outside the inputs"
+            f"--out {out_dir} lies inside the run or a dump folder; choose a folder outside the inputs"
         )
+    result = pair_run(roots, default_backend=backend, progress=hooks.stage)
+
     work = out_dir / f"work-{run_id}"
     if work.exists():
         shutil.rmtree(work)  # our own scratch from an earlier run: rebuilt every time

@@ -12,11 +12,18 @@ from verl_consistency.hooks import env, records
 def test_dispatch_record_keeps_the_recipe_field_names(tmp_path):
     path = tmp_path / "1234" / records.DISPATCH_LOG
     w = records.JsonlWriter(path)
-    w.write(records.DispatchRecord(
-        timestamp=records.now(), pid=1234, rank=0, step=3, phase="prefill", attn_state="PrefillNoCache",
-        total_num_scheduled_tokens=95,
-        requests=[records.ScheduledRequest(request_id="f1f2-12345678", type="new", tokens=95)],
-    ))
+    w.write(
+        records.DispatchRecord(
+            timestamp=records.now(),
+            pid=1234,
+            rank=0,
+            step=3,
+            phase="prefill",
+            attn_state="PrefillNoCache",
+            total_num_scheduled_tokens=95,
+            requests=[records.ScheduledRequest(request_id="f1f2-12345678", type="new", tokens=95)],
+        )
+    )
     w.close()
     (line,) = path.read_bytes().splitlines()
     rec = orjson.loads(line)
@@ -27,8 +34,16 @@ def test_dispatch_record_keeps_the_recipe_field_names(tmp_path):
 
 
 def test_update_actor_record_round_trips_and_tolerates_new_fields():
-    raw = {"source": "update_actor", "timestamp": "2026-05-13T10:00:01", "pid": 1, "rank": 0, "step": 0,
-           "request_ids": ["abc"], "num_requests": 1, "from_the_future": True}
+    raw = {
+        "source": "update_actor",
+        "timestamp": "2026-05-13T10:00:01",
+        "pid": 1,
+        "rank": 0,
+        "step": 0,
+        "request_ids": ["abc"],
+        "num_requests": 1,
+        "from_the_future": True,
+    }
     rec = records.UpdateActorRecord.model_validate(raw)
     assert rec.request_ids == ["abc"]
     assert rec.model_extra == {"from_the_future": True}
@@ -38,7 +53,9 @@ def test_writer_appends_so_a_restarted_worker_keeps_earlier_lines(tmp_path):
     path = tmp_path / records.UPDATE_ACTOR_LOG
     for step in range(2):
         w = records.JsonlWriter(path)
-        w.write(records.UpdateActorRecord(timestamp="t", pid=1, rank=0, step=step, request_ids=[], num_requests=0))
+        w.write(
+            records.UpdateActorRecord(timestamp="t", pid=1, rank=0, step=step, request_ids=[], num_requests=0)
+        )
         w.close()
     assert [orjson.loads(x)["step"] for x in path.read_bytes().splitlines()] == [0, 1]
 
@@ -78,14 +95,17 @@ def test_relative_to_run_keeps_outside_paths_absolute(tmp_path):
     assert layout.relative_to_run(tmp_path / "elsewhere", run) == (tmp_path / "elsewhere").as_posix()
 
 
-@pytest.mark.parametrize(("vllm_id", "expected"), [
-    ("f1f254c04e0c443b85ea1e7359e842dc-1a2b3c4d", ("f1f254c04e0c443b85ea1e7359e842dc", None)),
-    ("3_f1f254c04e0c443b85ea1e7359e842dc-1a2b3c4d", ("f1f254c04e0c443b85ea1e7359e842dc", 3)),
-    ("f1f254c04e0c443b85ea1e7359e842dc", ("f1f254c04e0c443b85ea1e7359e842dc", None)),
-    ("my-custom-id-12345678", ("my-custom-id", None)),
-    ("my-custom-id-XYZ", ("my-custom-id-XYZ", None)),
-    ("abc-1A2B3C4D", ("abc-1A2B3C4D", None)),  # upper case is not vLLM's suffix
-])
+@pytest.mark.parametrize(
+    ("vllm_id", "expected"),
+    [
+        ("f1f254c04e0c443b85ea1e7359e842dc-1a2b3c4d", ("f1f254c04e0c443b85ea1e7359e842dc", None)),
+        ("3_f1f254c04e0c443b85ea1e7359e842dc-1a2b3c4d", ("f1f254c04e0c443b85ea1e7359e842dc", 3)),
+        ("f1f254c04e0c443b85ea1e7359e842dc", ("f1f254c04e0c443b85ea1e7359e842dc", None)),
+        ("my-custom-id-12345678", ("my-custom-id", None)),
+        ("my-custom-id-XYZ", ("my-custom-id-XYZ", None)),
+        ("abc-1A2B3C4D", ("abc-1A2B3C4D", None)),  # upper case is not vLLM's suffix
+    ],
+)
 def test_split_vllm_request_id(vllm_id, expected):
     assert records.split_vllm_request_id(vllm_id) == expected
 

@@ -22,7 +22,9 @@ def test_pins_load_and_match_the_upstream_facts():
 def test_pins_cli_prints_values_and_lists():
     out = subprocess.run(
         [sys.executable, "-m", "verl_consistency.patches.pins", "upstream.verl", "install.verl_extras"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.splitlines()
     assert out[0] == "0.8.0"
     assert "pyarrow<=24" in out[1].split()
@@ -31,7 +33,8 @@ def test_pins_cli_prints_values_and_lists():
 def test_pins_cli_rejects_unknown_key():
     res = subprocess.run(
         [sys.executable, "-m", "verl_consistency.patches.pins", "upstream.nope"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert res.returncode == 2
     assert "upstream.nope" in res.stderr

@@ -62,6 +62,15 @@ class DispatchRecord(_Record):
     total_num_scheduled_tokens: int
     requests: list[ScheduledRequest]
     dumped: bool = Field(default=True, description="False when the selective mode skipped the dump")
+    scoped_request_id: str | None = Field(
+        default=None,
+        description="selective mode: the vLLM id whose rows alone step{N} holds (request_scope.start_step)",
+    )
+    runner_step: int | None = Field(
+        default=None,
+        description="this worker's count of model-runner steps, dumped or not (orders the records "
+        "when msprobe's step does not advance)",
+    )
 
 
 class UpdateActorRecord(_Record):

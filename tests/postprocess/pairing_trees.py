@@ -180,10 +180,11 @@ class RunTree:
         if not dumped:
             rec["dumped"] = False
         if captured:
-            rec["captured_request_id"] = captured
+            rec["scoped_request_id"] = captured
         if not self.recipe:
             rec["dump_path"] = layout.relative_to_run(proc_dir, self.run_dir)
             rec["schema_version"] = records.SCHEMA_VERSION
+        records.DispatchRecord.model_validate(rec)  # the fixture speaks the hooks' contract
         self._append(proc_dir / records.DISPATCH_LOG, rec)
         if dumped and dump:
             folder = proc_dir / (step_folder or f"step{step}") / (rank_folder or f"rank{rank}")
@@ -224,6 +225,7 @@ class RunTree:
             rec["backend"] = backend
         if not self.recipe:
             rec["dump_path"] = layout.relative_to_run(proc_dir, self.run_dir)
+        records.UpdateActorRecord.model_validate(rec)
         self._append(proc_dir / records.UPDATE_ACTOR_LOG, rec)
         if dump:
             base = self.actor_root if self.recipe else proc_dir

@@ -155,14 +155,14 @@ def test_verify_finds_altered_missing_and_extra_members(tmp_path):
     assert bundle.verify(bad).errors == ["extra.txt: in the bundle but not in the manifest"]
 
     _rewrite(good, bad, lambda n, d: None if n == MANIFEST_NAME else d)
-    with pytest.raises(bundle.BundleError, match="no manifest.json"):
+    with pytest.raises(bundle.BundleError, match=r"no manifest\.json"):
         bundle.verify(bad)
 
     bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
-    with pytest.raises(bundle.BundleError, match="not a readable tar.zst"):
+    with pytest.raises(bundle.BundleError, match=r"not a readable tar\.zst"):
         bundle.verify(bad)
     bad.write_bytes(b"not zstd at all")
-    with pytest.raises(bundle.BundleError, match="not a readable tar.zst"):
+    with pytest.raises(bundle.BundleError, match=r"not a readable tar\.zst"):
         bundle.verify(bad)
 
 

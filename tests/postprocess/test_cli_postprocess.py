@@ -132,3 +132,16 @@ def test_the_installed_command_runs_it(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "bundle:" in proc.stdout
+
+
+def test_backend_comes_from_the_run_manifest_when_records_do_not_say(tmp_path):
+    from verl_consistency.postprocess import pipeline
+
+    t = RunTree(tmp_path)
+    t.run_json(overrides=["actor_rollout_ref.actor.strategy=megatron", "trainer.n_gpus_per_node=8"])
+    t.rollout_step(1, 0, 0, [req(vid("a"))])
+    t.actor_step(2, 0, 0, ["a"], backend=None)
+    out = pipeline.postprocess(t.run_dir, compare=False)
+    assert [p.backend for p in out.manifest.pairs] == ["megatron"]
+    assert out.manifest.run_manifest == "run.json"
+    assert pipeline.backend_of(None) == "fsdp"

@@ -44,7 +44,7 @@ def test_every_unusable_step_gets_its_reason(tmp_path):
     t.rollout_step(1, 0, 0, [req(vid("multi1")), req(vid("multi2"))])
     t.rollout_step(1, 0, 1, [req(vid("chunk"), 8, prompt=20)])
     t.rollout_step(1, 0, 2, [req(vid("chunk"), 12, type="cached")])
-    t.rollout_step(1, 0, 3, [req(vid("hit"), 10, computed=6)])
+    t.rollout_step(1, 0, 3, [req(vid("hit"), 4, prompt=10, computed=6)])  # as vLLM logs a cache hit
     t.rollout_step(1, 0, 4, [req(vid("skipped"))], dumped=False)
     t.rollout_step(1, 0, 5, [req(vid("spec"))], attn_state="SpecDecoding")
     t.rollout_step(1, 0, 6, [req(vid("cachestate"))], attn_state="PrefillCacheHit")
@@ -122,7 +122,7 @@ def test_n_children_pair_the_lowest_child_and_report_siblings(tmp_path):
     t = RunTree(tmp_path)
     t.rollout_step(1, 0, 0, [req(vid("par", 1, "aaaaaaaa"))])
     t.rollout_step(1, 0, 1, [req(vid("par", 0, "bbbbbbbb"))])
-    t.rollout_step(1, 0, 2, [req(vid("par", 2, "cccccccc"), computed=8)])
+    t.rollout_step(1, 0, 2, [req(vid("par", 2, "cccccccc"), 8, prompt=16, computed=8)])
     t.actor_step(2, 0, 0, ["par"])
     res = _pair(t)
     (p,) = res.pairs

@@ -1,0 +1,157 @@
+"""The two msprobe configs of a run (inference side, training side), from one small option set.
+
+The model mirrors what mindstudio-probe 26.2.0 reads (``msprobe/core/dump/common_config.py``
+``CommonConfig``/``BaseConfig`` and ``msprobe/pytorch/dump/pt_config.py``): the common keys,
+then one section named after the task. Values msprobe would reject are rejected here first, so
+that a bad ``--steps`` fails before a cluster is started and not inside a vLLM worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from enum import StrEnum
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from verl_consistency.layout import RunLayout
+
+STEP_RANK_MAX = 1_000_000
+"""msprobe's ``Const.STEP_RANK_MAXIMUM_VALUE``."""
+
+DataMode = Literal["all", "input", "output", "forward", "backward"]
+
+
+class Task(StrEnum):
+    STATISTICS = "statistics"
+    TENSOR = "tensor"
+
+
+class Level(StrEnum):
+    L0 = "L0"
+    L1 = "L1"
+    MIX = "mix"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    scope: list[str] = Field(default_factory=list)
+    list_: list[str] = Field(default_factory=list, alias="list")
+    data_mode: list[DataMode] = Field(default_factory=lambda: ["all"])
+
+
+class StatisticsSection(_Section):
+    tensor_list: list[str] = Field(default_factory=list)
+    summary_mode: Literal["statistics", "md5", "xor"] = "statistics"
+
+
+class TensorSection(_Section):
+    pass
+
+
+class MsprobeConfig(BaseModel):
+    """One msprobe config json, as ``PrecisionDebugger(config_path=...)`` reads it."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: Task
+    dump_path: str
+    rank: list[int | str] = Field(default_factory=list)
+    step: list[int | str] = Field(default_factory=list)
+    level: Level
+    async_dump: bool = False
+    statistics: StatisticsSection | None = None
+    tensor: TensorSection | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def parse_selection(text: str | None, what: Literal["step", "rank"]) -> list[int | str]:
+    """``"0,2,5-7"`` → ``[0, 2, "5-7"]`` (msprobe's own spelling); empty or ``all`` → ``[]`` (all)."""
+    if text is None or text.strip() in ("", "all"):
+        return []
+    out: list[int | str] = []
+    for part in (p.strip() for p in text.split(",")):
+        m = _RANGE.match(part)
+        if not m:
+            raise ValueError(f"--{what}s {text!r}: {part!r} is not N or N-M (e.g. 0,2,5-7)")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if lo > hi or hi > STEP_RANK_MAX:
+            raise ValueError(f"--{what}s {text!r}: {part!r} must satisfy N <= M <= {STEP_RANK_MAX}")
+        out.append(lo if m.group(2) is None else part)
+    return out
+
+
+class DumpOptions(BaseModel):
+    """The one option set both configs come from."""
+
+    model_config = ConfigDict(frozen=True)
+    task: Task = Task.STATISTICS
+    level: Level = Level.L0
+    steps: list[int | str] = Field(default_factory=list)
+    ranks: list[int | str] = Field(default_factory=list)
+
+    @field_validator("steps", "ranks")
+    @classmethod
+    def _bounded(cls, value: list[int | str]) -> list[int | str]:
+        for item in value:
+            if isinstance(item, int) and not 0 <= item <= STEP_RANK_MAX:
+                raise ValueError(f"{item} is outside 0..{STEP_RANK_MAX}")
+        return value
+
+    def config(self, dump_path: Path) -> MsprobeConfig:
+        section = (
+            {"statistics": StatisticsSection()}
+            if self.task is Task.STATISTICS
+            else {"tensor": TensorSection()}
+        )
+        return MsprobeConfig(
+            task=self.task,
+            dump_path=str(dump_path),
+            rank=list(self.ranks),
+            step=list(self.steps),
+            level=self.level,
+            **section,
+        )
+
+
+class RunConfigs(BaseModel):
+    rollout: MsprobeConfig
+    actor: MsprobeConfig
+
+
+def build(layout: RunLayout, options: DumpOptions) -> RunConfigs:
+    """The inference side dumps under ``rollout/``, the training side under ``actor/``.
+
+    The patched upstream appends ``<pid>`` to each (see ``verl_consistency.layout``).
+    """
+    return RunConfigs(rollout=options.config(layout.rollout_dir), actor=options.config(layout.actor_dir))
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    """Write JSON via a temp file in the same folder and rename it into place.
+
+    Mode 0644: msprobe's file checks refuse configs that others may write to.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write(layout: RunLayout, configs: RunConfigs) -> None:
+    write_json_atomic(layout.rollout_config, configs.rollout.to_json())
+    write_json_atomic(layout.actor_config, configs.actor.to_json())

@@ -1,0 +1,287 @@
+"""``verl-consistency run hybrid|fully-async``: one command per mode that launches a collection run.
+
+It writes the run folder (msprobe configs, prompt set, reward function, ``run.json``), then
+runs verl with the environment and overrides from :mod:`verl_consistency.overrides`, shows
+where the run is, and ends with one summary line. Conflicting overrides are refused before
+anything is written (exit code 2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from verl_consistency import dataset, layout
+from verl_consistency import msprobe_config as mscfg
+from verl_consistency.hooks.capture import CAPTURE_ENV
+from verl_consistency.hooks.env import DUMP_PHASE, DumpPhase
+from verl_consistency.overrides import Mode, Table
+from verl_consistency.run_manifest import MsprobeConfigs, RunManifest, now_utc
+from verl_consistency.run_plan import DEFAULT_MODEL, MODEL_ENV, PlanError, RunPlan, build_plan
+
+EXIT_REFUSED = 2
+RUN_ID_ENV = "VERL_CONSISTENCY_RUN_ID"
+_STEP_LINE = re.compile(r"\bstep:(\d+)\b")
+
+console = Console(stderr=True)
+
+
+def format_dry_run(plan: RunPlan) -> str:
+    """The exact environment and command, shell-quoted, one item per line."""
+    lines = [
+        f"# verl-consistency run {plan.mode.value} --dry-run: nothing was written or started.",
+        f"# run folder: {plan.run_dir}",
+        f"#   msprobe configs: {plan.paths['rollout_config']}, {plan.paths['actor_config']}",
+        f"#   prompt set: {plan.paths['train_data']}, reward: {plan.paths['reward_fn']}",
+        f"#   dumps: {plan.paths['rollout_dir']}/<pid>/, {plan.paths['actor_dir']}/<pid>/",
+        f"# then: verl-consistency postprocess {plan.run_dir}",
+        "env \\",
+    ]
+    lines += [f"  {shlex.quote(f'{k}={v}')} \\" for k, v in plan.env.items()]
+    argv = plan.argv
+    lines.append(f"  {shlex.join(argv[:3])} \\")
+    rest = argv[3:]
+    cont = " \\"
+    lines += [f"  {shlex.quote(a)}{cont if i < len(rest) - 1 else ''}" for i, a in enumerate(rest)]
+    return "\n".join(lines)
+
+
+def prepare_run_dir(plan: RunPlan) -> RunManifest:
+    """Write configs, prompt set, reward and run.json. Refuses a run folder that already has a run."""
+    lay = plan.layout
+    if lay.run_manifest.exists():
+        raise PlanError(
+            [
+                f"{lay.run_manifest} exists: run id {plan.run_id!r} was used already; "
+                "pass a new --run-id (or leave it out to get a fresh one)"
+            ]
+        )
+    mscfg.write(lay, plan.msprobe)
+    dataset.write_parquet(lay.train_data)
+    dataset.write_reward_fn(lay.reward_fn)
+    lay.rollout_dir.mkdir(parents=True, exist_ok=True)
+    lay.actor_dir.mkdir(parents=True, exist_ok=True)
+    manifest = RunManifest(
+        run_id=plan.run_id,
+        mode=plan.mode.value,
+        verl_module=plan.module,
+        invocation=plan.invocation,
+        command=plan.argv,
+        overrides=plan.overrides,
+        user_overrides=plan.user_overrides,
+        env=plan.env,
+        dump_phase=plan.phase.value,
+        capture=plan.capture,
+        msprobe=MsprobeConfigs(rollout=plan.msprobe.rollout.to_json(), actor=plan.msprobe.actor.to_json()),
+        paths=plan.paths,
+    )
+    manifest.write(lay.run_manifest)
+    return manifest
+
+
+def count_dump_steps(side_dir: Path) -> int:
+    """msprobe step folders written so far under ``<side>/<pid>/step*``."""
+    try:
+        return sum(1 for p in side_dir.glob("*/step*") if p.is_dir())
+    except OSError:
+        return 0
+
+
+def execute(plan: RunPlan, manifest: RunManifest) -> int:
+    """Run verl, pass its output on, show progress, forward SIGINT/SIGTERM; return its exit code.
+
+    verl's stdout (where its console logger prints ``step:N``) is read line by line for the
+    status line and written to our stdout unchanged; its stderr is not touched.
+    """
+    lay = plan.layout
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        plan.argv,
+        env=plan.child_env(os.environ),
+        stdout=subprocess.PIPE,  # read for progress, then passed on; verl's stderr goes straight through
+        text=True,
+        bufsize=1,
+        errors="replace",
+    )
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    state = {"step": "-", "last": 0.0}
+    done = threading.Event()
+
+    def status_text() -> str:
+        elapsed = int(time.monotonic() - started)
+        return (
+            f"verl {plan.mode.value} · run {plan.run_id} · training step {state['step']} · "
+            f"dump steps rollout {count_dump_steps(lay.rollout_dir)} / actor "
+            f"{count_dump_steps(lay.actor_dir)} · {elapsed // 60}m{elapsed % 60:02d}s"
+        )
+
+    try:
+        with console.status(status_text()) as status:
+
+            def refresh() -> None:
+                while not done.wait(2.0):
+                    status.update(status_text())
+
+            ticker = threading.Thread(target=refresh, daemon=True)
+            ticker.start()
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                m = _STEP_LINE.search(line)
+                if m:
+                    state["step"] = m.group(1)
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            code = proc.wait()
+            done.set()
+    finally:
+        done.set()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+    final = manifest.model_copy(update={"finished_at": now_utc(), "exit_code": code})
+    final.write(lay.run_manifest)
+    elapsed = int(time.monotonic() - started)
+    counts = (
+        f"rollout dump steps {count_dump_steps(lay.rollout_dir)}, "
+        f"actor dump steps {count_dump_steps(lay.actor_dir)}"
+    )
+    if code == 0:
+        console.print(
+            f"[green]✔ run {plan.run_id} finished in {elapsed // 60}m{elapsed % 60:02d}s: dumps in "
+            f"{lay.run_dir} ({counts}). Next: verl-consistency postprocess {lay.run_dir}[/green]",
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"[red]✘ verl exited with code {code} after {elapsed // 60}m{elapsed % 60:02d}s; "
+            f"partial dumps in {lay.run_dir} ({counts}); its run.json records the failure. "
+            f"Fix the error above and start a new run (new --run-id).[/red]",
+            highlight=False,
+        )
+    return code
+
+
+def run_command(
+    ctx: typer.Context,
+    mode: Annotated[
+        Mode,
+        typer.Argument(
+            help="hybrid = verl.trainer.main_ppo; fully-async = "
+            "verl.experimental.fully_async_policy.fully_async_main."
+        ),
+    ],
+    dump_root: Annotated[
+        Path,
+        typer.Option(
+            envvar=layout.DUMP_ROOT_ENV, help="The shared dump volume; the run writes <dump-root>/<run-id>/."
+        ),
+    ] = layout.DEFAULT_DUMP_ROOT,
+    run_id: Annotated[
+        str | None,
+        typer.Option(envvar=RUN_ID_ENV, help="Run folder name (default: <mode>-<UTC time>-<4 hex>)."),
+    ] = None,
+    task: Annotated[
+        mscfg.Task | None,
+        typer.Option(help="msprobe task (default: statistics; tensor when --capture is a fraction)."),
+    ] = None,
+    level: Annotated[
+        mscfg.Level, typer.Option(help="msprobe level: L0 modules, L1 APIs, mix both.")
+    ] = mscfg.Level.L0,
+    steps: Annotated[
+        str | None,
+        typer.Option(help="msprobe steps to dump on each side, e.g. 0-9 or 0,2,5-7 (default: all)."),
+    ] = None,
+    ranks: Annotated[str | None, typer.Option(help="Ranks to dump, same syntax (default: all).")] = None,
+    phase: Annotated[
+        DumpPhase, typer.Option(envvar=DUMP_PHASE, help="Training phase to dump (DUMP_PHASE).")
+    ] = DumpPhase.LOG_PROB,
+    capture: Annotated[
+        str,
+        typer.Option(
+            envvar=CAPTURE_ENV,
+            help="Requests to dump: all, or fraction:F (0<F<=1, chosen by a hash of the request id).",
+        ),
+    ] = "all",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Model path (= model=PATH = actor_rollout_ref.model.path); "
+            f"default ${MODEL_ENV} or {DEFAULT_MODEL}."
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Print the exact environment and command; write and start nothing."),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print it as JSON.")] = False,
+    show_table: Annotated[
+        bool, typer.Option("--table", help="Print the whole override table as JSON and exit.")
+    ] = False,
+) -> None:
+    """Launch a verl collection run with both msprobe dumps on. Extra arguments are verl (Hydra)
+    overrides, passed through unchanged unless they would spoil the data (then: exit code 2).
+    `--cfg job` / `--resolve` after the overrides are passed to verl too (print the config only)."""
+    if show_table:
+        typer.echo(Table().model_dump_json(indent=2))
+        raise typer.Exit(0)
+    rid = run_id or layout.new_run_id(mode.value)
+    try:
+        plan = build_plan(
+            mode,
+            dump_root=dump_root,
+            run_id=rid,
+            phase=phase,
+            capture=capture,
+            task=task,
+            level=level,
+            steps=steps,
+            ranks=ranks,
+            model=model,
+            extra_args=ctx.args,
+        )
+    except PlanError as exc:
+        for message in exc.messages:
+            console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+        console.print(f"nothing was written or started ({len(exc.messages)} problem(s)).", highlight=False)
+        raise typer.Exit(EXIT_REFUSED) from None
+
+    if dry_run:
+        typer.echo(json.dumps(plan.as_json(), indent=2) if as_json else format_dry_run(plan))
+        raise typer.Exit(0)
+
+    try:
+        with console.status(f"writing run folder {plan.run_dir}"):
+            manifest = prepare_run_dir(plan)
+    except PlanError as exc:
+        for message in exc.messages:
+            console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_REFUSED) from None
+    console.print(
+        f"run {plan.run_id}: wrote msprobe configs, prompt set and run.json to {plan.run_dir}; "
+        f"starting {plan.module}",
+        highlight=False,
+    )
+    raise typer.Exit(execute(plan, manifest))
+
+
+RUN_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run", context_settings=RUN_CONTEXT)(run_command)

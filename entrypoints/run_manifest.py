@@ -1,0 +1,107 @@
+"""``run.json``: what a collection run was, written into its run folder before verl starts.
+
+The postprocess puts it into the bundle, so that a bundle says which versions produced it,
+with which command and which msprobe configs. Versioned: readers check ``schema_version``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from verl_consistency import __version__
+from verl_consistency.patches import pins
+
+SCHEMA_VERSION = 1
+
+INSTALLED_DISTRIBUTIONS = (
+    "verl",
+    "vllm",
+    "vllm-ascend",
+    "mindstudio-probe",
+    "torch",
+    "torch-npu",
+    "ray",
+    "transformers",
+)
+"""Distributions whose installed version is recorded next to the pins (None: not installed here)."""
+
+
+def installed_versions(names: tuple[str, ...] = INSTALLED_DISTRIBUTIONS) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def now_utc() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+class MsprobeConfigs(BaseModel):
+    rollout: dict[str, Any]
+    actor: dict[str, Any]
+
+
+class RunManifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    run_id: str
+    mode: str
+    verl_module: str
+    bundle_version: str = __version__
+    pinned: dict[str, str] = Field(default_factory=lambda: pins.load().upstream.model_dump())
+    installed: dict[str, str | None] = Field(default_factory=installed_versions)
+    invocation: list[str]
+    """The ``verl-consistency run ...`` arguments that reproduce this run."""
+    command: list[str]
+    """What was executed: python, ``-m``, the verl module and every override."""
+    overrides: list[str]
+    user_overrides: list[str]
+    env: dict[str, str]
+    """The variables this tool set (not the whole environment: it may hold secrets)."""
+    dump_phase: str
+    capture: str
+    msprobe: MsprobeConfigs
+    paths: dict[str, str]
+    """Run-folder-relative paths of what the run wrote (configs, data, dump folders)."""
+    started_at: str = Field(default_factory=now_utc)
+    finished_at: str | None = None
+    exit_code: int | None = None
+
+    def write(self, path: Path) -> None:
+        """Atomically (temp + rename): a reader never sees half a manifest."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(self.model_dump(mode="json"), fh, indent=2)
+                fh.write("\n")
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def read(cls, path: Path) -> RunManifest:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path}: cannot read the run manifest: {exc}") from exc
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"{path}: run manifest schema_version {version!r}; this tool reads {SCHEMA_VERSION}"
+            )
+        return cls.model_validate(data)

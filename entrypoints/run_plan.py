@@ -1,0 +1,288 @@
+"""From the options of ``verl-consistency run`` to the exact verl command: a pure function.
+
+No file is written and nothing is started here, so ``--dry-run``, the real run and the k8s
+manifests' tests all see the same plan for the same settings.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+from verl_consistency import overrides as table
+from verl_consistency.hooks import capture as capture_mod
+from verl_consistency.hooks.env import DUMP_PHASE, DumpPhase
+from verl_consistency.layout import (
+    ACTOR_CONFIG,
+    ACTOR_DIR,
+    REWARD_FN,
+    ROLLOUT_CONFIG,
+    ROLLOUT_DIR,
+    RUN_MANIFEST,
+    TRAIN_DATA,
+    RunLayout,
+)
+from verl_consistency.msprobe_config import DumpOptions, Level, RunConfigs, Task, build, parse_selection
+from verl_consistency.overrides import Conflict, EnvConflict, Mode
+
+DEFAULT_MODEL = "/models/Qwen2.5-0.5B-Instruct"
+MODEL_ENV = "VERL_CONSISTENCY_MODEL"
+
+HYDRA_FLAGS: dict[str, tuple[str, ...] | None] = {
+    "--cfg": ("job", "hydra", "all"),
+    "-c": ("job", "hydra", "all"),
+    "--resolve": None,
+}
+"""Hydra flags passed through to verl: only the print-the-config ones (they start no training)."""
+
+
+class PlanError(ValueError):
+    """Bad input. ``messages`` holds one line per problem; the CLI exits with code 2."""
+
+    def __init__(self, messages: Sequence[str]) -> None:
+        super().__init__("\n".join(messages))
+        self.messages = list(messages)
+
+
+class RunPlan(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    mode: Mode
+    run_id: str
+    dump_root: str
+    run_dir: str
+    phase: DumpPhase
+    capture: str
+    dump: DumpOptions
+    python: str
+    module: str
+    env: dict[str, str]
+    overrides: list[str]
+    """Defaults the user did not override, then every required override, then the user's."""
+    user_overrides: list[str]
+    hydra_flags: list[str]
+    invocation: list[str]
+    msprobe: RunConfigs
+    paths: dict[str, str]
+
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout(Path(self.dump_root), self.run_id)
+
+    @property
+    def argv(self) -> list[str]:
+        return [self.python, "-m", self.module, *self.overrides, *self.hydra_flags]
+
+    def child_env(self, base: Mapping[str, str]) -> dict[str, str]:
+        return {**base, **self.env}
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "mode": self.mode.value,
+            "run_id": self.run_id,
+            "dump_root": self.dump_root,
+            "run_dir": self.run_dir,
+            "phase": self.phase.value,
+            "capture": self.capture,
+            "task": self.dump.task.value,
+            "level": self.dump.level.value,
+            "steps": self.dump.steps,
+            "ranks": self.dump.ranks,
+            "python": self.python,
+            "module": self.module,
+            "env": self.env,
+            "overrides": self.overrides,
+            "user_overrides": self.user_overrides,
+            "argv": self.argv,
+            "invocation": self.invocation,
+            "paths": self.paths,
+            "msprobe": self.msprobe.model_dump(mode="json", by_alias=True, exclude_none=True),
+        }
+
+
+def split_extra_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Separate Hydra overrides from the Hydra flags we pass through; refuse other options."""
+    overrides: list[str] = []
+    flags: list[str] = []
+    problems: list[str] = []
+    it = iter(args)
+    for arg in it:
+        if arg == "--":
+            continue
+        if arg.startswith("-"):
+            name, eq, inline = arg.partition("=")
+            if name not in HYDRA_FLAGS:
+                problems.append(
+                    f"unknown option {arg!r}: see `verl-consistency run --help`; verl overrides "
+                    "are written key=value"
+                )
+                continue
+            choices = HYDRA_FLAGS[name]
+            if choices is None:
+                flags.append(name)
+                continue
+            value = inline if eq else next(it, "")
+            if value not in choices:
+                problems.append(f"{name} takes one of {', '.join(choices)}, got {value!r}")
+                continue
+            flags.extend([name, value])
+        else:
+            overrides.append(arg)
+    if problems:
+        raise PlanError(problems)
+    return overrides, flags
+
+
+def _run_values(layout: RunLayout, phase: DumpPhase, capture: str) -> dict[str, str]:
+    return {
+        "run_dir": str(layout.run_dir),
+        "run_id": layout.run_id,
+        "rollout_config": str(layout.rollout_config),
+        "actor_config": str(layout.actor_config),
+        "train_data": str(layout.train_data),
+        "reward_fn": str(layout.reward_fn),
+        "dump_phase": phase.value,
+        "capture": capture,
+    }
+
+
+def _expand_shortcut(text: str) -> str:
+    key, eq, value = text.partition("=")
+    if eq and key == table.MODEL_SHORTCUT:
+        return f"{table.MODEL_PATH_KEY}={value}"
+    return text
+
+
+def _touches(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def build_plan(
+    mode: Mode,
+    *,
+    dump_root: str | os.PathLike[str],
+    run_id: str,
+    phase: DumpPhase = DumpPhase.LOG_PROB,
+    capture: str = "all",
+    task: Task | None = None,
+    level: Level = Level.L0,
+    steps: str | None = None,
+    ranks: str | None = None,
+    model: str | None = None,
+    extra_args: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+    python: str | None = None,
+) -> RunPlan:
+    """Check everything and return the plan, or raise :class:`PlanError` listing every problem."""
+    environ = os.environ if environ is None else environ
+    problems: list[str] = []
+    try:
+        layout = RunLayout(Path(dump_root), run_id)
+    except ValueError as exc:
+        raise PlanError([str(exc)]) from None
+    if not Path(dump_root).is_absolute():
+        problems.append(f"--dump-root {dump_root!s}: must be an absolute path (every Ray worker reads it)")
+    try:
+        rule = capture_mod.parse(capture)
+    except ValueError as exc:
+        problems.append(f"--capture: {exc}")
+        rule = capture_mod.CaptureRule()
+    if task is None:
+        task = Task.STATISTICS if rule.is_all else Task.TENSOR
+    try:
+        dump = DumpOptions(
+            task=task, level=level, steps=parse_selection(steps, "step"), ranks=parse_selection(ranks, "rank")
+        )
+    except ValueError as exc:
+        problems.append(str(exc))
+        dump = DumpOptions(task=task, level=level)
+
+    user_texts, flags = split_extra_args(extra_args)
+    user_texts = [_expand_shortcut(t) for t in user_texts]
+    run = _run_values(layout, phase, rule.spec())
+    try:
+        parsed = table.parse_user_overrides(user_texts)
+    except ValueError as exc:
+        raise PlanError([*problems, str(exc)]) from None
+
+    conflicts: list[Conflict] = table.find_conflicts(parsed, mode, phase, run)
+    # DUMP_PHASE and VERL_CONSISTENCY_CAPTURE are the sources of --phase and --capture: the option wins.
+    option_sources = {DUMP_PHASE, capture_mod.CAPTURE_ENV}
+    caller_env = {k: v for k, v in environ.items() if k not in option_sources}
+    env_conflicts: list[EnvConflict] = table.find_env_conflicts(caller_env, mode, phase, run)
+    problems += [c.message for c in conflicts] + [c.message for c in env_conflicts]
+    if problems:
+        raise PlanError(problems)
+
+    user_keys = [ov.key for ov in parsed]
+    model_path = model or environ.get(MODEL_ENV) or DEFAULT_MODEL
+    if model is not None and table.MODEL_PATH_KEY in user_keys:
+        raise PlanError([f"--model and {table.MODEL_PATH_KEY}=... (or model=...) both given; keep one"])
+    model_rows: list[str] = []
+    if table.MODEL_PATH_KEY not in user_keys:
+        model_rows = [f"{table.MODEL_PATH_KEY}={table.hydra_value(model_path)}"]
+
+    defaults = [
+        table.spell(row, run)
+        for row in table.default_rows(mode, phase)
+        if not any(_touches(row.key, k) for k in user_keys)
+    ]
+    required_keys = {row.key for row in table.required_rows(mode, phase)}
+    required = [table.spell(row, run) for row in table.required_rows(mode, phase)]
+    # A user override that equals a required one is already in `required`: drop the repeat.
+    user_kept = [ov.text for ov in parsed if ov.key not in required_keys]
+
+    invocation = [
+        "verl-consistency",
+        "run",
+        mode.value,
+        "--dump-root",
+        str(dump_root),
+        "--run-id",
+        run_id,
+        "--phase",
+        phase.value,
+        "--capture",
+        rule.spec(),
+        "--task",
+        dump.task.value,
+        "--level",
+        dump.level.value,
+    ]
+    if steps:
+        invocation += ["--steps", steps]
+    if ranks:
+        invocation += ["--ranks", ranks]
+    if model is not None:
+        invocation += ["--model", model]
+    invocation += [*user_texts, *flags]
+
+    return RunPlan(
+        mode=mode,
+        run_id=run_id,
+        dump_root=str(dump_root),
+        run_dir=str(layout.run_dir),
+        phase=phase,
+        capture=rule.spec(),
+        dump=dump,
+        python=python or sys.executable,
+        module=mode.module,
+        env=table.environment(mode, phase, run),
+        overrides=[*model_rows, *defaults, *required, *user_kept],
+        user_overrides=user_texts,
+        hydra_flags=flags,
+        invocation=invocation,
+        msprobe=build(layout, dump),
+        paths={
+            "run_manifest": RUN_MANIFEST,
+            "rollout_config": ROLLOUT_CONFIG,
+            "actor_config": ACTOR_CONFIG,
+            "train_data": TRAIN_DATA,
+            "reward_fn": REWARD_FN,
+            "rollout_dir": ROLLOUT_DIR,
+            "actor_dir": ACTOR_DIR,
+        },
+    )

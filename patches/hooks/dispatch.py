@@ -1,0 +1,302 @@
+"""The vLLM-side dispatch log: which requests each msprobe step of a vLLM worker saw.
+
+vllm-ascend 0.18.0's ``NPUModelRunner`` calls into this module at two places (see
+``patches/vllm-ascend/``):
+
+* where it builds the ``PrecisionDebugger`` (``__init__``): :func:`rollout_dump_path` gives the
+  per-process dump folder, passed as the constructor's ``dump_path=``. msprobe 26.x re-creates its
+  config from the JSON file on a hot reload, keeping only the constructor's overrides, so the
+  recipe's ``debugger.service.config.dump_path = ...`` is silently undone by the first reload;
+* where upstream calls ``debugger.start`` (``execute_model``): :meth:`DispatchLogger.start` decides
+  whether this step is dumped, starts msprobe, and writes one :class:`DispatchRecord` whose
+  ``step`` is msprobe's own ``current_iter``, read after ``start()`` has set it. At each of the
+  runner's stop sites (two early returns of ``execute_model`` and the main path in
+  ``sample_tokens()``), :meth:`DispatchLogger.finish` says whether a stop+step is owed.
+
+The recipe's own logger counts steps itself and writes before ``stop`` in ``execute_model``; on
+the main path ``execute_model`` returns before that point, so its log missed most steps.
+
+Selective mode (``$VERL_CONSISTENCY_CAPTURE=fraction:F``): a step is dumped only when it is a
+prefill step holding a captured request whose whole prompt is computed in this step (no prefix
+cache hit, no chunking), because only such a step can be compared with the training forward.
+Every other step gets a record with ``dumped=false`` and no msprobe start/stop/step at all, so
+msprobe's step counter advances only on dumped steps and ``step{N}`` always matches a record.
+The dump is scoped to that one request's token rows with msprobe's ``scheduled_tokens``, in
+the runner's packing order (``verl_consistency.hooks.request_scope`` owns the msprobe side).
+
+This module must import without torch_npu, vllm or vllm_ascend: the scheduler output and
+``attn_state`` are taken as plain objects (duck-typed, ``attn_state.name``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from verl_consistency import layout
+from verl_consistency.hooks import capture, records, request_scope
+from verl_consistency.hooks.env import RUN_DIR
+
+DECODE_STATE = "DecodeOnly"
+"""The only ``AscendAttentionState`` member that is a decode step (upstream's ``!= DecodeOnly``)."""
+
+DUMP_MODEL_LEVELS = ("L0", "MIX")
+"""Levels at which upstream passes the model to ``start()`` (module hooks need it)."""
+
+
+class _NewRequest(Protocol):
+    req_id: str
+    prompt_token_ids: list[int] | None
+    num_computed_tokens: int
+
+
+class _CachedRequests(Protocol):
+    req_ids: list[str]
+
+
+class SchedulerOutputLike(Protocol):
+    """The fields of vLLM's ``vllm.v1.core.sched.output.SchedulerOutput`` this hook reads."""
+
+    scheduled_new_reqs: Sequence[_NewRequest]
+    scheduled_cached_reqs: _CachedRequests
+    num_scheduled_tokens: Mapping[str, int]
+    total_num_scheduled_tokens: int
+
+
+class ConfigError(ValueError):
+    """The inference-side msprobe config cannot give a dump folder."""
+
+
+def rollout_dump_path(
+    config_path: str | os.PathLike[str],
+    *,
+    pid: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Path:
+    """This worker's msprobe dump folder: ``<run>/rollout/<pid>``, else ``<config dump_path>/<pid>``.
+
+    msprobe numbers steps per process from 0, so each vLLM worker process needs its own folder,
+    or a restarted worker (or a second replica on the node) overwrites another's ``step0``.
+    Under ``verl-consistency run`` the run folder comes from ``$VERL_CONSISTENCY_RUN_DIR``;
+    without it (a user's own launch, as in the recipe) the config's ``dump_path`` is the root.
+    """
+    env = os.environ if environ is None else environ
+    run_dir = env.get(RUN_DIR)
+    if run_dir:
+        return layout.process_dump_dir(Path(run_dir) / layout.ROLLOUT_DIR, pid)
+    path = Path(config_path)
+    root = _read_config(path).get("dump_path")
+    if not isinstance(root, str) or not root:
+        raise ConfigError(f'{path}: no "dump_path" string; set it, or set ${RUN_DIR} to the run folder')
+    return layout.process_dump_dir(root, pid)
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot read the msprobe config ({exc}); fix dump_config_path") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the msprobe config must be a JSON object")
+    return data
+
+
+def attn_state_name(attn_state: object) -> str | None:
+    """``AscendAttentionState.X`` → ``"X"`` without importing vllm_ascend (which loads torch_npu)."""
+    if attn_state is None:
+        return None
+    name = getattr(attn_state, "name", None)
+    return name if isinstance(name, str) else str(attn_state)
+
+
+def scheduled_requests(so: SchedulerOutputLike) -> list[records.ScheduledRequest]:
+    """The recipe's ``requests[]``: new requests first, then cached ones, in scheduler order."""
+    out = []
+    for req in so.scheduled_new_reqs:
+        prompt = req.prompt_token_ids
+        out.append(
+            records.ScheduledRequest(
+                request_id=req.req_id,
+                type="new",
+                tokens=so.num_scheduled_tokens.get(req.req_id, 0),
+                prompt_tokens=len(prompt) if prompt is not None else None,
+                num_computed_tokens=req.num_computed_tokens,
+            )
+        )
+    for req_id in so.scheduled_cached_reqs.req_ids:
+        out.append(
+            records.ScheduledRequest(
+                request_id=req_id, type="cached", tokens=so.num_scheduled_tokens.get(req_id, 0)
+            )
+        )
+    return out
+
+
+def phase_of(state_name: str | None, reqs: Sequence[records.ScheduledRequest]) -> str:
+    """Upstream's rule (``attn_state != DecodeOnly`` → prefill, so SpecDecoding counts as prefill).
+
+    Without an attention state (never seen at the start site, but cheap to cover), a step where
+    every request advances by one token is a decode step.
+    """
+    if state_name is not None:
+        return "decode" if state_name == DECODE_STATE else "prefill"
+    return "decode" if reqs and all(r.tokens == 1 and r.type == "cached" for r in reqs) else "prefill"
+
+
+def in_batch_order(
+    reqs: Sequence[records.ScheduledRequest], batch_order: Sequence[str] | None
+) -> list[records.ScheduledRequest]:
+    """The step's requests in the order the runner packs their tokens (``input_batch.req_ids``).
+
+    msprobe finds a request's rows by summing the counts of the requests packed before it, and
+    the runner reorders requests (decodes first) and fills freed slots, so the scheduler's order
+    is not the packing order. Requests missing from ``batch_order`` keep their place at the end.
+    """
+    if batch_order is None:
+        return list(reqs)
+    rank = {rid: i for i, rid in enumerate(batch_order)}
+    return sorted(reqs, key=lambda r: rank.get(r.request_id, len(rank)))
+
+
+def _dist_rank() -> int:
+    """The global rank when torch.distributed is up; never imports torch itself."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return 0
+
+
+def _dumped_now(service: Any) -> bool:
+    """Did msprobe open ``step{current_iter}`` in this ``start()``?
+
+    msprobe can decline a step on its own (``step``/``rank`` filters in the config, the service
+    stopped after the last configured step, the request missing from ``scheduled_tokens``). Only
+    when it creates the step folder does it set ``dump_iter_dir`` to that step's path.
+    """
+    if getattr(service, "should_stop_service", False):
+        return False
+    expected = os.path.join(service.config.dump_path, f"step{service.current_iter}")
+    return getattr(service, "dump_iter_dir", None) == expected
+
+
+class DispatchLogger:
+    """One per vLLM worker process: decides, starts and logs each msprobe step.
+
+    Use (the patched runner): ``start(...)`` at upstream's start site; at every stop site,
+    ``if logger.finish(): debugger.stop(); debugger.step()``. ``finish()`` answers True once per
+    started step, so a start is paired with exactly one stop+step whichever path returns.
+    """
+
+    def __init__(
+        self,
+        dump_path: str | os.PathLike[str],
+        *,
+        rule: capture.CaptureRule | None = None,
+        run_dir: str | None = None,
+        pid: int | None = None,
+    ) -> None:
+        self.dump_path = Path(dump_path)
+        self.rule = rule if rule is not None else capture.from_env()
+        self.run_dir = run_dir
+        self.pid = os.getpid() if pid is None else pid
+        self._writer = records.JsonlWriter(self.dump_path / records.DISPATCH_LOG)
+        self._started = False
+        self.runner_step = 0
+        """Every start-site visit of this process, dumped or not."""
+
+    @classmethod
+    def for_rollout(
+        cls, config_path: str | os.PathLike[str], environ: Mapping[str, str] | None = None
+    ) -> DispatchLogger:
+        """Build from the vLLM ``dump_config_path`` and the run's environment."""
+        env = os.environ if environ is None else environ
+        rule = capture.parse(env.get(capture.CAPTURE_ENV, "all"))
+        if not rule.is_all:
+            # refuse at start-up, not at the first captured step hours into the run
+            try:
+                request_scope.scoped_msprobe_config(_read_config(Path(config_path)))
+            except ValueError as exc:
+                raise ConfigError(f"{config_path}: {exc}") from None
+        return cls(
+            rollout_dump_path(config_path, environ=env),
+            rule=rule,
+            run_dir=env.get(RUN_DIR) or None,
+        )
+
+    def start(
+        self,
+        debugger: Any,
+        model: Any,
+        scheduler_output: SchedulerOutputLike,
+        attn_state: object,
+        batch_order: Sequence[str] | None = None,
+    ) -> bool:
+        """Upstream's ``debugger.start`` site. Returns whether msprobe was started."""
+        reqs = scheduled_requests(scheduler_output)
+        state = attn_state_name(attn_state)
+        phase = phase_of(state, reqs)
+        captured: str | None = None
+        if self.rule.is_all:
+            run = True
+        else:
+            # one request per step (msprobe scopes by one id): the first captured, comparable
+            # prefill in packing order; see request_scope.should_dump
+            captured = request_scope.should_dump(in_batch_order(reqs, batch_order), phase, self.rule)
+            run = captured is not None
+
+        service = debugger.service
+        if run:
+            level = str(getattr(getattr(debugger, "config", None), "level", "L1")).upper()
+            kwargs: dict[str, Any] = {"model": model} if level in DUMP_MODEL_LEVELS else {}
+            if captured is None:
+                debugger.start(**kwargs)
+            else:
+                request_scope.start_step(
+                    debugger,
+                    kwargs.get("model"),
+                    capture_request_id=captured,
+                    scheduled_tokens=scheduler_output.num_scheduled_tokens,
+                    packing_order=batch_order,
+                )
+            dumped = _dumped_now(service)
+            step = int(service.current_iter)
+        else:
+            dumped = False
+            # msprobe is not started, so its counter does not move: this is the N that the
+            # next dumped step will get. No step{N} folder belongs to this record.
+            step = int(service.loop + service.init_step)
+        self._started = run
+
+        self._writer.write(
+            records.DispatchRecord(
+                timestamp=records.now(),
+                pid=self.pid,
+                rank=_dist_rank(),
+                step=step,
+                dump_path=(
+                    layout.relative_to_run(service.config.dump_path, self.run_dir) if dumped else None
+                ),
+                phase=phase,  # type: ignore[arg-type]
+                attn_state=state,
+                total_num_scheduled_tokens=int(scheduler_output.total_num_scheduled_tokens),
+                requests=reqs,
+                dumped=dumped,
+                scoped_request_id=captured,
+                runner_step=self.runner_step,
+            )
+        )
+        self.runner_step += 1
+        return run
+
+    def finish(self) -> bool:
+        """At a stop site: True exactly once after a started step (then stop+step it)."""
+        started, self._started = self._started, False
+        return started
+
+    def close(self) -> None:
+        self._writer.close()

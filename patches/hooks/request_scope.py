@@ -1,0 +1,210 @@
+"""Request-scoped msprobe dumps: dump one request's rows out of a batched (packed) vLLM step.
+
+Why: the recipe can only pair prefill steps that hold exactly one request, and dumps every
+step (decode included) to find them. mindstudio-probe 26.2.0 can cut one request's token rows
+out of a packed step, so any prefill step that *contains* a captured request becomes pairable,
+and every other step can be left undumped.
+
+How msprobe 26.2.0 does it (read from its source, checked on CPU by ``tests/selective``):
+
+- The task section of the config (``"statistics"``/``"tensor"``) may hold ``"request_id"``. Only
+  task ``statistics`` or ``tensor`` at level ``L0``, ``L1`` or ``mix`` keep it; any other
+  combination silently drops it (``DebuggerConfig.check``), which :func:`start_step` refuses.
+- ``PrecisionDebugger.start(model, scheduled_tokens={req_id: n, ...})`` then, per step:
+  if ``request_id`` is not a key, the step is not dumped at all (no ``step{N}`` folder, one
+  WARNING line); otherwise it sets ``slice = {dim: 0, size: sum(n), begin, end}`` where
+  ``begin``/``end`` are the request's offsets **in the dict's iteration order**.
+- Every dumped tensor (module inputs, outputs *and parameters*, statistics and ``.pt`` files)
+  whose ``shape[0] == sum(n)`` is cut to rows ``[begin:end]``; any other tensor is dumped whole.
+  vLLM's activations are ``[num_tokens, ...]`` so they are cut. ``LogitsProcessor`` sees
+  ``[num_reqs, ...]`` and is dumped whole (every request's last-token logits) unless, by
+  coincidence, ``num_reqs == num_tokens`` (decode steps: then the cut is the request's own row).
+  A parameter whose first dimension happens to equal the step's token count is cut too.
+- The dumped ``shape`` in ``dump.json`` is the cut shape, so a scoped vLLM dump and a
+  training forward of that request alone have matching shapes.
+
+Why a sentinel instead of the real id: ``PrecisionDebugger`` is a per-process singleton whose
+``service.config`` is a deep copy of ``debugger.config``, and msprobe 26.x hot-reloads the
+config file (when it carries ``dump_enable``), replacing both. Writing a per-step id into a
+live config would race with that reload. Instead the config carries one constant id,
+:data:`CAPTURED_SENTINEL`, and each step renames the captured request's key to it in the
+``scheduled_tokens`` that msprobe sees. The config never changes; only the argument does.
+
+Packing order: vllm-ascend packs tokens in ``self.input_batch.req_ids`` order (the persistent
+batch, possibly reordered decode-first), **not** in the scheduler's ``num_scheduled_tokens``
+dict order. Pass ``packing_order=self.input_batch.req_ids[:num_reqs]``; without it the slice can
+land on another request's rows.
+
+Step numbering: a step that is not dumped never calls ``start``; the model runner still calls
+``stop()`` and ``step()`` at its usual sites. ``stop()`` writes nothing when nothing was
+collected and ``step()`` advances ``current_iter``, so ``step{N}`` keeps meaning "the N-th
+model-runner step", the same N the dispatch log records for every step, dumped or not.
+
+Use at vllm-ascend's ``debugger.start`` site (``execute_model``)::
+
+    rid = should_dump(requests, phase, rule)          # None: not this step
+    dumped = start_step(self.debugger, self.model, capture_request_id=rid,
+                        scheduled_tokens=scheduler_output.num_scheduled_tokens,
+                        packing_order=self.input_batch.req_ids[: self.input_batch.num_reqs])
+    # write the DispatchRecord with dumped=dumped, scoped_request_id=rid
+
+This module must not import torch_npu or vllm at import time; it imports msprobe lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from verl_consistency.hooks.capture import CaptureRule
+from verl_consistency.hooks.records import ScheduledRequest, base_request_id
+
+CAPTURED_SENTINEL = "verl-consistency-captured"
+"""The ``request_id`` that the msprobe config carries; the captured request is renamed to it."""
+
+SCOPED_TASKS = ("statistics", "tensor")
+SCOPED_LEVELS = ("L0", "L1", "mix")
+
+
+def scoped_msprobe_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of an msprobe config dict with request scoping switched on (for whoever writes it).
+
+    Adds ``"request_id": CAPTURED_SENTINEL`` to the section of the configured task, so that the
+    scope survives msprobe's config hot-reload. Raises ``ValueError`` for a task or level that
+    msprobe cannot scope. The input is not modified.
+    """
+    out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in config.items()}
+    task = out.get("task", "statistics")
+    level = out.get("level", "L1")
+    if task not in SCOPED_TASKS or level not in SCOPED_LEVELS:
+        raise ValueError(
+            f"msprobe config task={task!r} level={level!r}: request-scoped dumps need task in "
+            f"{SCOPED_TASKS} and level in {SCOPED_LEVELS}; change the config or turn selective mode off"
+        )
+    section = dict(out.get(task) or {})
+    section["request_id"] = CAPTURED_SENTINEL
+    out[task] = section
+    return out
+
+
+def ensure_request_scope(debugger: Any) -> None:
+    """Make a live ``PrecisionDebugger`` scope by :data:`CAPTURED_SENTINEL`; idempotent.
+
+    Sets ``request_id`` on both ``debugger.config`` and ``debugger.service.config`` (msprobe
+    reads the latter; a hot reload rebuilds both from the file, which is why the file should
+    carry the sentinel too: see :func:`scoped_msprobe_config`). Raises ``ValueError`` when the
+    task/level cannot be scoped, because msprobe would then dump whole batched steps.
+    """
+    for cfg in (debugger.config, debugger.service.config):
+        task, level = getattr(cfg, "task", None), getattr(cfg, "level", None)
+        if task not in SCOPED_TASKS or level not in SCOPED_LEVELS:
+            raise ValueError(
+                f"msprobe task={task!r} level={level!r} cannot dump one request's rows; request-scoped "
+                f"dumps need task in {SCOPED_TASKS} and level in {SCOPED_LEVELS} (fix the msprobe config)"
+            )
+        if getattr(cfg, "request_id", None) != CAPTURED_SENTINEL:
+            cfg.request_id = CAPTURED_SENTINEL
+
+
+def scoped_tokens(
+    scheduled_tokens: Mapping[str, int],
+    capture_request_id: str,
+    packing_order: Sequence[str] | None = None,
+) -> dict[str, int]:
+    """The ``scheduled_tokens`` msprobe must see: packing order, captured id renamed to the sentinel.
+
+    Raises ``ValueError`` when the captured request is not scheduled, when ``packing_order`` and
+    ``scheduled_tokens`` disagree, or when a count is not a positive int (msprobe would then
+    silently dump the whole step).
+    """
+    order = list(scheduled_tokens) if packing_order is None else list(packing_order)
+    if set(order) != set(scheduled_tokens) or len(order) != len(scheduled_tokens):
+        raise ValueError(
+            f"packing_order ({len(order)} ids) and scheduled_tokens ({len(scheduled_tokens)} ids) name "
+            "different requests; pass input_batch.req_ids[:num_reqs] and "
+            "scheduler_output.num_scheduled_tokens"
+        )
+    if capture_request_id not in scheduled_tokens:
+        raise ValueError(f"captured request {capture_request_id!r} is not scheduled in this step")
+    if CAPTURED_SENTINEL in scheduled_tokens:
+        raise ValueError(f"a scheduled request is literally named {CAPTURED_SENTINEL!r}")
+    out: dict[str, int] = {}
+    for rid in order:
+        n = scheduled_tokens[rid]
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise ValueError(f"scheduled_tokens[{rid!r}] = {n!r}: expected a positive int")
+        out[CAPTURED_SENTINEL if rid == capture_request_id else rid] = int(n)
+    return out
+
+
+def start_step(
+    debugger: Any,
+    model: Any,
+    *,
+    capture_request_id: str | None,
+    scheduled_tokens: Mapping[str, int],
+    packing_order: Sequence[str] | None = None,
+) -> bool:
+    """Start msprobe for this step, scoped to one request; returns whether the step is dumped.
+
+    ``capture_request_id=None``: msprobe is *not* started (nothing is dumped, no warning, no
+    hook work); the caller still runs its usual ``stop()``/``step()``, which keeps ``step{N}``
+    aligned with the model-runner step count. Otherwise ``debugger.start(model=model,
+    scheduled_tokens=...)`` runs with the captured request renamed to the sentinel, and only
+    rows ``[begin:end]`` of that request are dumped (see the module docstring for what is cut).
+    ``model`` may be None for level L1 (API hooks only), as vllm-ascend does.
+    """
+    if capture_request_id is None:
+        return False
+    tokens = scoped_tokens(scheduled_tokens, capture_request_id, packing_order)
+    # msprobe's start() first re-reads a changed config file (at most every 0.5 s), which would
+    # drop a request_id that only ensure_request_scope set. Run that check now, so the one inside
+    # start() finds nothing new; a file that carries the sentinel needs none of this.
+    reload_now = getattr(debugger, "_maybe_reload_config", None)
+    if callable(reload_now):
+        reload_now(force=True)
+    ensure_request_scope(debugger)
+    if model is None:
+        debugger.start(scheduled_tokens=tokens)
+    else:
+        debugger.start(model=model, scheduled_tokens=tokens)
+    return True
+
+
+def is_comparable_prefill(request: ScheduledRequest) -> bool:
+    """Whether this step computes the request's *whole* prompt from scratch, in one piece.
+
+    Only then do its rows equal a training forward over the prompt: a cached request in a
+    prefill step is decoding, a prefix-cache hit (``num_computed_tokens > 0``) computes only the
+    uncached suffix, and a chunk (``tokens < prompt_tokens``) only part of the prompt.
+    """
+    if request.type != "new":
+        return False
+    if request.num_computed_tokens:
+        return False
+    return request.prompt_tokens is None or request.tokens == request.prompt_tokens
+
+
+def should_dump(
+    requests: Sequence[ScheduledRequest],
+    phase: Literal["prefill", "decode"] | str,
+    rule: CaptureRule,
+) -> str | None:
+    """Selective mode: the vLLM request id to dump in this step, or None to skip the step.
+
+    - ``phase == "decode"``: always None; decode rows are never compared.
+    - Otherwise the first request, in the order given (pass the packing order), that
+      :func:`is_comparable_prefill` accepts and whose id (``base_request_id``: vLLM's
+      ``-[0-9a-f]{8}`` suffix and n>1 child prefix stripped) ``rule.captures``.
+    - msprobe scopes to one request per step, so further captured requests in the same step
+      are not dumped; their prompt is never prefilled again, so they stay unpaired.
+
+    ``rule`` 'all' makes every request eligible (every prefill step then dumps one request);
+    the recipe's dump-every-step behaviour is a different mode that does not call this.
+    """
+    if phase == "decode":
+        return None
+    for req in requests:
+        if is_comparable_prefill(req) and rule.captures(base_request_id(req.request_id)):
+            return req.request_id
+    return None

@@ -1,0 +1,126 @@
+"""Session fixtures: each mode is composed ONCE with verl 0.8.0's real Hydra config (~10-15 s each).
+
+* fully-async: exactly the acceptance path — ``verl-consistency run fully-async --dry-run --json
+  model=<path>``, then the printed argv and env are executed with Hydra's ``--cfg job``.
+* hybrid: the real (non-dry-run) path — ``verl-consistency run hybrid ... --cfg job`` writes the
+  run folder and runs verl, which prints its composed config and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+MODEL = "/models/Qwen2.5-0.5B-Instruct"
+COMPOSE_TIMEOUT = 300
+
+
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: int = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python -m verl_consistency`` in a subprocess, as a user (or a RayJob) runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "verl_consistency", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or clean_env(),
+    )
+
+
+def clean_env() -> dict[str, str]:
+    """The caller's environment without variables the run sets (they would be refused as conflicts)."""
+    from verl_consistency.overrides import ENV
+
+    names = {row.name for row in ENV} | {"VERL_CONSISTENCY_DUMP_ROOT", "VERL_CONSISTENCY_RUN_ID"}
+    return {k: v for k, v in os.environ.items() if k not in names}
+
+
+@dataclass
+class Composed:
+    mode: str
+    run_dir: Path
+    plan: dict[str, Any]
+    config: dict[str, Any]
+    stdout: str
+    stderr: str
+
+    def get(self, dotted: str) -> Any:
+        node: Any = self.config
+        for part in dotted.split("."):
+            node = node[part]
+        return node
+
+
+@pytest.fixture(scope="session")
+def fully_async(tmp_path_factory: pytest.TempPathFactory) -> Composed:
+    root = tmp_path_factory.mktemp("dump-fa")
+    dry = cli(
+        "run",
+        "fully-async",
+        "--dry-run",
+        "--json",
+        "--dump-root",
+        str(root),
+        "--run-id",
+        "fa-test",
+        f"model={MODEL}",
+    )
+    assert dry.returncode == 0, dry.stderr
+    plan = json.loads(dry.stdout)
+    verl = subprocess.run(
+        [*plan["argv"], "--cfg", "job"],
+        env={**clean_env(), **plan["env"]},
+        capture_output=True,
+        text=True,
+        timeout=COMPOSE_TIMEOUT,
+    )
+    assert verl.returncode == 0, verl.stderr[-4000:]
+    return Composed(
+        "fully-async", root / "fa-test", plan, yaml.safe_load(verl.stdout), verl.stdout, verl.stderr
+    )
+
+
+@pytest.fixture(scope="session")
+def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Composed:
+    root = tmp_path_factory.mktemp("dump-hybrid")
+    args = (
+        "run",
+        "hybrid",
+        "--dump-root",
+        str(root),
+        "--run-id",
+        "hy-test",
+        "--steps",
+        "0-3",
+        f"model={MODEL}",
+        "trainer.nnodes=1",
+        "--cfg",
+        "job",
+    )
+    dry = cli(*args[:1], *args[1:-2], "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    done = cli(*args, timeout=COMPOSE_TIMEOUT)
+    assert done.returncode == 0, done.stderr[-4000:]
+    # verl's config YAML is everything on stdout; our own messages go to stderr.
+    return Composed(
+        "hybrid",
+        root / "hy-test",
+        json.loads(dry.stdout),
+        yaml.safe_load(done.stdout),
+        done.stdout,
+        done.stderr,
+    )
+
+
+@pytest.fixture(params=["hybrid", "fully_async"])
+def composed(request: pytest.FixtureRequest) -> Composed:
+    return request.getfixturevalue(request.param)

@@ -1,0 +1,97 @@
+"""--dry-run prints the exact environment and command (shell form and JSON), and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from typer.testing import CliRunner
+from verl_consistency.cli import app
+from verl_consistency.overrides import MODEL_PATH_KEY, Mode, Table
+
+from .conftest import MODEL
+
+ARGS = ["run", "fully-async", "--dry-run", "--dump-root", "/dump", "--run-id", "demo", f"model={MODEL}"]
+
+
+def _run(*args: str) -> str:
+    result = CliRunner().invoke(app, list(args), env=dict.fromkeys(("DUMP_ON", "VERL_CONSISTENCY_RUN_ID")))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_shell_form_is_exactly_the_json_plan() -> None:
+    text = _run(*ARGS)
+    plan = json.loads(_run(*ARGS, "--json"))
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    words = shlex.split(body.replace("\\\n", " "))
+    assert words[0] == "env"
+    n_env = len(plan["env"])
+    assert dict(w.split("=", 1) for w in words[1 : 1 + n_env]) == plan["env"]
+    assert words[1 + n_env :] == plan["argv"]
+    assert "# run folder: /dump/demo" in text
+    assert "# then: verl-consistency postprocess /dump/demo" in text
+
+
+def test_json_plan_command_env_and_paths() -> None:
+    plan = json.loads(_run(*ARGS, "--json"))
+    assert plan["argv"][1:3] == ["-m", "verl.experimental.fully_async_policy.fully_async_main"]
+    assert plan["module"] == Mode.FULLY_ASYNC.module
+    assert plan["env"] == {
+        "DUMP_ON": "1",
+        "PROMPTS_ONLY": "1",
+        "DUMP_PHASE": "log_prob",
+        "VERL_CONSISTENCY_ACTOR_CONFIG": "/dump/demo/config/msprobe_actor.json",
+        "VERL_CONSISTENCY_RUN_DIR": "/dump/demo",
+        "VERL_CONSISTENCY_CAPTURE": "all",
+        "VLLM_USE_V2_MODEL_RUNNER": "0",
+        "TORCHDYNAMO_DISABLE": "1",
+        "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1",
+    }
+    assert f"{MODEL_PATH_KEY}={MODEL}" in plan["overrides"]
+    assert (
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config="
+        "{dump_config_path:/dump/demo/config/msprobe_rollout.json}"
+    ) in plan["overrides"]
+    assert plan["run_dir"] == "/dump/demo"
+    assert plan["paths"]["rollout_config"] == "config/msprobe_rollout.json"
+    assert plan["msprobe"]["rollout"]["dump_path"] == "/dump/demo/rollout"
+    assert plan["msprobe"]["actor"]["dump_path"] == "/dump/demo/actor"
+    assert plan["invocation"][:3] == ["verl-consistency", "run", "fully-async"]
+
+
+def test_invocation_reproduces_the_plan() -> None:
+    """What the run manifest records as `invocation` gives the same plan again."""
+    plan = json.loads(_run(*ARGS, "--phase", "all", "--capture", "fraction:0.5", "--steps", "0-3", "--json"))
+    again = json.loads(_run(*plan["invocation"][1:], "--dry-run", "--json"))
+    assert again == plan
+
+
+def test_hybrid_differs_where_the_table_says() -> None:
+    hybrid = json.loads(_run("run", "hybrid", *ARGS[2:], "--json"))
+    fully = json.loads(_run(*ARGS, "--json"))
+    assert hybrid["argv"][2] == "verl.trainer.main_ppo"
+    assert "TORCHDYNAMO_DISABLE" not in hybrid["env"]
+    assert "actor_rollout_ref.hybrid_engine=false" in fully["overrides"]
+    assert not any(o.startswith("actor_rollout_ref.hybrid_engine") for o in hybrid["overrides"])
+
+
+def test_dry_run_writes_nothing(tmp_path: Path) -> None:
+    _run("run", "hybrid", "--dry-run", "--dump-root", str(tmp_path), "--run-id", "x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_run_id_comes_from_the_layout() -> None:
+    plan = json.loads(_run("run", "hybrid", "--dry-run", "--json", "--dump-root", "/dump"))
+    assert plan["run_id"].startswith("hybrid-")
+    assert plan["run_dir"] == f"/dump/{plan['run_id']}"
+
+
+def test_table_is_exported_as_json() -> None:
+    table = json.loads(_run("run", "hybrid", "--table"))
+    assert table == json.loads(Table().model_dump_json())
+    assert {r["key"] for r in table["required"]} >= {
+        "actor_rollout_ref.rollout.enforce_eager",
+        "algorithm.rollout_correction",
+    }

@@ -1,0 +1,361 @@
+"""The vllm-ascend series against the REAL pinned ``model_runner_v1.py``.
+
+The patched runner needs torch_npu and CANN, so it cannot run here. What can be checked is its
+real patched source, with ``ast``: the dispatch hook sits at the ``debugger.start`` site, the
+per-pid dump folder is a constructor override, and every started step reaches exactly one
+stop+step on every path out of ``execute_model`` (its two early returns, and the main path that
+stops in ``sample_tokens()``). The same checker run on the pristine file must find the recipe's
+gaps, so it is known to be able to fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from verl_consistency.patches import apply, upstream
+
+RUNNER = "vllm_ascend/worker/model_runner_v1.py"
+PATCH = "vllm-ascend/0001-dispatch-log-selective-dump.patch"
+
+
+@pytest.fixture(scope="session")
+def ascend_wheel() -> Path:
+    return upstream.fetch_wheel("vllm-ascend")
+
+
+def _pristine_tree(wheel: Path, dest: Path) -> Path:
+    """The runner file of the pinned wheel, unpacked into a site-packages-like folder."""
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extract(RUNNER, dest)
+    return dest
+
+
+@pytest.fixture
+def pristine(tmp_path: Path, ascend_wheel: Path) -> Path:
+    return _pristine_tree(ascend_wheel, tmp_path / "pristine")
+
+
+@pytest.fixture
+def patched(tmp_path: Path, ascend_wheel: Path) -> Path:
+    tree = _pristine_tree(ascend_wheel, tmp_path / "patched")
+    results = apply.apply_series("vllm-ascend", tree)
+    assert [p.name for p, status in results if status == "applied"] == [PATCH.split("/")[1]]
+    return tree
+
+
+# ----------------------------------------------------------------------------- the AST checker
+
+
+def _is_self_attr(node: ast.AST, *chain: str) -> bool:
+    """``node`` is ``self.<chain[0]>.<chain[1]>...``."""
+    for name in reversed(chain):
+        if not (isinstance(node, ast.Attribute) and node.attr == name):
+            return False
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def _calls(tree: ast.AST, *chain: str) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _is_self_attr(n.func, *chain)]
+
+
+def _method(module: ast.Module, cls: str, name: str) -> ast.FunctionDef:
+    for node in module.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    return item
+    raise AssertionError(f"{cls}.{name} not found")
+
+
+def _parents(root: ast.AST) -> dict[ast.AST, ast.AST]:
+    return {child: node for node in ast.walk(root) for child in ast.iter_child_nodes(node)}
+
+
+def _is_stop_site(stmt: ast.stmt) -> bool:
+    """``if self.debugger is not None and self._vc_dispatch.finish(): stop(); step()``."""
+    if not isinstance(stmt, ast.If):
+        return False
+    test = stmt.test
+    guarded = (
+        isinstance(test, ast.BoolOp)
+        and isinstance(test.op, ast.And)
+        and any(
+            isinstance(v, ast.Call) and _is_self_attr(v.func, "_vc_dispatch", "finish") for v in test.values
+        )
+    )
+    body = [s.value for s in stmt.body if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)]
+    stops = [
+        c
+        for c in body
+        if _is_self_attr(c.func, "debugger", "stop") or _is_self_attr(c.func, "debugger", "step")
+    ]
+    return (
+        guarded
+        and len(stops) == 2
+        and _is_self_attr(stops[0].func, "debugger", "stop")
+        and _is_self_attr(stops[1].func, "debugger", "step")
+        and not stmt.orelse
+    )
+
+
+def _unconditional(node: ast.AST, fn: ast.FunctionDef, parents: dict[ast.AST, ast.AST]) -> bool:
+    """Only ``with`` blocks lie between ``node`` and the function body."""
+    cur = parents[node]
+    while cur is not fn:
+        if not isinstance(cur, ast.With):
+            return False
+        cur = parents[cur]
+    return True
+
+
+def _body_of(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> list[ast.stmt]:
+    parent = parents[node]
+    for field in ("body", "orelse", "finalbody"):
+        seq = getattr(parent, field, None)
+        if isinstance(seq, list) and node in seq:
+            return seq
+    raise AssertionError(f"statement at line {getattr(node, 'lineno', '?')} is in no block")
+
+
+def check_runner(source: str) -> list[str]:
+    """Problems of a model_runner_v1.py as the patch must leave it (empty list: all good)."""
+    problems: list[str] = []
+    module = ast.parse(source)
+
+    # the debugger's construction: per-pid dump folder as a constructor override
+    init = _method(module, "NPUModelRunner", "__init__")
+    makes = [
+        n
+        for n in ast.walk(init)
+        if isinstance(n, ast.Assign)
+        and _is_self_attr(n.targets[0], "debugger")
+        and isinstance(n.value, ast.Call)
+        and getattr(n.value.func, "id", None) == "PrecisionDebugger"
+    ]
+    if not makes:
+        problems.append("__init__: PrecisionDebugger is not constructed")
+    for make in makes:
+        kws = {k.arg: k.value for k in make.value.keywords}  # type: ignore[attr-defined]
+        dump_path = kws.get("dump_path")
+        if dump_path is None or not any(
+            _is_self_attr(n, "_vc_dispatch", "dump_path") for n in ast.walk(dump_path)
+        ):
+            problems.append(
+                f"__init__ L{make.lineno}: PrecisionDebugger(...) lacks dump_path=<per-pid folder>"
+            )
+    hook_made = [
+        n for n in ast.walk(init) if isinstance(n, ast.Assign) and _is_self_attr(n.targets[0], "_vc_dispatch")
+    ]
+    if not hook_made or (makes and hook_made[0].lineno > makes[0].lineno):
+        problems.append("__init__: the DispatchLogger is not made before the debugger")
+
+    # nobody starts msprobe but the hook
+    for call in _calls(module, "debugger", "start"):
+        problems.append(
+            f"L{call.lineno}: self.debugger.start() called directly, not through the dispatch hook"
+        )
+
+    execute = _method(module, "NPUModelRunner", "execute_model")
+    sample = _method(module, "NPUModelRunner", "sample_tokens")
+    starts = _calls(execute, "_vc_dispatch", "start")
+    if len(starts) != 1 or _calls(module, "_vc_dispatch", "start") != starts:
+        problems.append(f"execute_model: expected one dispatch start site, found {len(starts)}")
+        return problems
+    start = starts[0]
+    args = start.args
+    if not (
+        len(args) == 5
+        and _is_self_attr(args[0], "debugger")
+        and _is_self_attr(args[1], "model")
+        and isinstance(args[2], ast.Name)
+        and args[2].id == "scheduler_output"
+        and _is_self_attr(args[3], "attn_state")
+        and _is_self_attr(args[4], "input_batch", "req_ids")
+    ):
+        problems.append(
+            f"L{start.lineno}: hook args must be (debugger, model, scheduler_output, attn_state, order)"
+        )
+    prepare = _calls(execute, "_prepare_inputs")
+    forward = _calls(execute, "_model_forward")
+    if not prepare or prepare[0].lineno > start.lineno:
+        problems.append("the start site runs before _prepare_inputs has set self.attn_state")
+    if not forward or forward[0].lineno < start.lineno:
+        problems.append("the start site is not before the model forward")
+
+    # the stop sites: all guarded by finish(), stop then step
+    stop_calls = _calls(module, "debugger", "stop")
+    all_parents = _parents(module)
+    for call in stop_calls:
+        stmt = all_parents[all_parents[call]]  # Call → Expr → If
+        if not _is_stop_site(stmt):
+            problems.append(f"L{call.lineno}: debugger.stop() is not in a finish()-guarded stop+step site")
+    where = {
+        "execute_model": len(
+            [c for c in stop_calls if execute.lineno <= c.lineno <= (execute.end_lineno or 0)]
+        ),
+        "sample_tokens": len(
+            [c for c in stop_calls if sample.lineno <= c.lineno <= (sample.end_lineno or 0)]
+        ),
+    }
+    if where != {"execute_model": 2, "sample_tokens": 1} or len(stop_calls) != 3:
+        problems.append(f"stop sites: expected 2 in execute_model and 1 in sample_tokens, found {where}")
+
+    # every path out of execute_model after the start: a stop site just before its return, or
+    # the main path, which hands the step to sample_tokens through self.execute_model_state
+    parents = _parents(execute)
+    handoffs = [
+        n
+        for n in ast.walk(execute)
+        if isinstance(n, ast.Assign)
+        and _is_self_attr(n.targets[0], "execute_model_state")
+        and isinstance(n.value, ast.Call)
+        and getattr(n.value.func, "id", None) == "ExecuteModelState"
+    ]
+    for ret in (n for n in ast.walk(execute) if isinstance(n, ast.Return) and n.lineno > start.lineno):
+        block = _body_of(ret, parents)
+        before = block[: block.index(ret)]
+        if any(_is_stop_site(s) for s in before):
+            continue
+        is_main = ret is execute.body[-1] and isinstance(ret.value, ast.Constant) and ret.value.value is None
+        if not (is_main and handoffs and all(_unconditional(h, execute, parents) for h in handoffs)):
+            problems.append(f"execute_model L{ret.lineno}: a started step returns without stop+step")
+
+    # sample_tokens: only a handed-off step reaches its stop site, and nothing returns before it
+    sparents = _parents(sample)
+    unpack = [
+        n
+        for n in ast.walk(sample)
+        if isinstance(n, ast.Assign) and _is_self_attr(n.value, "execute_model_state")
+    ]
+    sample_stop = [s for s in ast.walk(sample) if isinstance(s, ast.stmt) and _is_stop_site(s)]
+    if len(unpack) != 1 or len(sample_stop) != 1:
+        problems.append("sample_tokens: expected one unpack of execute_model_state and one stop site")
+        return problems
+    if not _unconditional(sample_stop[0], sample, sparents):
+        problems.append(f"sample_tokens L{sample_stop[0].lineno}: the stop site is conditional")
+    for ret in (n for n in ast.walk(sample) if isinstance(n, ast.Return)):
+        if unpack[0].lineno < ret.lineno < sample_stop[0].lineno:
+            problems.append(f"sample_tokens L{ret.lineno}: returns between the handoff and the stop site")
+        if ret.lineno < unpack[0].lineno:
+            guard = sparents[ret]
+            while not (
+                isinstance(guard, ast.If)
+                and isinstance(guard.test, ast.Compare)
+                and _is_self_attr(guard.test.left, "execute_model_state")
+            ):
+                guard = sparents.get(guard, sample)
+                if guard is sample:
+                    problems.append(f"sample_tokens L{ret.lineno}: early return with a step pending")
+                    break
+    return problems
+
+
+# ----------------------------------------------------------------------------- the tests
+
+
+def test_patched_runner_pairs_every_start_with_one_stop_and_step(patched):
+    source = (patched / RUNNER).read_text()
+    assert check_runner(source) == []
+    assert "from verl_consistency.hooks.dispatch import DispatchLogger" in source
+    compile(source, RUNNER, "exec")
+
+
+def test_the_checker_finds_the_gaps_of_the_pristine_runner(pristine):
+    problems = check_runner((pristine / RUNNER).read_text())
+    assert any("lacks dump_path" in p for p in problems)
+    assert any("called directly" in p for p in problems)
+    assert any("expected one dispatch start site" in p for p in problems)
+
+
+def test_the_checker_catches_a_stop_site_left_unguarded(patched):
+    source = (patched / RUNNER).read_text()
+    guarded = (
+        "        if self.debugger is not None and self._vc_dispatch.finish():\n"
+        "            self.debugger.stop()"
+    )
+    assert source.count(guarded) == 1  # the sample_tokens site
+    problems = check_runner(
+        source.replace(guarded, "        if self.debugger is not None:\n            self.debugger.stop()")
+    )
+    assert any("not in a finish()-guarded" in p for p in problems)
+
+
+def test_series_is_idempotent_and_verifies(patched):
+    before = (patched / RUNNER).read_text()
+    assert [s for _, s in apply.apply_series("vllm-ascend", patched)] == ["already applied"]
+    assert (patched / RUNNER).read_text() == before
+    assert [p.name for p in apply.verify_series("vllm-ascend", patched)] == [PATCH.split("/")[1]]
+
+
+def _doctor(text: str) -> str:
+    """An upstream change inside the start-site hunk's context."""
+    old = '            if dump_level in ("L0", "MIX"):\n'
+    assert text.count(old) == 1
+    return text.replace(old, '            if dump_level in ("L0", "MIX", "L2"):\n')
+
+
+def test_changed_upstream_file_fails_naming_patch_file_and_hunk(pristine):
+    runner = pristine / RUNNER
+    runner.write_text(_doctor(runner.read_text()))
+    before = runner.read_bytes()
+    with pytest.raises(apply.PatchError) as err:
+        apply.apply_series("vllm-ascend", pristine)
+    msg = str(err.value)
+    assert PATCH in msg
+    assert f"{RUNNER}: hunk #2" in msg
+    assert runner.read_bytes() == before, "a failed series must leave the tree untouched"
+
+
+def _doctored_cache(real: Path, cache: Path, ascend_wheel: Path) -> None:
+    """A download cache whose vllm-ascend wheel carries a changed model runner."""
+    verl = upstream.fetch_wheel("verl", real)
+    (cache / verl.parent.name).mkdir(parents=True)
+    os.symlink(verl, cache / verl.parent.name / verl.name)
+    dest = cache / ascend_wheel.parent.name / ascend_wheel.name
+    dest.parent.mkdir(parents=True)
+    with zipfile.ZipFile(ascend_wheel) as src, zipfile.ZipFile(dest, "w") as out:
+        out.writestr(RUNNER, _doctor(src.read(RUNNER).decode()))
+
+
+def test_check_patches_fails_on_a_doctored_wheel(tmp_path, ascend_wheel, repo):
+    cache = tmp_path / "cache"
+    _doctored_cache(upstream.cache_dir(), cache / "upstream", ascend_wheel)
+    res = subprocess.run(
+        [sys.executable, "-m", "verl_consistency.patches", "check", "--cache", str(cache)],
+        cwd=repo,
+        env={**os.environ, "COLUMNS": "1000"},  # rich wraps the error at the terminal width
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert PATCH in out
+    assert f"{RUNNER}: hunk #2" in out
+    assert "check-patches: OK" not in out
+
+
+def _iter_diff_headers(text: str) -> Iterator[str]:
+    return (line for line in text.splitlines() if line.startswith(("--- ", "+++ ")))
+
+
+def test_patch_headers_use_package_relative_paths():
+    patches = [p for p in apply.read_series("vllm-ascend")]
+    assert patches, "the vllm-ascend series is empty"
+    for p in patches:
+        assert list(_iter_diff_headers(p.text)) == [f"--- a/{RUNNER}", f"+++ b/{RUNNER}"]
+        header = p.text.split("\n--- ", 1)[0]
+        assert "Why:" in header
+        assert "sample_tokens()" in header, "the header must name the recipe bug it fixes"
+    assert shutil.which("patch"), "GNU patch is needed to apply the series"
