@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from verl_consistency.layout import RunLayout
 
 STEP_RANK_MAX = 1_000_000

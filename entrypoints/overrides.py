@@ -31,6 +31,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
 from verl_consistency.hooks import env as hook_env
 from verl_consistency.hooks.capture import CAPTURE_ENV
 from verl_consistency.hooks.env import DumpPhase

@@ -23,6 +23,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+
 from verl_consistency import dataset, layout
 from verl_consistency import msprobe_config as mscfg
 from verl_consistency.hooks.capture import CAPTURE_ENV

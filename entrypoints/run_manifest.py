@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
 from verl_consistency import __version__
 from verl_consistency.patches import pins
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
+
 from verl_consistency import overrides as table
 from verl_consistency.hooks import capture as capture_mod
 from verl_consistency.hooks.env import DUMP_PHASE, DumpPhase

@@ -62,6 +62,18 @@ from verl_consistency.hooks.records import ScheduledRequest, base_request_id
 CAPTURED_SENTINEL = "verl-consistency-captured"
 """The ``request_id`` that the msprobe config carries; the captured request is renamed to it."""
 
+LAYER_TENSOR_LIST = ["DecoderLayer.forward", "Attention.forward", "MLP.forward"]
+"""msprobe ``list`` for tensor mode at L0: decoder layers, attention and MLP blocks only.
+
+msprobe matches ``list`` entries as substrings of the module's dump name, and the class names
+are the same in vLLM and transformers (``Qwen2DecoderLayer``, ``Qwen2Attention``, ``Qwen2MLP``,
+vLLM's ``Attention`` kernel module). These modules own no parameters of their own
+(``named_parameters(recurse=False)``), so msprobe saves no weights each step, which it does
+for every leaf module of the full L0 tree (about 1 GB per dumped step for Qwen2-0.5B in bf16).
+Layer-level Cosine/MaxAbsErr still locate the first diverging layer and block. Use the same
+list on the training side.
+"""
+
 SCOPED_TASKS = ("statistics", "tensor")
 SCOPED_LEVELS = ("L0", "L1", "mix")
 
@@ -137,6 +149,31 @@ def scoped_tokens(
     return out
 
 
+def install_compact_tensor_save() -> None:
+    """Make msprobe save a request's rows, not the whole batch's storage; idempotent.
+
+    msprobe 26.2.0 cuts rows with a view (``tensor[begin:end]``) and ``torch.save`` writes a
+    view's *whole* storage, so every ``.pt`` of a request-scoped tensor dump would hold all the
+    step's rows on disk (``torch.load`` shows only the cut). This wraps the ``save_pt`` that
+    msprobe's PyTorch data processor calls so that such a view is cloned first: the copy costs
+    the captured rows only. Imports msprobe (and torch) when called, never at module import.
+    """
+    from msprobe.core.dump.data_dump.data_processor import pytorch_processor
+
+    original = pytorch_processor.save_pt
+    if getattr(original, "_verl_consistency_compact", False):
+        return
+
+    def save_pt(tensor: Any, filepath: str) -> None:
+        nbytes = getattr(tensor, "nbytes", None)
+        if nbytes is not None and tensor.untyped_storage().nbytes() > nbytes:
+            tensor = tensor.clone()
+        original(tensor, filepath)
+
+    save_pt._verl_consistency_compact = True  # type: ignore[attr-defined]
+    pytorch_processor.save_pt = save_pt
+
+
 def start_step(
     debugger: Any,
     model: Any,
@@ -152,7 +189,8 @@ def start_step(
     aligned with the model-runner step count. Otherwise ``debugger.start(model=model,
     scheduled_tokens=...)`` runs with the captured request renamed to the sentinel, and only
     rows ``[begin:end]`` of that request are dumped (see the module docstring for what is cut).
-    ``model`` may be None for level L1 (API hooks only), as vllm-ascend does.
+    ``model`` may be None for level L1 (API hooks only), as vllm-ascend does. Also installs
+    :func:`install_compact_tensor_save`, so tensor files hold the captured rows only.
     """
     if capture_request_id is None:
         return False
@@ -164,6 +202,7 @@ def start_step(
     if callable(reload_now):
         reload_now(force=True)
     ensure_request_scope(debugger)
+    install_compact_tensor_save()
     if model is None:
         debugger.start(scheduled_tokens=tokens)
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from verl_consistency.overrides import ENV, RUNTIME_ENV_PREFIX, Mode
 
 from .conftest import MODEL, Composed

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from verl_consistency import dataset
 
 pytestmark = pytest.mark.verl

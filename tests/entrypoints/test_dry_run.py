@@ -7,6 +7,7 @@ import shlex
 from pathlib import Path
 
 from typer.testing import CliRunner
+
 from verl_consistency.cli import app
 from verl_consistency.overrides import MODEL_PATH_KEY, Mode, Table
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from verl_consistency.layout import RunLayout
 from verl_consistency.msprobe_config import DumpOptions, Level, Task, build, parse_selection, write
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config
 from transformers import Qwen2ForCausalLM as HFQwen2
-from verl_consistency.hooks.request_scope import scoped_msprobe_config, start_step
 
 from tests.selective.packed_qwen2 import Qwen2ForCausalLM, run_step
+from verl_consistency.hooks.request_scope import scoped_msprobe_config, start_step
 
 LENGTHS = {"a": 7, "b": 11, "c": 5}
 PACKING = ["a", "b", "c"]

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 import torch
+
+from tests.selective import scenario
 from verl_consistency.hooks.request_scope import (
     CAPTURED_SENTINEL,
     scoped_msprobe_config,
     scoped_tokens,
 )
-
-from tests.selective import scenario
 
 pytestmark = pytest.mark.msprobe
 
@@ -136,7 +136,7 @@ def test_scope_survives_msprobe_config_hot_reload(stats_run: Path) -> None:
     assert _stat_mismatches(after, alone) == []
 
 
-def test_scoped_tensor_dump_equals_the_request_alone(tensor_run: Path) -> None:
+def test_scoped_tensor_dump_equals_the_request_alone(tensor_run: Path, tmp_path: Path) -> None:
     packed, packed_dir = _dump(tensor_run, 0)
     alone, alone_dir = _dump(tensor_run, 2)
     compared = 0
@@ -148,6 +148,11 @@ def test_scoped_tensor_dump_equals_the_request_alone(tensor_run: Path) -> None:
             b = torch.load(alone_dir / "dump_tensor_data" / ta["data_name"], weights_only=True)
             assert a.shape == b.shape, key
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=key)
+            # the file holds the captured rows only, not the packed step's whole storage
+            size = (packed_dir / "dump_tensor_data" / tp["data_name"]).stat().st_size
+            own = tmp_path / tp["data_name"]  # same name: torch.save stores it in the archive
+            torch.save(a.clone(), own)
+            assert abs(size - own.stat().st_size) < 64, (key, size, own.stat().st_size)
             compared += 1
     assert compared > 50
     rows = torch.load(packed_dir / "dump_tensor_data" / f"{LOGITS}.output.0.pt", weights_only=True)

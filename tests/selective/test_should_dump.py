@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from verl_consistency.hooks.capture import CaptureRule
 from verl_consistency.hooks.records import ScheduledRequest
 from verl_consistency.hooks.request_scope import is_comparable_prefill, should_dump
