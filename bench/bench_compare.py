@@ -24,9 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from verl_consistency.postprocess.compare import compare_pairs  # noqa: E402
-
 from tests.postprocess import realdumps  # noqa: E402
+from verl_consistency.postprocess.compare import compare_pairs  # noqa: E402
 
 MSPROBE_CLI = [sys.executable, "-c", "import sys; from msprobe.msprobe import main; sys.exit(main())"]
 """The ``msprobe`` console script, run with this interpreter (the one that has mindstudio-probe)."""

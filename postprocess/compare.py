@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict
+
 from verl_consistency.postprocess.model import Pair
 
 COMPARE_DIR = "compare"

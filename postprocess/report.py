@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
+
 from verl_consistency.postprocess.compare import (
     DIVERGED_COSINE,
     DIVERGED_REL_ERR,

@@ -7,10 +7,10 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from verl_consistency.postprocess.compare import DIVERGED_REL_ERR, PairComparison, compare_pairs
-from verl_consistency.postprocess.model import DumpRef
 
 from tests.postprocess import realdumps
+from verl_consistency.postprocess.compare import DIVERGED_REL_ERR, PairComparison, compare_pairs
+from verl_consistency.postprocess.model import DumpRef
 
 pytestmark = pytest.mark.msprobe
 

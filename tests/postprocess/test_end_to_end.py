@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from verl_consistency.postprocess.manifest import MANIFEST_NAME, RESULTS_DIR, BundleManifest
 
 from tests.postprocess import realdumps
+from verl_consistency.postprocess.manifest import MANIFEST_NAME, RESULTS_DIR, BundleManifest
 
 pytestmark = pytest.mark.msprobe
 
