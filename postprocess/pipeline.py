@@ -250,7 +250,12 @@ def _report(
         return False
     try:
         write_report(
-            results, run_id=run_id, pairs=result.pairs, unpaired=result.unpaired, comparisons=comparisons
+            results,
+            run_id=run_id,
+            pairs=result.pairs,
+            unpaired=result.unpaired,
+            comparisons=comparisons,
+            unpaired_counts=result.counts,
         )
     except Exception as exc:  # the bundle is still worth writing without its report
         warnings.append(f"report failed: {type(exc).__name__}: {exc}")

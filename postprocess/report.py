@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,7 +97,8 @@ def layer_plot_svg(comp: PairComparison, width: int = 560, height: int = 220) ->
     ):
         y = _y(thr, h, top)
         parts.append(
-            f'<line x1="{left}" x2="{left + w}" y1="{y:.1f}" y2="{y:.1f}" stroke="{col}" stroke-dasharray="4 3"/>'
+            f'<line x1="{left}" x2="{left + w}" y1="{y:.1f}" y2="{y:.1f}" stroke="{col}" '
+            'stroke-dasharray="4 3"/>'
             f'<text x="{left + w - 4}" y="{y - 3:.1f}" text-anchor="end" class="ax" fill="{col}">'
             f"{name} {_fmt(thr)}</text>"
         )
@@ -109,7 +110,8 @@ def layer_plot_svg(comp: PairComparison, width: int = 560, height: int = 220) ->
         if p.rel_err is not None:
             y = _y(p.rel_err, h, top)
             parts.append(
-                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{_color(p.rel_err, p.cosine)}" stroke="#1f2937">'
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{_color(p.rel_err, p.cosine)}" '
+                'stroke="#1f2937">'
                 f"<title>layer {p.label}: rel err {_fmt(p.rel_err)} at {p.module}</title></circle>"
             )
         parts.append(f'<text x="{x:.1f}" y="{top + h + 16}" text-anchor="middle" class="ax">{p.label}</text>')
@@ -150,7 +152,8 @@ def heatmap_svg(comparisons: Sequence[PairComparison]) -> str:
                 f'<rect x="{x + 1}" y="{y + 1}" width="{cw - 2}" height="{ch - 2}" fill="{_color(rel, cos)}">'
                 f"<title>{c.pair_id} layer {lab}: rel err {_fmt(rel)}"
                 f"{'' if cos is None else f', cosine {cos:.6f}'}</title></rect>"
-                f'<text x="{x + cw / 2}" y="{y + ch / 2 + 4}" text-anchor="middle" class="cell">{_fmt(rel, 1)}</text>'
+                f'<text x="{x + cw / 2}" y="{y + ch / 2 + 4}" text-anchor="middle" class="cell">'
+                f"{_fmt(rel, 1)}</text>"
             )
     parts.append("</svg>")
     return "".join(parts)
@@ -172,9 +175,15 @@ def _context(
     pairs: Sequence[Pair],
     unpaired: Sequence[Unpaired],
     comparisons: Sequence[PairComparison],
+    unpaired_counts: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, object]:
     by_id = {p.pair_id: p for p in pairs}
-    reasons = Counter(u.reason.value for u in unpaired)
+    reasons: Counter[str] = Counter()
+    if unpaired_counts:
+        for by_reason in unpaired_counts.values():
+            reasons.update(dict(by_reason))
+    else:
+        reasons.update(u.reason.value for u in unpaired)
     ok = [c for c in comparisons if c.status == "ok"]
     verdicts = Counter(c.verdict for c in comparisons)
     first = Counter(c.first_divergence for c in ok if c.first_divergence)
@@ -201,7 +210,7 @@ def _context(
         "common_first": first.most_common(1)[0] if first else None,
         "reasons": sorted(reasons.items(), key=lambda kv: -kv[1]),
         "unpaired": list(unpaired)[:_UNPAIRED_ROWS],
-        "unpaired_total": len(unpaired),
+        "unpaired_total": max(len(unpaired), sum(reasons.values())),
         "any_statistics": any(c.task == "statistics" for c in ok),
         "any_tensor": any(c.task == "tensor" for c in ok),
         "structural": [(p.pattern, ", ".join(sorted(k)), why) for p, k, why in STRUCTURAL],
@@ -230,12 +239,17 @@ def write_report(
     pairs: Sequence[Pair],
     unpaired: Sequence[Unpaired],
     comparisons: Sequence[PairComparison],
+    unpaired_counts: Mapping[str, Mapping[str, int]] | None = None,
 ) -> tuple[Path, Path]:
-    """Write ``report.html`` and ``summary.md`` into ``out_dir`` (atomically; reruns overwrite)."""
+    """Write ``report.html`` and ``summary.md`` into ``out_dir`` (atomically; reruns overwrite).
+
+    ``unpaired`` is the listed detail; ``unpaired_counts`` (subject → reason → n), when given, is
+    the full tally, which also holds the reasons counted in bulk (decode steps, multi-request steps).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     env = _env()
-    ctx = _context(run_id, pairs, unpaired, comparisons)
+    ctx = _context(run_id, pairs, unpaired, comparisons, unpaired_counts)
     html, md = out_dir / REPORT_HTML, out_dir / SUMMARY_MD
     _atomic_write(html, env.get_template("report.html.j2").render(**ctx))
     _atomic_write(md, env.get_template("summary.md.j2").render(**ctx))

@@ -97,7 +97,7 @@ class RolloutStep:
     phase: str
     attn_state: str
     requests: list[Sched]
-    captured_request_id: str | None = None
+    scoped_request_id: str | None = None
 
 
 @dataclass
@@ -265,7 +265,7 @@ def _run_worker(w: Worker, dump_root: Path) -> None:
                         )
                         for r in st.requests
                     ],
-                    **({"captured_request_id": st.captured_request_id} if st.captured_request_id else {}),
+                    scoped_request_id=st.scoped_request_id,
                 )
             )
             with torch.no_grad():
@@ -358,7 +358,6 @@ def specs(dump_root: Path) -> RealRuns:
                 {
                     "decode_only",
                     "multi_request_step",
-                    "prefix_cache_hit",
                     "no_training_micro_batch",
                     "multi_request_micro_batch",
                     "no_rollout_prefill",
@@ -431,7 +430,7 @@ def known_pairs(spec: RunSpec) -> list[Any]:
             r
             for r in roll
             if any(records.base_request_id(q["request_id"]) == rid for q in r["requests"])
-            and (len(r["requests"]) == 1 or r.get("captured_request_id"))
+            and (len(r["requests"]) == 1 or r.get("scoped_request_id"))
         )
         a = next(a for a in act if a["request_ids"] == [rid])
         vid = next(q["request_id"] for q in r["requests"] if records.base_request_id(q["request_id"]) == rid)

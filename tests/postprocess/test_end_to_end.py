@@ -1,0 +1,112 @@
+"""pair → compare → bundle → verify/extract → report, through the real CLI, on real msprobe dumps.
+
+The dumps come from :mod:`tests.postprocess.realdumps` (real FSDP1 training side, vLLM stand-in
+inference side, real JSONL logs, one planted numeric difference).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.postprocess import realdumps
+from verl_consistency.postprocess.manifest import MANIFEST_NAME, RESULTS_DIR, BundleManifest
+
+pytestmark = pytest.mark.msprobe
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> realdumps.RealRuns:
+    return realdumps.build_runs(tmp_path_factory.getbasetemp() / "realdumps")
+
+
+def _digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "verl_consistency", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=realdumps.REPO,
+    )
+
+
+def _postprocess(spec: realdumps.RunSpec, tmp: Path) -> tuple[BundleManifest, Path, str]:
+    before = _digest(spec.run_dir)
+    out = tmp / "bundles"
+    proc = _cli("postprocess", str(spec.run_dir), "--out", str(out), "--jobs", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _digest(spec.run_dir) == before, "the postprocess modified its inputs"
+    (bundle,) = out.glob("bundle-*.tar.zst")
+    assert spec.run_dir.name in bundle.name
+    verify = _cli("verify", str(bundle))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    dest = tmp / "extracted"
+    ext = _cli("extract", str(bundle), str(dest))
+    assert ext.returncode == 0, ext.stdout + ext.stderr
+    manifest = BundleManifest.model_validate_json((dest / MANIFEST_NAME).read_text())
+    return manifest, dest, proc.stdout + proc.stderr
+
+
+def test_statistics_run_end_to_end(runs: realdumps.RealRuns, tmp_path: Path) -> None:
+    spec = runs.stats
+    manifest, dest, _ = _postprocess(spec, tmp_path)
+
+    assert sorted(p.request_id for p in manifest.pairs) == sorted(spec.paired_requests)
+    for p in manifest.pairs:
+        assert p.rollout.rank == 0  # vLLM TP=2 against unsharded FSDP: the lowest rank pairs
+        for side in (p.rollout, p.actor):
+            for name in ("dump.json", "stack.json", "construct.json"):
+                assert (dest / side.dir / name).is_file(), f"{side.dir}/{name} missing from the bundle"
+    reasons = {r for by_reason in manifest.pairing.unpaired_counts.values() for r in by_reason}
+    assert spec.unpaired_reasons <= reasons, spec.unpaired_reasons - reasons
+    # The step that reuses 4 cached prompt tokens and schedules the other 3: either name is honest.
+    assert reasons & {"prefix_cache_hit", "chunked_prefill"}
+
+    assert len(manifest.comparisons) == len(manifest.pairs)
+    for c in manifest.comparisons:
+        assert c["status"] == "ok", c.get("error")
+        assert c["first_divergence"] == spec.changed_module
+        assert c["task"] == "statistics"
+        assert (dest / RESULTS_DIR / c["csv"]).is_file()
+
+    html = (dest / RESULTS_DIR / "report.html").read_text()
+    assert spec.changed_module in html
+    for reason in spec.unpaired_reasons:
+        assert reason in html, reason
+    summary = (dest / RESULTS_DIR / "summary.md").read_text()
+    assert spec.changed_module in summary
+    assert "no_training_micro_batch" in summary
+
+
+def test_request_scoped_tensor_run_end_to_end(runs: realdumps.RealRuns, tmp_path: Path) -> None:
+    spec = runs.tensor
+    manifest, dest, _ = _postprocess(spec, tmp_path)
+
+    (pair,) = manifest.pairs
+    assert pair.request_id == realdumps.R2
+    assert pair.scoped, "R2 was cut out of a step that also held R3"
+    assert pair.task == "tensor"
+    (c,) = manifest.comparisons
+    assert c["status"] == "ok", c.get("error")
+    assert c["task"] == "tensor"
+    assert c["first_divergence"] == spec.changed_module
+    assert c["min_cosine"] < 0.999
+    prof = {p["label"]: p for p in c["layer_profile"]}
+    assert prof["0"]["cosine"] > 0.99999
+    html = (dest / RESULTS_DIR / "report.html").read_text()
+    assert "Cosine" in html
+    assert json.loads((dest / RESULTS_DIR / c["rows_csv"]).with_name("comparison.json").read_text())["scoped"]
