@@ -17,11 +17,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from verl_consistency.hooks import placement
-from verl_consistency.layout import check_run_id
 
 from tests.k8s import kuberay_rules
 from tests.k8s.conftest import FILES, K8S, REPO, SOURCES, of_kind, render
+from verl_consistency.hooks import placement
+from verl_consistency.layout import check_run_id
 
 NPU_RESOURCE_NAMES = {"huawei.com/Ascend910", "huawei.com/Ascend910B3", "huawei.com/ascend-1980"}
 KUBE_VERSION = "1.31.0"

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 import yaml
-from verl_consistency.hooks import placement
 
 from tests.k8s.conftest import K8S
 from tests.k8s.raycluster import LoopbackCluster, NodeSpec
+from verl_consistency.hooks import placement
 
 pytestmark = [pytest.mark.ray, pytest.mark.verl, pytest.mark.timeout(900)]
 

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 import pytest
+
 from verl_consistency.hooks import placement
 
 
