@@ -93,6 +93,39 @@ def _msprobe_config(mode: str, dump: Path) -> dict[str, object]:
     return cfg if mode == "recipe" else scoped_msprobe_config(cfg)
 
 
+def _one_kernel_attention() -> None:
+    """Swap the stand-in's per-request attention loop for one masked SDPA call per layer.
+
+    The loop is right for the tests' few requests, but a decode step of ~250 sequences would
+    spend seconds in Python; vLLM runs one paged-attention kernel per layer. Same maths: causal
+    attention inside each packed request, nothing across requests.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from tests.selective import packed_qwen2
+
+    def forward(
+        self: packed_qwen2.Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        seq_lens = packed_qwen2._SEQ_LENS.get()
+        assert seq_lens is not None
+        n = q.shape[0]
+        seg = torch.repeat_interleave(
+            torch.arange(len(seq_lens), device=q.device), torch.tensor(seq_lens, device=q.device)
+        )
+        idx = torch.arange(n, device=q.device)
+        mask = (seg[:, None] == seg[None, :]) & (idx[:, None] >= idx[None, :])
+        group = self.num_heads // self.num_kv_heads
+        qs = q.view(n, self.num_heads, self.head_dim).transpose(0, 1)
+        ks = k.view(n, self.num_kv_heads, self.head_dim).transpose(0, 1).repeat_interleave(group, dim=0)
+        vs = v.view(n, self.num_kv_heads, self.head_dim).transpose(0, 1).repeat_interleave(group, dim=0)
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)
+        return o.transpose(0, 1).reshape(n, self.num_heads * self.head_dim)
+
+    packed_qwen2.Attention.forward = forward  # type: ignore[method-assign]
+
+
 def child(mode: str, size: str, window_file: Path, fraction: float, out: Path) -> None:
     import torch
 
@@ -101,11 +134,15 @@ def child(mode: str, size: str, window_file: Path, fraction: float, out: Path) -
     from verl_consistency.hooks.records import ScheduledRequest
     from verl_consistency.hooks.request_scope import install_compact_tensor_save, should_dump, start_step
 
+    window = json.loads(window_file.read_text())
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    _one_kernel_attention()
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(_config(size)).to(device=device, dtype=dtype).eval()
-    window = json.loads(window_file.read_text())
+    torch.set_default_dtype(dtype)
+    with torch.device(device):  # build in place: a 7B model initialised on the host takes minutes
+        model = Qwen2ForCausalLM(_config(size)).eval()
+    print(f"[{mode}] model {size} on {device}, {len(window)} steps", file=sys.stderr, flush=True)
     rule = CaptureRule(fraction=fraction)
 
     debugger = None
@@ -170,6 +207,7 @@ def child(mode: str, size: str, window_file: Path, fraction: float, out: Path) -
         if i >= 3:
             times.append(time.perf_counter() - t0)
             dumped.append(started)
+    print(f"[{mode}] done in {sum(times):.1f} s", file=sys.stderr, flush=True)
     size_bytes = sum(f.stat().st_size for f in work.rglob("*") if f.is_file())
     out.write_text(
         json.dumps(
