@@ -492,7 +492,7 @@ def main() -> None:
     )
     print(f"  {'':66}{'steps dumped':>13}{'bytes':>13}{'pairable':>10}")
     print(
-        f"  {'recipe (every step, statistics)':66}{base.dumped_steps / base.steps:>13.2%}{_gb(base.bytes)}"
+        f"  {'recipe (every step, statistics)':74}{base.dumped_steps / base.steps:>13.2%}{_gb(base.bytes)}"
         f"{base.pairable:>10}"
     )
     chosen: dict[str, float] = {}
@@ -501,7 +501,7 @@ def main() -> None:
         chosen[mode] = best if best is not None else min(FRACTIONS)
         o = by_f[chosen[mode]]
         name = f"selective {label(mode)}, fraction:{chosen[mode]:g}"
-        print(f"  {name:66}{o.dumped_steps / o.steps:>13.2%}{_gb(o.bytes)}{o.pairable:>10}")
+        print(f"  {name:74}{o.dumped_steps / o.steps:>13.2%}{_gb(o.bytes)}{o.pairable:>10}")
     print(
         "  (each selective row: the largest capture fraction of the sweep with >= 10x fewer bytes,"
         " else the smallest)"
