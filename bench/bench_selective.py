@@ -1,6 +1,6 @@
 """Selective, request-scoped vLLM dumps vs the recipe's dump-every-step, over a simulated schedule.
 
-Run: ``python bench/bench_selective.py`` (about a minute on 2 CPU cores; writes only to a temp dir).
+Run: ``python bench/bench_selective.py`` (2-3 minutes on 2 CPU cores; writes only to a temp dir).
 
 Two parts:
 
@@ -16,9 +16,12 @@ Two parts:
      per-token slope, scaled ×24 to 24 layers; files outside the layers give their own intercept
      and slope; the embedding weight and the logits rows are scaled by 151936/4096 (Qwen2's
      vocab); ``dump.json``/``stack.json``/``construct.json`` are scaled by their share of layer
-     entries. Two tensor configs: the full L0 module tree (msprobe also saves every leaf
-     module's **parameters** each dumped step) and the layer-level list this mode recommends
-     (``request_scope.LAYER_TENSOR_LIST``: decoder layer, attention, MLP; no parameters).
+     entries. Five tensor settings (:data:`TENSOR_SETTINGS`, msprobe ``list`` x ``data_mode``):
+     the full L0 module tree (msprobe also saves every leaf module's **parameters** each dumped
+     step); ``request_scope.LAYER_TENSOR_LIST`` (decoder layer, attention, MLP; no parameters)
+     with ``data_mode`` all, forward and output; and the run's default,
+     ``request_scope.BLOCK_TENSOR_LIST`` (attention, MLP) with ``TENSOR_DATA_MODE``
+     (forward outputs).
 
 2. **A simulated vLLM v1 schedule** (pure Python, seeded). The scheduler model, as in vLLM
    v1's ``Scheduler.schedule`` (checked against its source) with chunked prefill and prefix
@@ -34,7 +37,9 @@ Two parts:
 
 Recipe: every step dumped (statistics); pairable = steps whose only request is a new one.
 Selective: only steps where ``request_scope.should_dump`` picks a captured request (hash rule
-``fraction:F``, the real ``CaptureRule``), one request's rows, tensor mode; pairable = those.
+``fraction:F``, the real ``CaptureRule``), one request's rows; pairable = those. For each mode the
+bench picks the largest fraction of the sweep with >= 10x fewer bytes and prints both ratios
+there, then the tensor setting that meets both goals with the most pairs.
 """
 
 from __future__ import annotations
@@ -490,7 +495,7 @@ def main() -> None:
         f"  {len(steps)} steps; {prefill_steps} admit new requests, {multi} of them hold >1 request; "
         f"mean running {statistics.mean(s.decodes for s in steps):.0f}"
     )
-    print(f"  {'':66}{'steps dumped':>13}{'bytes':>13}{'pairable':>10}")
+    print(f"  {'':74}{'steps dumped':>13}{'bytes':>13}{'pairable':>10}")
     print(
         f"  {'recipe (every step, statistics)':74}{base.dumped_steps / base.steps:>13.2%}{_gb(base.bytes)}"
         f"{base.pairable:>10}"
