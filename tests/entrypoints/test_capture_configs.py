@@ -102,6 +102,7 @@ def test_parsers_keep_msprobe_spelling() -> None:
     assert parse_modules(None) is None
     assert parse_modules("all") == []
     assert parse_data_mode("output,forward") == ["output", "forward"]
+    assert parse_data_mode(" forward , output") == ["forward", "output"]  # as given: reruns compare equal
     assert parse_data_mode(None) is None
 
 
@@ -199,3 +200,23 @@ def test_both_sides_dump_the_same_comparable_block_outputs(tmp_path: Path) -> No
         torch.testing.assert_close(a, b.squeeze(0), rtol=1e-4, atol=1e-5, msg=key)
         compared += 1
     assert compared == 4
+
+
+def test_cli_options_reach_the_plan_and_reproduce() -> None:
+    from typer.testing import CliRunner
+
+    from verl_consistency.cli import app
+
+    env = dict.fromkeys(("DUMP_ON", "VERL_CONSISTENCY_RUN_ID", CAPTURE_ENV))
+    args = ["run", "hybrid", "--dry-run", "--json", "--dump-root", "/dump", "--run-id", "o"]
+    args += ["--capture", "fraction:0.004", "--modules", "MLP.forward", "--data-mode", "output"]
+    first = CliRunner().invoke(app, args, env=env)
+    assert first.exit_code == 0, first.output
+    plan = json.loads(first.output)
+    assert (plan["modules"], plan["data_mode"]) == (["MLP.forward"], ["output"])
+    assert plan["msprobe"]["actor"]["tensor"]["list"] == ["MLP.forward"]
+    again = CliRunner().invoke(app, [*plan["invocation"][1:], "--dry-run", "--json"], env=env)
+    assert json.loads(again.output) == plan
+    refused = CliRunner().invoke(app, [*args[:-1], "all,output"], env=env)
+    assert refused.exit_code == 2
+    assert "'all' cannot be combined" in refused.output
