@@ -58,6 +58,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -202,7 +203,7 @@ def _child(kind: str, out: Path) -> None:
     (out / "sizes.json").write_text(json.dumps({"sizes": sizes, "layer_share": layer_share}))
 
 
-def _measure(kind: str, work: Path) -> dict[str, object]:
+def _measure(kind: str, work: Path) -> dict[str, Any]:
     out = work / kind
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -268,11 +269,9 @@ def _groups(files: dict[str, int]) -> dict[str, float]:
     return g
 
 
-def tensor_model(
-    measured: dict[str, object], lengths: tuple[int, int] = (16, 48), reqs: int = 3
-) -> TensorModel:
-    sizes = measured["sizes"]  # type: ignore[index]
-    share = measured["layer_share"]  # type: ignore[index]
+def tensor_model(measured: dict[str, Any], lengths: tuple[int, int] = (16, 48), reqs: int = 3) -> TensorModel:
+    sizes = measured["sizes"]
+    share = measured["layer_share"]
     g0, g1 = _groups(sizes["step0"]), _groups(sizes["step1"])
     dt = lengths[1] - lengths[0]
     layer_b = (g1["layer"] - g0["layer"]) / TENSOR_LAYERS / dt
@@ -443,7 +442,7 @@ def main() -> None:
         work = Path(tmp)
         stats = _measure("stats", work)
         tensors = {key: tensor_model(_measure(key, work)) for key in TENSOR_SETTINGS}
-    st = stats["sizes"]  # type: ignore[index]
+    st = stats["sizes"]
     recipe_prefill, recipe_decode, scoped_stats = (sum(st[k].values()) for k in ("step0", "step1", "step2"))
     recipe_step = (recipe_prefill + recipe_decode) / 2
     print(f"measured in {time.perf_counter() - t0:.0f} s (real msprobe dumps, L0):")

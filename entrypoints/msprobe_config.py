@@ -35,6 +35,10 @@ DataMode = Literal["all", "input", "output", "forward", "backward"]
 DATA_MODES: tuple[DataMode, ...] = ("all", "input", "output", "forward", "backward")
 
 
+def _all_modes() -> list[DataMode]:
+    return ["all"]
+
+
 class Task(StrEnum):
     STATISTICS = "statistics"
     TENSOR = "tensor"
@@ -50,7 +54,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     scope: list[str] = Field(default_factory=list)
     list_: list[str] = Field(default_factory=list, alias="list")
-    data_mode: list[DataMode] = Field(default_factory=lambda: ["all"])
+    data_mode: list[DataMode] = Field(default_factory=_all_modes)
     request_id: str | None = None
     """msprobe 26.2.0 request scoping; only the rollout config of a capture-fraction run has it."""
 
@@ -146,7 +150,7 @@ def default_modules(task: Task, level: Level) -> list[str]:
 def default_data_mode(task: Task) -> list[DataMode]:
     """msprobe ``data_mode`` when ``--data-mode`` is not given: forward outputs for tensor mode."""
     if task is Task.TENSOR:
-        return list(request_scope.TENSOR_DATA_MODE)  # type: ignore[arg-type]
+        return list(request_scope.TENSOR_DATA_MODE)
     return ["all"]
 
 
@@ -160,7 +164,7 @@ class DumpOptions(BaseModel):
     ranks: list[int | str] = Field(default_factory=list)
     modules: list[str] = Field(default_factory=list)
     """msprobe ``list`` (module or API names, matched as substrings); empty = everything."""
-    data_mode: list[DataMode] = Field(default_factory=lambda: ["all"])
+    data_mode: list[DataMode] = Field(default_factory=_all_modes)
     request_scoped: bool = False
     """Capture a fraction: scope the rollout config to the captured request (vLLM side only)."""
 
