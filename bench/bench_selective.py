@@ -494,9 +494,9 @@ def main() -> None:
         f"  {len(steps)} steps; {prefill_steps} admit new requests, {multi} of them hold >1 request; "
         f"mean running {statistics.mean(s.decodes for s in steps):.0f}"
     )
-    print(f"  {'':74}{'steps dumped':>13}{'bytes':>13}{'pairable':>10}")
+    print(f"  {'':82}{'steps dumped':>13}{'bytes':>13}{'pairable':>10}")
     print(
-        f"  {'recipe (every step, statistics)':74}{base.dumped_steps / base.steps:>13.2%}{_gb(base.bytes)}"
+        f"  {'recipe (every step, statistics)':82}{base.dumped_steps / base.steps:>13.2%}{_gb(base.bytes)}"
         f"{base.pairable:>10}"
     )
     chosen: dict[str, float] = {}
@@ -505,7 +505,7 @@ def main() -> None:
         chosen[mode] = best if best is not None else min(FRACTIONS)
         o = by_f[chosen[mode]]
         name = f"selective {label(mode)}, fraction:{chosen[mode]:g}"
-        print(f"  {name:74}{o.dumped_steps / o.steps:>13.2%}{_gb(o.bytes)}{o.pairable:>10}")
+        print(f"  {name:82}{o.dumped_steps / o.steps:>13.2%}{_gb(o.bytes)}{o.pairable:>10}")
     print(
         "  (each selective row: the largest capture fraction of the sweep with >= 10x fewer bytes,"
         " else the smallest)"
