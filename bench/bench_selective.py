@@ -1,6 +1,6 @@
 """Selective, request-scoped vLLM dumps vs the recipe's dump-every-step, over a simulated schedule.
 
-Run: ``python bench/bench_selective.py`` (about a minute on 2 CPU cores; writes only to a temp dir).
+Run: ``python bench/bench_selective.py`` (2-3 minutes on 2 CPU cores; writes only to a temp dir).
 
 Two parts:
 
@@ -16,9 +16,12 @@ Two parts:
      per-token slope, scaled ×24 to 24 layers; files outside the layers give their own intercept
      and slope; the embedding weight and the logits rows are scaled by 151936/4096 (Qwen2's
      vocab); ``dump.json``/``stack.json``/``construct.json`` are scaled by their share of layer
-     entries. Two tensor configs: the full L0 module tree (msprobe also saves every leaf
-     module's **parameters** each dumped step) and the layer-level list this mode recommends
-     (``request_scope.LAYER_TENSOR_LIST``: decoder layer, attention, MLP; no parameters).
+     entries. Five tensor settings (:data:`TENSOR_SETTINGS`, msprobe ``list`` x ``data_mode``):
+     the full L0 module tree (msprobe also saves every leaf module's **parameters** each dumped
+     step); ``request_scope.LAYER_TENSOR_LIST`` (decoder layer, attention, MLP; no parameters)
+     with ``data_mode`` all, forward and output; and the run's default,
+     ``request_scope.BLOCK_TENSOR_LIST`` (attention, MLP) with ``TENSOR_DATA_MODE``
+     (forward outputs).
 
 2. **A simulated vLLM v1 schedule** (pure Python, seeded). The scheduler model, as in vLLM
    v1's ``Scheduler.schedule`` (checked against its source) with chunked prefill and prefix
@@ -34,7 +37,9 @@ Two parts:
 
 Recipe: every step dumped (statistics); pairable = steps whose only request is a new one.
 Selective: only steps where ``request_scope.should_dump`` picks a captured request (hash rule
-``fraction:F``, the real ``CaptureRule``), one request's rows, tensor mode; pairable = those.
+``fraction:F``, the real ``CaptureRule``), one request's rows; pairable = those. For each mode the
+bench picks the largest fraction of the sweep with >= 10x fewer bytes and prints both ratios
+there, then the tensor setting that meets both goals with the most pairs.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -61,7 +67,9 @@ if str(REPO) not in sys.path:
 from verl_consistency.hooks.capture import CaptureRule  # noqa: E402
 from verl_consistency.hooks.records import ScheduledRequest  # noqa: E402
 from verl_consistency.hooks.request_scope import (  # noqa: E402
+    BLOCK_TENSOR_LIST,
     LAYER_TENSOR_LIST,
+    TENSOR_DATA_MODE,
     scoped_msprobe_config,
     should_dump,
     start_step,
@@ -76,9 +84,33 @@ MAX_BATCHED_TOKENS = 8192
 N_REQUESTS = 4096
 ARRIVAL_RATES = (4.0, 16.0, 64.0)  # requests per second; 16 is the headline scenario
 HEADLINE_RATE = 16.0
-FRACTIONS = (1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001)
-HEADLINE_FRACTION = 0.01  # for the sensitivity table
+FRACTIONS = (1.0, 0.3, 0.1, 0.03, 0.01, 0.005, 0.004, 0.003, 0.002, 0.001)
+HEADLINE_FRACTION = 0.004  # for the sensitivity table
 GOAL = 10.0
+
+
+@dataclass(frozen=True)
+class TensorSetting:
+    """One tensor-mode capture setting: msprobe ``list`` and ``data_mode`` (what both sides get)."""
+
+    label: str
+    modules: tuple[str, ...]
+    data_mode: tuple[str, ...]
+
+
+TENSOR_SETTINGS: dict[str, TensorSetting] = {
+    "full_all": TensorSetting("full L0 tree, data_mode all", (), ("all",)),
+    "layers_all": TensorSetting("layer list, data_mode all", tuple(LAYER_TENSOR_LIST), ("all",)),
+    "layers_forward": TensorSetting("layer list, data_mode forward", tuple(LAYER_TENSOR_LIST), ("forward",)),
+    "layers_output": TensorSetting("layer list, data_mode output", tuple(LAYER_TENSOR_LIST), ("output",)),
+    "blocks_output": TensorSetting(
+        f"block list, data_mode {'+'.join(TENSOR_DATA_MODE)} (default)",
+        tuple(BLOCK_TENSOR_LIST),
+        tuple(TENSOR_DATA_MODE),
+    ),
+}
+"""Measured tensor settings. ``blocks_output`` is what ``verl-consistency run`` writes by default."""
+DEFAULT_TENSOR = "blocks_output"
 
 
 # --------------------------------------------------------------------------- measurement (child)
@@ -116,11 +148,8 @@ def _child(kind: str, out: Path) -> None:
             num_key_value_heads=2,
         )
         dtype = torch.bfloat16
-        section = {
-            "scope": [],
-            "list": LAYER_TENSOR_LIST if kind == "tensor_layers" else [],
-            "data_mode": ["all"],
-        }
+        setting = TENSOR_SETTINGS[kind]
+        section = {"scope": [], "list": list(setting.modules), "data_mode": list(setting.data_mode)}
         task = "tensor"
     conf = {
         "task": task,
@@ -174,7 +203,7 @@ def _child(kind: str, out: Path) -> None:
     (out / "sizes.json").write_text(json.dumps({"sizes": sizes, "layer_share": layer_share}))
 
 
-def _measure(kind: str, work: Path) -> dict[str, object]:
+def _measure(kind: str, work: Path) -> dict[str, Any]:
     out = work / kind
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -240,11 +269,9 @@ def _groups(files: dict[str, int]) -> dict[str, float]:
     return g
 
 
-def tensor_model(
-    measured: dict[str, object], lengths: tuple[int, int] = (16, 48), reqs: int = 3
-) -> TensorModel:
-    sizes = measured["sizes"]  # type: ignore[index]
-    share = measured["layer_share"]  # type: ignore[index]
+def tensor_model(measured: dict[str, Any], lengths: tuple[int, int] = (16, 48), reqs: int = 3) -> TensorModel:
+    sizes = measured["sizes"]
+    share = measured["layer_share"]
     g0, g1 = _groups(sizes["step0"]), _groups(sizes["step1"])
     dt = lengths[1] - lengths[0]
     layer_b = (g1["layer"] - g0["layer"]) / TENSOR_LAYERS / dt
@@ -394,6 +421,16 @@ def _hardware() -> str:
     return f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()}"
 
 
+def _best_fraction(by_f: dict[float, Outcome], base: Outcome) -> float | None:
+    """The largest capture fraction of the sweep with >= GOAL x fewer bytes than the recipe."""
+    ok = [f for f, o in by_f.items() if o.bytes * GOAL <= base.bytes]
+    return max(ok) if ok else None
+
+
+def _meets_both(o: Outcome, base: Outcome) -> bool:
+    return o.bytes * GOAL <= base.bytes and o.pairable >= GOAL * max(base.pairable, 1)
+
+
 def main() -> None:
     from importlib.metadata import version
 
@@ -404,23 +441,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-selective-") as tmp:
         work = Path(tmp)
         stats = _measure("stats", work)
-        full = _measure("tensor_full", work)
-        layers = _measure("tensor_layers", work)
-    st = stats["sizes"]  # type: ignore[index]
+        tensors = {key: tensor_model(_measure(key, work)) for key in TENSOR_SETTINGS}
+    st = stats["sizes"]
     recipe_prefill, recipe_decode, scoped_stats = (sum(st[k].values()) for k in ("step0", "step1", "step2"))
     recipe_step = (recipe_prefill + recipe_decode) / 2
-    t_full, t_layers = tensor_model(full), tensor_model(layers)
     print(f"measured in {time.perf_counter() - t0:.0f} s (real msprobe dumps, L0):")
     print(
         f"  statistics, 24 layers: recipe prefill step {recipe_prefill / 1e6:.2f} MB, decode step "
         f"{recipe_decode / 1e6:.2f} MB, request-scoped step {scoped_stats / 1e6:.2f} MB"
     )
-    for name, m in (("full L0 tree", t_full), ("layer list  ", t_layers)):
+    per_token = {k: LAYERS * m.layer_b + m.other_b for k, m in tensors.items()}
+    for key, m in tensors.items():
         print(
-            f"  tensor {name}, scaled to 24 layers/vocab {QWEN05_VOCAB}: "
-            f"{(LAYERS * m.layer_b + m.other_b) / 1e6:.3f} MB per token + "
-            f"{(LAYERS * m.layer_a + m.other_a + m.embed_param + m.json_bytes) / 1e6:.1f} MB per step "
+            f"  tensor, {TENSOR_SETTINGS[key].label:40} {per_token[key] / 1e6:.3f} MB per token + "
+            f"{(LAYERS * m.layer_a + m.other_a + m.embed_param + m.json_bytes) / 1e6:7.1f} MB per step "
             f"(parameters included) + {(m.logits_in_row + m.logits_out_row) / 1e6:.2f} MB per request in step"
+        )
+    print(f"  (scaled to {LAYERS} layers and vocab {QWEN05_VOCAB}; see the module docstring)")
+    for key in ("layers_forward", "layers_output", "blocks_output"):
+        print(
+            f"ratio tensor bytes per token, layer list data_mode all / {TENSOR_SETTINGS[key].label}: "
+            f"{_ratio(per_token['layers_all'], per_token[key])}"
         )
 
     t1 = time.perf_counter()
@@ -430,13 +471,16 @@ def main() -> None:
         for mixed in (True, False):
             steps = simulate(arrivals, mixed=mixed)
             base = recipe(steps, recipe_step)
-            modes = {
-                "tensor, layer list": {f: selective(steps, f, t_layers) for f in FRACTIONS},
-                "tensor, full L0": {f: selective(steps, f, t_full) for f in FRACTIONS},
-                "statistics": {f: selective(steps, f, float(scoped_stats)) for f in FRACTIONS},
+            modes: dict[str, dict[float, Outcome]] = {
+                "statistics": {f: selective(steps, f, float(scoped_stats)) for f in FRACTIONS}
             }
+            for key, m in tensors.items():
+                modes[key] = {f: selective(steps, f, m) for f in FRACTIONS}
             rows.append((rate, mixed, steps, base, modes))
     print(f"simulated {len(rows)} schedules of {N_REQUESTS} requests in {time.perf_counter() - t1:.0f} s")
+
+    def label(mode: str) -> str:
+        return "statistics" if mode == "statistics" else f"tensor, {TENSOR_SETTINGS[mode].label}"
 
     rate, _, steps, base, modes = next(r for r in rows if r[0] == HEADLINE_RATE and r[1])
     prefill_steps = sum(1 for s in steps if s.new)
@@ -450,59 +494,72 @@ def main() -> None:
         f"  {len(steps)} steps; {prefill_steps} admit new requests, {multi} of them hold >1 request; "
         f"mean running {statistics.mean(s.decodes for s in steps):.0f}"
     )
-    print(f"  {'':40}{'steps dumped':>13}{'bytes':>13}{'pairable':>10}")
+    print(f"  {'':82}{'steps dumped':>13}{'bytes':>13}{'pairable':>10}")
     print(
-        f"  {'recipe (every step, statistics)':40}{base.dumped_steps / base.steps:>13.2%}{_gb(base.bytes)}"
+        f"  {'recipe (every step, statistics)':82}{base.dumped_steps / base.steps:>13.2%}{_gb(base.bytes)}"
         f"{base.pairable:>10}"
     )
-    chosen: dict[str, float | None] = {}
+    chosen: dict[str, float] = {}
     for mode, by_f in modes.items():
-        ok = [f for f, o in by_f.items() if o.bytes * GOAL <= base.bytes]
-        chosen[mode] = max(ok) if ok else None
-        f = chosen[mode] if chosen[mode] is not None else min(FRACTIONS)
-        o = by_f[f]
-        label = f"selective {mode}, fraction:{f:g}"
-        print(f"  {label:40}{o.dumped_steps / o.steps:>13.2%}{_gb(o.bytes)}{o.pairable:>10}")
+        best = _best_fraction(by_f, base)
+        chosen[mode] = best if best is not None else min(FRACTIONS)
+        o = by_f[chosen[mode]]
+        name = f"selective {label(mode)}, fraction:{chosen[mode]:g}"
+        print(f"  {name:82}{o.dumped_steps / o.steps:>13.2%}{_gb(o.bytes)}{o.pairable:>10}")
     print(
         "  (each selective row: the largest capture fraction of the sweep with >= 10x fewer bytes,"
         " else the smallest)"
     )
-    for mode in ("tensor, layer list", "statistics"):
-        f = chosen[mode] if chosen[mode] is not None else min(FRACTIONS)
+    for mode in modes:
+        f = chosen[mode]
         o = modes[mode][f]
-        both = o.bytes * GOAL <= base.bytes and o.pairable >= GOAL * base.pairable
         print(
-            f"ratio dumped bytes, recipe / selective {mode} fraction:{f:g}: {_ratio(base.bytes, o.bytes)}"
-            f" (goal >= 10x)"
+            f"ratio dumped bytes, recipe / selective {label(mode)} fraction:{f:g}: "
+            f"{_ratio(base.bytes, o.bytes)} (goal >= 10x)"
         )
         print(
-            f"ratio pairable requests, selective {mode} fraction:{f:g} / recipe: "
-            f"{_ratio(o.pairable, base.pairable)} (goal >= 10x) -> both goals {'MET' if both else 'NOT met'}"
+            f"ratio pairable requests, selective {label(mode)} fraction:{f:g} / recipe: "
+            f"{_ratio(o.pairable, base.pairable)} (goal >= 10x) -> both goals "
+            f"{'MET' if _meets_both(o, base) else 'NOT met'}"
         )
+    winners = [m for m in TENSOR_SETTINGS if _meets_both(modes[m][chosen[m]], base)]
+    if winners:
+        top = max(winners, key=lambda m: (modes[m][chosen[m]].pairable, -modes[m][chosen[m]].bytes))
+        print(
+            f"tensor setting meeting both goals with the most pairs: {TENSOR_SETTINGS[top].label}, "
+            f"fraction:{chosen[top]:g} ({modes[top][chosen[top]].pairable} pairable, "
+            f"{_ratio(base.bytes, modes[top][chosen[top]].bytes)} fewer bytes)"
+        )
+    else:
+        print("no tensor setting meets both goals on the headline schedule")
     print()
     for mode, by_f in modes.items():
-        print(f"capture-fraction trade-off, selective {mode} (headline schedule):")
+        print(f"capture-fraction trade-off, selective {label(mode)} (headline schedule):")
         print(
             f"  {'F':>6}{'captured':>10}{'pairable':>10}{'lost':>6}{'bytes':>13}{'bytes ratio':>13}"
-            f"{'pairs ratio':>13}"
+            f"{'pairs ratio':>13}  both goals"
         )
         for f, o in by_f.items():
             print(
                 f"  {f:>6g}{o.captured:>10}{o.pairable:>10}{o.captured - o.pairable:>6}{_gb(o.bytes)}"
                 f"{_ratio(base.bytes, o.bytes):>13}{_ratio(o.pairable, base.pairable):>13}"
+                f"  {'MET' if _meets_both(o, base) else '-'}"
             )
     print(
         "  (lost: captured requests that shared a step with an earlier captured one; msprobe scopes one"
         " request per step)"
     )
     print()
-    print(f"sensitivity (tensor layer list, fraction:{HEADLINE_FRACTION:g}): arrival rate, scheduler model")
+    print(
+        f"sensitivity (tensor, {TENSOR_SETTINGS[DEFAULT_TENSOR].label}, fraction:{HEADLINE_FRACTION:g}): "
+        "arrival rate, scheduler model"
+    )
     print(
         f"  {'req/s':>6} {'scheduler':<15}{'steps':>8}{'recipe pairs':>14}{'sel. pairs':>12}"
         f"{'bytes ratio':>13}{'pairs ratio':>13}"
     )
     for rate, mixed, steps, base, modes in rows:
-        o = modes["tensor, layer list"][HEADLINE_FRACTION]
+        o = modes[DEFAULT_TENSOR][HEADLINE_FRACTION]
         print(
             f"  {rate:>6g} {'v1 mixed' if mixed else 'separate (v0)':<15}{len(steps):>8}{base.pairable:>14}"
             f"{o.pairable:>12}{_ratio(base.bytes, o.bytes):>13}{_ratio(o.pairable, base.pairable):>13}"

@@ -4,6 +4,13 @@ The model mirrors what mindstudio-probe 26.2.0 reads (``msprobe/core/dump/common
 ``CommonConfig``/``BaseConfig`` and ``msprobe/pytorch/dump/pt_config.py``): the common keys,
 then one section named after the task. Values msprobe would reject are rejected here first, so
 that a bad ``--steps`` fails before a cluster is started and not inside a vLLM worker.
+
+Both sides get the same ``list`` and ``data_mode``, so the two dumps hold the same modules and
+``msprobe compare`` finds a counterpart for each. When the run captures a fraction of requests,
+the rollout config is written through ``request_scope.scoped_msprobe_config``: it carries the
+sentinel ``request_id`` that the vLLM dispatch hook requires at start-up (and that survives
+msprobe's config hot-reload). The training side is not scoped: each of its micro batches holds
+one sample already.
 """
 
 from __future__ import annotations
@@ -18,12 +25,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from verl_consistency.hooks import request_scope
 from verl_consistency.layout import RunLayout
 
 STEP_RANK_MAX = 1_000_000
 """msprobe's ``Const.STEP_RANK_MAXIMUM_VALUE``."""
 
 DataMode = Literal["all", "input", "output", "forward", "backward"]
+DATA_MODES: tuple[DataMode, ...] = ("all", "input", "output", "forward", "backward")
+
+
+def _all_modes() -> list[DataMode]:
+    return ["all"]
 
 
 class Task(StrEnum):
@@ -41,7 +54,9 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     scope: list[str] = Field(default_factory=list)
     list_: list[str] = Field(default_factory=list, alias="list")
-    data_mode: list[DataMode] = Field(default_factory=lambda: ["all"])
+    data_mode: list[DataMode] = Field(default_factory=_all_modes)
+    request_id: str | None = None
+    """msprobe 26.2.0 request scoping; only the rollout config of a capture-fraction run has it."""
 
 
 class StatisticsSection(_Section):
@@ -89,6 +104,56 @@ def parse_selection(text: str | None, what: Literal["step", "rank"]) -> list[int
     return out
 
 
+def parse_modules(text: str | None) -> list[str] | None:
+    """``--modules``: ``"Attention.forward,MLP.forward"`` → msprobe ``list``; ``all`` → ``[]``.
+
+    None (option not given) stays None: the task's default applies (:func:`default_modules`).
+    """
+    if text is None:
+        return None
+    if text.strip() == "all":
+        return []
+    parts = [p.strip() for p in text.split(",")]
+    if not all(parts):
+        raise ValueError(f"--modules {text!r}: an empty name; give comma-separated names or 'all'")
+    return parts
+
+
+def parse_data_mode(text: str | None) -> list[DataMode] | None:
+    """``--data-mode``: ``"forward,output"`` → msprobe ``data_mode``, checked as msprobe checks it."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    bad = [p for p in parts if p not in DATA_MODES]
+    if bad:
+        raise ValueError(f"--data-mode {text!r}: {', '.join(map(repr, bad))} not in {', '.join(DATA_MODES)}")
+    if "all" in parts and len(parts) != 1:
+        raise ValueError(f"--data-mode {text!r}: 'all' cannot be combined with other modes")
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"--data-mode {text!r}: a mode is repeated")
+    return parts  # type: ignore[return-value]  # each checked against DATA_MODES above
+
+
+def default_modules(task: Task, level: Level) -> list[str]:
+    """msprobe ``list`` when ``--modules`` is not given.
+
+    Tensor mode at L0: attention and MLP blocks (``request_scope.BLOCK_TENSOR_LIST``); the full
+    module tree would save every leaf module's weights on every dumped step (about 1 GB for a
+    0.5B model, ``bench/README-selective.md``). L1/mix ``list`` entries name APIs, so there is no
+    module default there. Statistics mode: everything (its cost is per call, not per token).
+    """
+    if task is Task.TENSOR and level is Level.L0:
+        return list(request_scope.BLOCK_TENSOR_LIST)
+    return []
+
+
+def default_data_mode(task: Task) -> list[DataMode]:
+    """msprobe ``data_mode`` when ``--data-mode`` is not given: forward outputs for tensor mode."""
+    if task is Task.TENSOR:
+        return list(request_scope.TENSOR_DATA_MODE)
+    return ["all"]
+
+
 class DumpOptions(BaseModel):
     """The one option set both configs come from."""
 
@@ -97,6 +162,11 @@ class DumpOptions(BaseModel):
     level: Level = Level.L0
     steps: list[int | str] = Field(default_factory=list)
     ranks: list[int | str] = Field(default_factory=list)
+    modules: list[str] = Field(default_factory=list)
+    """msprobe ``list`` (module or API names, matched as substrings); empty = everything."""
+    data_mode: list[DataMode] = Field(default_factory=_all_modes)
+    request_scoped: bool = False
+    """Capture a fraction: scope the rollout config to the captured request (vLLM side only)."""
 
     @field_validator("steps", "ranks")
     @classmethod
@@ -107,10 +177,11 @@ class DumpOptions(BaseModel):
         return value
 
     def config(self, dump_path: Path) -> MsprobeConfig:
+        common = {"list": list(self.modules), "data_mode": list(self.data_mode)}
         section = (
-            {"statistics": StatisticsSection()}
+            {"statistics": StatisticsSection.model_validate(common)}
             if self.task is Task.STATISTICS
-            else {"tensor": TensorSection()}
+            else {"tensor": TensorSection.model_validate(common)}
         )
         return MsprobeConfig(
             task=self.task,
@@ -130,9 +201,14 @@ class RunConfigs(BaseModel):
 def build(layout: RunLayout, options: DumpOptions) -> RunConfigs:
     """The inference side dumps under ``rollout/``, the training side under ``actor/``.
 
-    The patched upstream appends ``<pid>`` to each (see ``verl_consistency.layout``).
+    The patched upstream appends ``<pid>`` to each (see ``verl_consistency.layout``). With
+    ``request_scoped`` the rollout config goes through ``request_scope.scoped_msprobe_config``,
+    which raises ``ValueError`` for a task/level msprobe cannot scope.
     """
-    return RunConfigs(rollout=options.config(layout.rollout_dir), actor=options.config(layout.actor_dir))
+    rollout = options.config(layout.rollout_dir)
+    if options.request_scoped:
+        rollout = MsprobeConfig.model_validate(request_scope.scoped_msprobe_config(rollout.to_json()))
+    return RunConfigs(rollout=rollout, actor=options.config(layout.actor_dir))
 
 
 def write_json_atomic(path: Path, data: object) -> None:

@@ -199,7 +199,10 @@ def run_command(
     ] = None,
     task: Annotated[
         mscfg.Task | None,
-        typer.Option(help="msprobe task (default: statistics; tensor when --capture is a fraction)."),
+        typer.Option(
+            help="msprobe task (default: statistics; tensor when --capture is a fraction, "
+            "see bench/README-selective.md)."
+        ),
     ] = None,
     level: Annotated[
         mscfg.Level, typer.Option(help="msprobe level: L0 modules, L1 APIs, mix both.")
@@ -209,6 +212,20 @@ def run_command(
         typer.Option(help="msprobe steps to dump on each side, e.g. 0-9 or 0,2,5-7 (default: all)."),
     ] = None,
     ranks: Annotated[str | None, typer.Option(help="Ranks to dump, same syntax (default: all).")] = None,
+    modules: Annotated[
+        str | None,
+        typer.Option(
+            help="msprobe list, the same on both sides: comma-separated module/API names, or all "
+            "(default: Attention.forward,MLP.forward for tensor at L0; all otherwise)."
+        ),
+    ] = None,
+    data_mode: Annotated[
+        str | None,
+        typer.Option(
+            help="msprobe data_mode, the same on both sides: all, or a comma list of "
+            "input,output,forward,backward (default: forward,output for tensor; all for statistics)."
+        ),
+    ] = None,
     phase: Annotated[
         DumpPhase, typer.Option(envvar=DUMP_PHASE, help="Training phase to dump (DUMP_PHASE).")
     ] = DumpPhase.LOG_PROB,
@@ -253,6 +270,8 @@ def run_command(
             level=level,
             steps=steps,
             ranks=ranks,
+            modules=modules,
+            data_mode=data_mode,
             model=model,
             extra_args=ctx.args,
         )

@@ -26,7 +26,19 @@ from verl_consistency.layout import (
     TRAIN_DATA,
     RunLayout,
 )
-from verl_consistency.msprobe_config import DumpOptions, Level, RunConfigs, Task, build, parse_selection
+from verl_consistency.msprobe_config import (
+    DataMode,
+    DumpOptions,
+    Level,
+    RunConfigs,
+    Task,
+    build,
+    default_data_mode,
+    default_modules,
+    parse_data_mode,
+    parse_modules,
+    parse_selection,
+)
 from verl_consistency.overrides import Conflict, EnvConflict, Mode
 
 DEFAULT_MODEL = "/models/Qwen2.5-0.5B-Instruct"
@@ -92,6 +104,8 @@ class RunPlan(BaseModel):
             "level": self.dump.level.value,
             "steps": self.dump.steps,
             "ranks": self.dump.ranks,
+            "modules": self.dump.modules,
+            "data_mode": self.dump.data_mode,
             "python": self.python,
             "module": self.module,
             "env": self.env,
@@ -172,6 +186,8 @@ def build_plan(
     level: Level = Level.L0,
     steps: str | None = None,
     ranks: str | None = None,
+    modules: str | None = None,
+    data_mode: str | None = None,
     model: str | None = None,
     extra_args: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
@@ -193,13 +209,29 @@ def build_plan(
         rule = capture_mod.CaptureRule()
     if task is None:
         task = Task.STATISTICS if rule.is_all else Task.TENSOR
+    module_list: list[str] | None = None
+    modes: list[DataMode] | None = None
     try:
-        dump = DumpOptions(
-            task=task, level=level, steps=parse_selection(steps, "step"), ranks=parse_selection(ranks, "rank")
-        )
+        module_list = parse_modules(modules)
     except ValueError as exc:
         problems.append(str(exc))
-        dump = DumpOptions(task=task, level=level)
+    try:
+        modes = parse_data_mode(data_mode)
+    except ValueError as exc:
+        problems.append(str(exc))
+    what = DumpOptions(
+        task=task,
+        level=level,
+        modules=default_modules(task, level) if module_list is None else module_list,
+        data_mode=default_data_mode(task) if modes is None else modes,
+        request_scoped=not rule.is_all,
+    )
+    try:
+        selection = {"steps": parse_selection(steps, "step"), "ranks": parse_selection(ranks, "rank")}
+        dump = DumpOptions.model_validate({**what.model_dump(), **selection})
+    except ValueError as exc:
+        problems.append(str(exc))
+        dump = what
 
     user_texts, flags = split_extra_args(extra_args)
     user_texts = [_expand_shortcut(t) for t in user_texts]
@@ -252,6 +284,10 @@ def build_plan(
         dump.task.value,
         "--level",
         dump.level.value,
+        "--modules",
+        ",".join(dump.modules) or "all",
+        "--data-mode",
+        ",".join(dump.data_mode),
     ]
     if steps:
         invocation += ["--steps", steps]

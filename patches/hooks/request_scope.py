@@ -74,6 +74,29 @@ Layer-level Cosine/MaxAbsErr still locate the first diverging layer and block. U
 list on the training side.
 """
 
+BLOCK_TENSOR_LIST = ["Attention.forward", "MLP.forward"]
+"""msprobe ``list`` for tensor mode at L0: attention and MLP blocks only (the run's default).
+
+Their outputs mean the same thing in vLLM and transformers (the ``o_proj`` and ``down_proj``
+outputs, ``[tokens, hidden]``), so a per-layer Cosine/MaxAbsErr locates the first diverging
+block. A decoder layer's output does not: vLLM's ``Qwen2DecoderLayer`` returns
+``(mlp_out, residual)`` and adds them in the next layer's norm, transformers' returns their sum;
+so :data:`LAYER_TENSOR_LIST` spends a third of its bytes on a pair that does not compare. On
+the vLLM side the substring ``Attention.forward`` also matches the attention kernel module
+(``self_attn.attn.Attention``), which has no transformers counterpart (msprobe 26.2.0 matches
+``list`` entries as plain substrings; its ``name-regex(...)`` is only validated, not applied).
+"""
+
+TENSOR_DATA_MODE = ["forward", "output"]
+"""msprobe ``data_mode`` for tensor mode (the run's default): forward outputs only.
+
+A block's input is the previous block's output after a norm, so inputs add bytes, not
+localisation (``bench/bench_selective.py``: outputs alone halve the bytes per token).
+``forward`` keeps a training-side ``update_actor`` dump from also saving gradients, which vLLM
+never computes, and stops msprobe registering its parameter-gradient hooks. Statistics mode
+keeps ``all``: its cost is per module call, not per token.
+"""
+
 SCOPED_TASKS = ("statistics", "tensor")
 SCOPED_LEVELS = ("L0", "L1", "mix")
 
