@@ -45,6 +45,8 @@ PACKAGES = [
     "tar",
     "gzip",
     "patch",
+    "libstdc++6",
+    "libgomp1",
     "python3.11",
     "python3.11-venv",
 ]
