@@ -16,7 +16,7 @@ from verl_consistency.patches import pins
 from .conftest import REPO
 
 DOCKERFILE = REPO / "docker/Dockerfile"
-sys.path.insert(0, str(REPO / "docker/build"))
+sys.path.insert(0, str(REPO / "docker/helpers"))
 import image_build  # noqa: E402
 
 
