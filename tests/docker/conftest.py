@@ -105,7 +105,7 @@ def standin_base() -> str:
 
 
 @pytest.fixture(scope="session")
-def built_image(standin_base: str, request: pytest.FixtureRequest) -> BuiltImage:
+def built_image(standin_base: str) -> BuiltImage:
     git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
     rev = git.stdout.strip()
     start = time.monotonic()
@@ -113,15 +113,21 @@ def built_image(standin_base: str, request: pytest.FixtureRequest) -> BuiltImage
     seconds = time.monotonic() - start
     assert res.returncode == 0, f"image build failed:\n{res.stdout[-6000:]}\n{res.stderr[-3000:]}"
     built = BuiltImage(IMAGE, standin_base, seconds, image_size(IMAGE), image_size(standin_base))
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    line = (
+    _METRICS.append(
         f"docker/Dockerfile on the stand-in base: build {seconds:.0f} s (layer and pip caches as found), "
         f"image {built.size / 1e9:.2f} GB = base {built.base_size / 1e9:.2f} GB "
         f"+ {(built.size - built.base_size) / 1e9:.2f} GB"
     )
-    if reporter is not None:
-        reporter.write_line(f"\n[image] {line}")
     return built
+
+
+_METRICS: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the build time and the size on top of the base (measured, never asserted)."""
+    for line in _METRICS:
+        terminalreporter.write_line(f"[image] {line}")
 
 
 def podman_run(
