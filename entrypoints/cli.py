@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from verl_consistency import __version__, run_cmd
+from verl_consistency import __version__, msprobe_defaults, run_cmd
 from verl_consistency.patches import pins
 from verl_consistency.patches.cli import app as patches_app
 from verl_consistency.postprocess import cli as postprocess_cli
@@ -23,6 +23,7 @@ app = typer.Typer(
 
 
 app.add_typer(patches_app, name="patches")
+app.command("msprobe-configs")(msprobe_defaults.cli)
 
 
 @app.callback()

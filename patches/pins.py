@@ -47,6 +47,10 @@ class Image(_Frozen):
 class Install(_Frozen):
     verl_extras: list[str]
     torch_cpu: str
+    megatron_core: str
+    mbridge: str
+    mindspeed_repo: str
+    mindspeed_ref: str
 
 
 class KubeRay(_Frozen):

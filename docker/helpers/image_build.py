@@ -1,0 +1,147 @@
+"""Build-time helper of ``docker/Dockerfile``: pins, the base's constraints, and install checks.
+
+It runs inside the build with the base image's own Python, before this bundle (and pydantic)
+is installed, so it uses the standard library only. Each sub-command is one step that the
+Dockerfile would otherwise spell out in shell:
+
+``pin KEY...``
+    print values of ``pins.toml`` (lists space-separated), like ``make pins`` and
+    ``python -m verl_consistency.patches.pins``.
+``pin-lines KEY``
+    print a list value one item per line: a pip requirements file (``verl_extras``).
+``freeze OUT``
+    write ``name==version`` for every distribution installed now. Used as a pip constraints
+    file, so that no later ``pip install`` can replace what the base image ships (torch,
+    torch_npu, vllm, vllm-ascend, transformers, ...): pip fails instead, naming the conflict.
+``check-args``
+    fail unless the label build args (``VERL_VERSION``...) equal the pins, so that a label can
+    never claim a version the image does not hold.
+``check-installed``
+    fail unless the installed distributions carry the pinned versions.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import re
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+PINS = Path(os.environ.get("VERL_CONSISTENCY_PINS", "/opt/verl-consistency/pins.toml"))
+
+LABEL_ARGS: dict[str, str] = {
+    # build arg (used in a LABEL) → pins.toml key
+    "BASE_IMAGE_A2": "image.base.a2",
+    "VERL_VERSION": "upstream.verl",
+    "VLLM_VERSION": "upstream.vllm",
+    "VLLM_ASCEND_VERSION": "upstream.vllm_ascend",
+    "MINDSTUDIO_PROBE_VERSION": "upstream.mindstudio_probe",
+    "MEGATRON_CORE_VERSION": "install.megatron_core",
+    "MINDSPEED_REF": "install.mindspeed_ref",
+}
+
+INSTALLED: dict[str, str] = {
+    # distribution → pins.toml key of the version it must carry
+    "verl": "upstream.verl",
+    "vllm-ascend": "upstream.vllm_ascend",
+    "mindstudio-probe": "upstream.mindstudio_probe",
+    "megatron-core": "install.megatron_core",
+    "mbridge": "install.mbridge",
+}
+
+_PEP440 = re.compile(r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[a-zA-Z0-9.]+)?$")
+
+
+def pin(key: str, path: Path | None = None) -> Any:
+    path = path or PINS
+    node: Any = tomllib.loads(path.read_text(encoding="utf-8"))
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise SystemExit(f"{key!r} is not a key of {path}")
+        node = node[part]
+    return node
+
+
+def _show(value: Any) -> str:
+    return " ".join(value) if isinstance(value, list) else str(value)
+
+
+def freeze() -> list[str]:
+    """``name==version`` of every installed distribution whose version pip can parse."""
+    seen: dict[str, str] = {}
+    for dist in md.distributions():
+        name, version = dist.metadata["Name"], dist.version
+        if name and version and _PEP440.match(version):
+            seen.setdefault(re.sub(r"[-_.]+", "-", name).lower(), version)
+    return [f"{n}=={v}" for n, v in sorted(seen.items())]
+
+
+def check_args(environ: dict[str, str]) -> list[str]:
+    errors = []
+    for arg, key in LABEL_ARGS.items():
+        given, pinned = environ.get(arg, ""), str(pin(key))
+        if given and given != pinned:
+            errors.append(
+                f"build arg {arg}={given!r} but patches/pins.toml {key} = {pinned!r}: the "
+                f"label would lie. Drop --build-arg {arg} or change the pin (and the "
+                f"Dockerfile default) instead."
+            )
+    return errors
+
+
+def check_installed(with_mindspeed: bool) -> list[str]:
+    errors = []
+    for dist, key in INSTALLED.items():
+        want = str(pin(key))
+        try:
+            have = md.version(dist)
+        except md.PackageNotFoundError:
+            errors.append(f"{dist} is not installed (pins.toml {key} = {want})")
+            continue
+        if have.split("+", 1)[0] != want:
+            errors.append(f"{dist} {have} is installed, but pins.toml {key} = {want}")
+    if with_mindspeed:
+        try:
+            md.version("mindspeed")
+        except md.PackageNotFoundError:
+            errors.append("mindspeed is not installed although WITH_MINDSPEED=1")
+    return errors
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    cmd, args = argv[0], argv[1:]
+    if cmd == "pin":
+        for key in args:
+            print(_show(pin(key)))
+        return 0
+    if cmd == "pin-lines" and len(args) == 1:
+        value = pin(args[0])
+        print("\n".join(value if isinstance(value, list) else [str(value)]))
+        return 0
+    if cmd == "freeze" and len(args) == 1:
+        out = Path(args[0])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text("\n".join(freeze()) + "\n", encoding="utf-8")
+        tmp.replace(out)
+        return 0
+    if cmd == "check-args":
+        errors = check_args(dict(os.environ))
+    elif cmd == "check-installed":
+        errors = check_installed(os.environ.get("WITH_MINDSPEED", "0") == "1")
+    else:
+        print(f"unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
+        return 2
+    for err in errors:
+        print(f"error: {err}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,58 @@
+"""STAND-IN helper, run inside the stand-in base image: install a wheel as an editable checkout.
+
+The real vllm-ascend image runs ``pip install -e /vllm-workspace/vllm-ascend`` on a git checkout.
+This reproduces the result from the PyPI wheel (whose ``model_runner_v1.py`` is byte-identical
+to the tag): the package folder lives in the checkout, and site-packages holds only a ``.pth``
+and a dist-info whose ``direct_url.json`` says "editable", so that ``pip list`` and
+``importlib.metadata`` see what they see in the real image. Standard library only.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+
+def _record_line(path: Path, site: Path) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
+    return f"{path.relative_to(site).as_posix()},sha256={digest},{path.stat().st_size}"
+
+
+def install(wheel: Path, checkout: Path) -> None:
+    site = Path(sysconfig.get_paths()["purelib"])
+    checkout.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        dist_info = next(n.split("/", 1)[0] for n in names if n.split("/", 1)[0].endswith(".dist-info"))
+        for name in names:
+            top = name.split("/", 1)[0]
+            dest_root = site if top == dist_info else checkout
+            target = (dest_root / name).resolve()
+            if not target.is_relative_to(dest_root.resolve()):
+                raise SystemExit(f"{wheel}: member {name!r} would unpack outside {dest_root}")
+            zf.extract(name, dest_root)
+    meta = site / dist_info
+    project = dist_info.removesuffix(".dist-info").rsplit("-", 1)[0]
+    pth = site / f"__editable__.{project}.pth"
+    pth.write_text(f"{checkout}\n")
+    (meta / "direct_url.json").write_text(
+        json.dumps({"url": checkout.as_uri(), "dir_info": {"editable": True}})
+    )
+    (meta / "INSTALLER").write_text("pip\n")
+    for stale in ("RECORD", "WHEEL"):
+        (meta / stale).unlink(missing_ok=True)
+    files = [pth, *sorted(p for p in meta.iterdir() if p.is_file())]
+    lines = [_record_line(p, site) for p in files]
+    lines.append(f"{(meta / 'RECORD').relative_to(site).as_posix()},,")
+    (meta / "RECORD").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: install_editable.py WHEEL CHECKOUT_DIR")
+    install(Path(sys.argv[1]), Path(sys.argv[2]))

