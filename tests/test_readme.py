@@ -1,0 +1,60 @@
+"""The README documents every command option, every required override and every refusal.
+
+The tables it shows are written by hand for readers; this test keeps them from drifting
+from the code that enforces them (``entrypoints/overrides.py`` and the typer commands).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import typer
+
+from verl_consistency import overrides
+from verl_consistency.cli import app
+
+COMMANDS = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def readme(repo) -> str:
+    return (repo / "README.md").read_text(encoding="utf-8")
+
+
+def _options(name: str) -> list[str]:
+    return [o for p in COMMANDS[name].params for o in getattr(p, "opts", []) if o.startswith("--")]
+
+
+@pytest.mark.parametrize("command", ["run", "postprocess"])
+def test_every_option_is_documented(readme, command):
+    missing = [o for o in _options(command) if f"`{o}" not in readme]
+    assert not missing, f"README.md does not document `verl-consistency {command}` options {missing}"
+
+
+def test_every_required_override_and_refusal_is_documented(readme):
+    keys = [o.key for o in overrides.REQUIRED] + [r.key for r in overrides.REFUSALS]
+    missing = [k for k in keys if k.lstrip("+") not in readme]
+    assert not missing, f"README.md does not mention {missing} (entrypoints/overrides.py)"
+
+
+def test_every_environment_variable_is_documented(readme):
+    missing = [v.name for v in overrides.ENV if f"`{v.name}`" not in readme]
+    assert not missing, f"README.md does not document {missing}"
+
+
+def test_the_first_lines_give_the_build_and_test_commands(readme):
+    head = readme.splitlines()[:8]
+    assert any(line.startswith("make image") for line in head)
+    assert any(line.startswith("make test") for line in head)
+
+
+def test_key_make_targets_are_in_help_and_readme(repo, readme):
+    import subprocess
+
+    out = subprocess.run(["make", "-s", "help"], cwd=repo, check=True, capture_output=True, text=True).stdout
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    targets = [line.split()[0] for line in plain.splitlines() if line.strip()]
+    for needed in ("image", "image-a3", "test", "check-patches", "download-bundle", "bench"):
+        assert needed in targets, f"`make help` does not list {needed}"
+        assert f"make {needed}" in readme, f"README.md does not show `make {needed}`"
