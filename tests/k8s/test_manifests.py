@@ -28,7 +28,9 @@ KUBE_VERSION = "1.31.0"
 
 
 def crd_path() -> Path:
-    default = REPO.parent / ".." / "shared" / "kuberay" / "ray.io_rayjobs.v1.7.0.yaml"
+    # shared/ lies beside the checkout (CI, the main checkout), or one level up (a git worktree).
+    candidates = [base / "shared" / "kuberay" / "ray.io_rayjobs.v1.7.0.yaml" for base in REPO.parents[:2]]
+    default = next((c for c in candidates if c.is_file()), candidates[0])
     path = Path(os.environ.get("VERL_CONSISTENCY_KUBERAY_CRD", str(default)))
     if not path.is_absolute():
         path = REPO / path
