@@ -63,7 +63,8 @@ def test_fsdp2_names_differ_and_map_onto_fsdp1(runs: fsdp2dumps.StrategyRuns) ->
     # row left over is Qwen2Model: under verl, msprobe skips the model's second named module,
     # which is FSDP1's inner Qwen2ForCausalLM but FSDP2's Qwen2Model.
     assert [renamed[k] for k in fsdp2] == [k for k in fsdp1 if "Qwen2Model" not in k]
-    assert [k for k in fsdp1 if "Qwen2Model" in k] == ["Module._fsdp_wrapped_module.model.Qwen2Model.forward.0"]
+    leftover = [k for k in fsdp1 if "Qwen2Model" in k]
+    assert leftover == ["Module._fsdp_wrapped_module.model.Qwen2Model.forward.0"]
 
 
 def test_msprobe_alone_matches_nothing_on_fsdp2(runs: fsdp2dumps.StrategyRuns, tmp_path: Path) -> None:
@@ -113,7 +114,8 @@ def test_fsdp2_pair_compares_like_fsdp1(compared, task: str) -> None:
     for p1, p2 in zip(c1.layer_profile, c2.layer_profile, strict=True):
         assert p2.rel_err == pytest.approx(p1.rel_err, rel=1e-6, abs=1e-12)
     # our fields and rows.csv speak the dump's own FSDP2 names
-    assert c2.first_divergence_target == "Module.model.layers.1.mlp.down_proj.Linear.forward.0.parameters.weight"
+    own = "Module.model.layers.1.mlp.down_proj.Linear.forward.0.parameters.weight"
+    assert c2.first_divergence_target == own
     assert c2.msprobe_first_diff is not None
     assert fsdp2_names.WRAPPER not in c2.msprobe_first_diff
     assert c2.rows_csv is not None
@@ -121,7 +123,9 @@ def test_fsdp2_pair_compares_like_fsdp1(compared, task: str) -> None:
         rows = list(csv.DictReader(fh))
     assert len(rows) == c2.rows_matched
     assert not [r for r in rows if fsdp2_names.WRAPPER in r["target"]]
-    qkv = next(r for r in rows if r["module"] == "model.layers.0.self_attn.qkv_proj" and r["kind"] == "output")
+    qkv = next(
+        r for r in rows if r["module"] == "model.layers.0.self_attn.qkv_proj" and r["kind"] == "output"
+    )
     parts = [p.strip() for p in qkv["target"].split(";")]
     assert [p.split(".")[5] for p in parts] == ["q_proj", "k_proj", "v_proj"]
     assert all(p.startswith("Module.model.layers.0.self_attn.") for p in parts)
