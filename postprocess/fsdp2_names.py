@@ -156,6 +156,10 @@ def write_fsdp1_view(src: Path, dst: Path) -> dict[str, str] | None:
         for new, old in links.items():
             if (tensors / old).is_file():
                 (dst / TENSOR_DIR / new).symlink_to(tensors / old)
+        renamed_files = set(links.values())
+        for f in tensors.iterdir():  # API-level tensors (level mix) keep their names
+            if f.name not in renamed_files and not (dst / TENSOR_DIR / f.name).exists():
+                (dst / TENSOR_DIR / f.name).symlink_to(f)
     return names
 
 
