@@ -19,6 +19,9 @@ msprobe's table is then read back and summarised our way, because read raw it mi
   the norms of fused q/k/v (gate/up) parts combined as ``sqrt(Σ n_i²)``.
 * **Tensor mode** gives real per-element metrics: Cosine, MaxAbsErr, and our relative error
   ``EucDist / ‖golden‖``.
+* **FSDP2 training dumps** (verl ``strategy=fsdp2``) carry no FSDP1 wrapper in their names, which
+  msprobe's mapping needs; msprobe is given an FSDP1-named copy (:mod:`.fsdp2_names`) and our
+  tables name the rows as the dump does.
 * **Structural rows** differ by construction, not by numerics (see :data:`STRUCTURAL`); they are
   shown grey and never called the first divergence. msprobe's ``-da`` has no such list, so on a
   real vLLM model it names ``act_fn`` first; both answers are reported.
@@ -34,7 +37,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +45,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict
 
+from verl_consistency.postprocess import fsdp2_names
 from verl_consistency.postprocess.model import Pair
 
 COMPARE_DIR = "compare"
@@ -127,6 +131,10 @@ class PairComparison(_Model):
     backend: str = ""
     task: str = "statistics"
     scoped: bool = False
+    fsdp2_normalised: bool = False
+    """The training dump is FSDP2 (``fully_shard``): msprobe compared a copy renamed to FSDP1 names
+    (its ``compare_result.csv`` and ``first_diff.json`` show those); our rows and fields show the
+    dump's own names."""
     status: Literal["ok", "failed"]
     error: str | None = None
     verdict: Verdict = "failed"
@@ -245,13 +253,18 @@ def compare_one(run_dir: Path, pair: Pair, out_dir: Path, *, fd_level: bool = Fa
     rel = f"{COMPARE_DIR}/{pair.pair_id}"
     target = run_dir / pair.actor.dir / "dump.json"
     golden = run_dir / pair.rollout.dir / "dump.json"
+    view = tmp / "fsdp1-view"
+    renamed: dict[str, str] | None = None
     try:
         for path, side in ((target, "training"), (golden, "vLLM")):
             if not path.is_file():
                 raise FileNotFoundError(f"{side} dump {path} is missing; re-run the postprocess pairing")
+        if pair.backend == "fsdp":
+            renamed = fsdp2_names.write_fsdp1_view(target.parent, view)
         with _quiet_stdio(tmp / "compare.log", fd_level=fd_level):
-            csv, da_json = _run_msprobe(target, golden, tmp, pair.backend)
-        res = summarise(csv, pair, da_json=da_json)
+            csv, da_json = _run_msprobe(view / "dump.json" if renamed else target, golden, tmp, pair.backend)
+        back = {v: k for k, v in renamed.items()} if renamed else None
+        res = summarise(csv, pair, da_json=da_json, back=back)
         res = res.model_copy(
             update={
                 "csv": f"{rel}/compare_result.csv",
@@ -259,9 +272,12 @@ def compare_one(run_dir: Path, pair: Pair, out_dir: Path, *, fd_level: bool = Fa
                 "first_diff_json": f"{rel}/first_diff.json" if da_json else None,
             }
         )
-        _write_rows_csv(tmp / "rows.csv", res, csv)
+        _write_rows_csv(tmp / "rows.csv", csv, back)
     except Exception as exc:
         res = _failed(pair, f"{type(exc).__name__}: {exc}")
+    finally:
+        shutil.rmtree(view, ignore_errors=True)  # a renamed copy and a link into the run: not results
+    res = res.model_copy(update={"fsdp2_normalised": renamed is not None})
     res = res.model_copy(update={"seconds": round(time.monotonic() - t0, 3), "log": f"{rel}/compare.log"})
     (tmp / "comparison.json").write_bytes(orjson.dumps(res.model_dump(), option=orjson.OPT_INDENT_2))
     _swap_into_place(tmp, final)
@@ -279,8 +295,7 @@ def _run_msprobe(target: Path, golden: Path, work: Path, backend: str) -> tuple[
     if not csvs:
         raise RuntimeError(
             "msprobe wrote no compare_result CSV: it found no rows to match. Check that both dump.json "
-            "files hold forward module data (level L0 or mix), and for --backend fsdp that the training "
-            "model is FSDP1-wrapped (msprobe 26.2.0 parses '_fsdp_wrapped_module.' in the names). "
+            "files hold forward module data (level L0 or mix) of the same model. "
             "See the pair's compare.log for msprobe's own messages."
         )
     csv = work / "compare_result.csv"
@@ -361,8 +376,11 @@ def _judge(rel: float | None, cos: float | None) -> RowStatus:
     return "ok"
 
 
-def read_rows(csv: Path) -> tuple[list[RowDiff], int, int, bool]:
-    """msprobe CSV → (matched judged rows in forward order, total rows, shape-only errors, tensor?)."""
+def read_rows(csv: Path, back: Mapping[str, str] | None = None) -> tuple[list[RowDiff], int, int, bool]:
+    """msprobe CSV → (matched judged rows in forward order, total rows, shape-only errors, tensor?).
+
+    ``back`` maps FSDP1 names msprobe saw to the dump's own FSDP2 names (:mod:`.fsdp2_names`).
+    """
     import pandas as pd
 
     df = pd.read_csv(csv, dtype=str, keep_default_na=False)
@@ -371,6 +389,8 @@ def read_rows(csv: Path) -> tuple[list[RowDiff], int, int, bool]:
     shape_only = 0
     for rec in df.to_dict("records"):
         target, golden = str(rec.get("NPU Name", "")), str(rec.get("Bench Name", ""))
+        if back:
+            target = fsdp2_names.restore(target, back)
         result = str(rec.get("Result", ""))
         module, kind, layer = parse_name(golden if golden not in ("", "N/A") else target)
         if target in ("", "N/A") or golden in ("", "N/A"):
@@ -420,13 +440,13 @@ def read_rows(csv: Path) -> tuple[list[RowDiff], int, int, bool]:
     return rows, len(df), shape_only, tensor
 
 
-def _msprobe_first_diff(path: Path | None) -> str | None:
+def _msprobe_first_diff(path: Path | None, back: Mapping[str, str] | None = None) -> str | None:
     if path is None or not path.exists():
         return None
     data = json.loads(path.read_text())  # msprobe writes bare NaN/Infinity: not for orjson
     for api, info in data.items():
         if isinstance(info, dict) and info.get("is_same") is False:
-            return str(api)
+            return fsdp2_names.restore(str(api), back) if back else str(api)
     return None
 
 
@@ -460,8 +480,10 @@ def layer_profile(rows: Sequence[RowDiff]) -> list[LayerError]:
     return out
 
 
-def summarise(csv: Path, pair: Pair, *, da_json: Path | None = None) -> PairComparison:
-    rows, total, shape_only, tensor = read_rows(csv)
+def summarise(
+    csv: Path, pair: Pair, *, da_json: Path | None = None, back: Mapping[str, str] | None = None
+) -> PairComparison:
+    rows, total, shape_only, tensor = read_rows(csv, back)
     matched = [r for r in rows if r.status != "unmatched"]
     judged = [r for r in matched if r.status in ("ok", "warn", "diverged")]
     base = {
@@ -475,15 +497,14 @@ def summarise(csv: Path, pair: Pair, *, da_json: Path | None = None) -> PairComp
         "rows_unmatched": total - len(matched),
         "rows_structural": sum(r.status == "structural" for r in matched),
         "rows_shape_only_error": shape_only,
-        "msprobe_first_diff": _msprobe_first_diff(da_json),
+        "msprobe_first_diff": _msprobe_first_diff(da_json, back),
     }
     if not judged:
         return PairComparison(
             status="failed",
             error=(
                 f"msprobe matched {len(matched)} of {total} rows and none carries a metric; the two dumps "
-                "do not line up (different model, level, or an FSDP2 training model: msprobe 26.2.0's "
-                "consistent_check parses FSDP1 '_fsdp_wrapped_module.' names)"
+                "do not line up (a different model or dump level on the two sides)"
             ),
             **base,
         )
@@ -511,10 +532,10 @@ def summarise(csv: Path, pair: Pair, *, da_json: Path | None = None) -> PairComp
     )
 
 
-def _write_rows_csv(path: Path, res: PairComparison, csv: Path) -> None:
+def _write_rows_csv(path: Path, csv: Path, back: Mapping[str, str] | None = None) -> None:
     import csv as csvmod
 
-    rows, _, _, _ = read_rows(csv)
+    rows, _, _, _ = read_rows(csv, back)
     fields = [
         "module",
         "kind",

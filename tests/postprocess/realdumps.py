@@ -42,6 +42,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,8 @@ class Worker:
     world_size: int = 1
     port: int = 0
     request_id: str | None = None
+    wrap: Callable[[Any], Any] | None = None
+    """Training side: shards the HF model in the worker's process group (default :func:`wrap_fsdp1`)."""
 
 
 @dataclass(frozen=True)
@@ -276,19 +279,11 @@ def _run_worker(w: Worker, dump_root: Path) -> None:
         return
 
     import torch.distributed as dist
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{w.port}", rank=w.rank, world_size=w.world_size
     )
-    fsdp = FSDP(
-        hf,
-        auto_wrap_policy=ModuleWrapPolicy({Qwen2DecoderLayer}),
-        device_id=torch.device("cpu"),
-        use_orig_params=True,
-    )
+    fsdp = (w.wrap or wrap_fsdp1)(hf)
     log = records.JsonlWriter(dump_dir / records.UPDATE_ACTOR_LOG)
     for st in w.actor_steps:
         ids = [t for rid in st.request_ids for t in prompt(rid)]
@@ -313,6 +308,21 @@ def _run_worker(w: Worker, dump_root: Path) -> None:
         PrecisionDebugger.step()
     log.close()
     dist.destroy_process_group()
+
+
+def wrap_fsdp1(hf: Any) -> Any:
+    """FSDP1 with one unit per decoder layer, as verl's ``strategy=fsdp`` wraps it."""
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+    return FSDP(
+        hf,
+        auto_wrap_policy=ModuleWrapPolicy({Qwen2DecoderLayer}),
+        device_id=torch.device("cpu"),
+        use_orig_params=True,
+    )
 
 
 def _write_configs(dump_root: Path) -> None:
