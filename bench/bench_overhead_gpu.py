@@ -3,9 +3,9 @@
 The recipe dumps every vLLM step; selective mode (issue 7) starts msprobe only on prefill steps
 that hold a captured request, and cuts that request's rows. This bench replays a window of the
 simulated vLLM v1 schedule from ``bench_selective.py`` through the vLLM-layout packed Qwen2
-stand-in (``tests/selective/packed_qwen2.py``: vLLM's module names and ``[tokens, hidden]``
-activations), at a real model size, and times every step in four separate processes (msprobe's
-debugger is a per-process singleton):
+stand-in (``tests/standins/vllm_qwen2.py``: vLLM's module names and ``[tokens, hidden]``
+activations, attention as one masked SDPA call per layer), at a real model size, and times
+every step in four separate processes (msprobe's debugger is a per-process singleton):
 
 ``off``        no debugger: the baseline.
 ``recipe``     statistics, L0, start/stop/step on every step (the public recipe).
@@ -93,43 +93,10 @@ def _msprobe_config(mode: str, dump: Path) -> dict[str, object]:
     return cfg if mode == "recipe" else scoped_msprobe_config(cfg)
 
 
-def _one_kernel_attention() -> None:
-    """Swap the stand-in's per-request attention loop for one masked SDPA call per layer.
-
-    The loop is right for the tests' few requests, but a decode step of ~250 sequences would
-    spend seconds in Python; vLLM runs one paged-attention kernel per layer. Same maths: causal
-    attention inside each packed request, nothing across requests.
-    """
-    import torch
-    import torch.nn.functional as F
-
-    from tests.selective import packed_qwen2
-
-    def forward(
-        self: packed_qwen2.Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        seq_lens = packed_qwen2._SEQ_LENS.get()
-        assert seq_lens is not None
-        n = q.shape[0]
-        seg = torch.repeat_interleave(
-            torch.arange(len(seq_lens), device=q.device), torch.tensor(seq_lens, device=q.device)
-        )
-        idx = torch.arange(n, device=q.device)
-        mask = (seg[:, None] == seg[None, :]) & (idx[:, None] >= idx[None, :])
-        group = self.num_heads // self.num_kv_heads
-        qs = q.view(n, self.num_heads, self.head_dim).transpose(0, 1)
-        ks = k.view(n, self.num_kv_heads, self.head_dim).transpose(0, 1).repeat_interleave(group, dim=0)
-        vs = v.view(n, self.num_kv_heads, self.head_dim).transpose(0, 1).repeat_interleave(group, dim=0)
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)
-        return o.transpose(0, 1).reshape(n, self.num_heads * self.head_dim)
-
-    packed_qwen2.Attention.forward = forward  # type: ignore[method-assign]
-
-
 def child(mode: str, size: str, window_file: Path, fraction: float, out: Path) -> None:
     import torch
 
-    from tests.selective.packed_qwen2 import Qwen2ForCausalLM, forward_context
+    from tests.standins.vllm_qwen2 import Qwen2ForCausalLM, forward_step
     from verl_consistency.hooks.capture import CaptureRule
     from verl_consistency.hooks.records import ScheduledRequest
     from verl_consistency.hooks.request_scope import install_compact_tensor_save, should_dump, start_step
@@ -137,11 +104,11 @@ def child(mode: str, size: str, window_file: Path, fraction: float, out: Path) -
     window = json.loads(window_file.read_text())
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    _one_kernel_attention()
     torch.manual_seed(0)
     torch.set_default_dtype(dtype)
     with torch.device(device):  # build in place: a 7B model initialised on the host takes minutes
-        model = Qwen2ForCausalLM(_config(size)).eval()
+        # one masked SDPA per layer: a per-request loop over ~250 decodes would time Python, not the step
+        model = Qwen2ForCausalLM(_config(size), one_kernel=True).eval()
     print(f"[{mode}] model {size} on {device}, {len(window)} steps", file=sys.stderr, flush=True)
     rule = CaptureRule(fraction=fraction)
 
@@ -196,10 +163,7 @@ def child(mode: str, size: str, window_file: Path, fraction: float, out: Path) -
                     scheduled_tokens=dict(zip(order, lens, strict=True)),
                     packing_order=order,
                 )
-        with torch.no_grad(), forward_context(lens):
-            hidden = model(ids, positions)
-            last = torch.tensor(lens, device=device).cumsum(0) - 1
-            model.compute_logits(hidden[last])
+        forward_step(model, ids, positions, lens)
         if started:  # as the patched runner: a step that never started calls no stop/step either
             debugger.stop()
             debugger.step()

@@ -6,7 +6,7 @@ Two parts:
 
 1. **Real msprobe dumps, made in this run** (mindstudio-probe 26.2.0 on CPU, each in its own
    process because ``PrecisionDebugger`` is a per-process singleton). The model is the
-   vLLM-layout packed Qwen2 stand-in of ``tests/selective/packed_qwen2.py``:
+   vLLM-layout packed Qwen2 stand-in of ``tests/standins/vllm_qwen2.py``:
    - statistics, L0, **24 layers** (hidden 64): statistics size depends on the number of module
      calls, not on width or tokens, so these per-step sizes are used as they are. The recipe's
      prefill and decode steps and a request-scoped step are measured.
@@ -123,7 +123,7 @@ def _child(kind: str, out: Path) -> None:
     from transformers import Qwen2Config
     from transformers import Qwen2ForCausalLM as HFQwen2
 
-    from tests.selective.packed_qwen2 import Qwen2ForCausalLM, run_step
+    from tests.standins.vllm_qwen2 import Qwen2ForCausalLM, run_step
 
     torch.manual_seed(0)
     if kind == "stats":

@@ -7,7 +7,7 @@ or a verl actor). Writes ``RUN_DIR/<side>-result.json``.
 - ``rollout``: loaded the way the patched vLLM runner loads it: ``DispatchLogger.for_rollout``
   (the hook's start-up check of the config) then ``PrecisionDebugger(config, dump_path=<the
   hook's per-pid folder>)``. One packed prefill step of OTHER, CAPTURED, OTHER2 goes through the
-  hook's ``start``/``finish``. The model is ``tests/selective/packed_qwen2``, a STAND-IN for
+  hook's ``start``/``finish``. The model is ``tests/standins/vllm_qwen2``, a STAND-IN for
   vLLM's Qwen2 (vLLM cannot run here); the scheduler output is a STAND-IN too (a namespace with
   the fields the hook reads).
 - ``actor``: the real transformers ``Qwen2ForCausalLM`` with the same weights, one forward of
@@ -25,8 +25,8 @@ from types import SimpleNamespace
 import torch
 from transformers import Qwen2ForCausalLM as HFQwen2
 
-from tests.selective.packed_qwen2 import Qwen2ForCausalLM, run_step
 from tests.selective.scenario import tiny_config
+from tests.standins.vllm_qwen2 import Qwen2ForCausalLM, run_step
 from verl_consistency.layout import RunLayout
 
 LENGTHS = (7, 11, 5)

@@ -11,7 +11,7 @@ per simulated worker, so every worker is a real process with its own pid and its
   names are what msprobe 26.2.0's ``--consistent_check --backend fsdp`` parses; with FSDP2
   (``fully_shard``, no wrapper in the names) it matches nothing. Micro batches are packed
   ``[1, T]`` like verl's remove-padding path, forward-only (the ``log_prob`` phase).
-* **Inference side — STAND-IN** (:mod:`tests.postprocess.vllm_standin`): vLLM's Qwen2 module
+* **Inference side — STAND-IN** (:mod:`tests.standins.vllm_qwen2`): vLLM's Qwen2 module
   tree and packed activations with the HF weights, so the name mapping (q/k/v → qkv_proj,
   gate/up → gate_up_proj) and the fused-tensor concatenation run for real. Its two TP "ranks"
   each run the whole model (the stand-in does not shard).
@@ -226,9 +226,9 @@ def _run_worker(w: Worker, dump_root: Path) -> None:
     hf = _tiny_hf()
 
     if w.side == "rollout":
-        from tests.postprocess.vllm_standin import VllmQwen2ForCausalLM
+        from tests.standins.vllm_qwen2 import Qwen2ForCausalLM, forward_step
 
-        model = VllmQwen2ForCausalLM.from_hf(hf).eval()
+        model = Qwen2ForCausalLM.from_hf(hf).eval()
         with torch.no_grad():
             w_ = model.model.layers[1].mlp.down_proj.weight
             noise = torch.randn(w_.shape, generator=torch.Generator().manual_seed(1))
@@ -271,8 +271,7 @@ def _run_worker(w: Worker, dump_root: Path) -> None:
                     scoped_request_id=st.scoped_request_id,
                 )
             )
-            with torch.no_grad():
-                model(torch.tensor(ids), torch.tensor(pos), lens)
+            forward_step(model, torch.tensor(ids), torch.tensor(pos), lens)
             PrecisionDebugger.stop()
             PrecisionDebugger.step()
         log.close()

@@ -25,7 +25,7 @@ import torch
 from transformers import Qwen2Config
 from transformers import Qwen2ForCausalLM as HFQwen2
 
-from tests.selective.packed_qwen2 import Qwen2ForCausalLM, run_step
+from tests.standins.vllm_qwen2 import Qwen2ForCausalLM, run_step
 from verl_consistency.hooks.request_scope import scoped_msprobe_config, start_step
 
 LENGTHS = {"a": 7, "b": 11, "c": 5}

@@ -1,6 +1,6 @@
 """Request-scoped dumps with REAL mindstudio-probe 26.2.0 on CPU, around a packed forward.
 
-The model is the vLLM-layout stand-in in ``packed_qwen2`` (weights from a real transformers
+The model is the vLLM-layout stand-in in ``tests/standins/vllm_qwen2.py`` (weights from a real transformers
 Qwen2). Each msprobe task runs in its own process (``scenario.py``), because
 ``PrecisionDebugger`` is a per-process singleton, as in a vLLM worker.
 """
@@ -112,7 +112,7 @@ def test_scoped_statistics_equal_a_forward_of_the_request_alone(stats_run: Path)
     packed, _ = _dump(stats_run, 0)
     alone, _ = _dump(stats_run, 2)
     assert packed.keys() == alone.keys()
-    emb = packed["Module.model.embed_tokens.Embedding.forward.0"]
+    emb = packed["Module.model.embed_tokens.VocabParallelEmbedding.forward.0"]
     assert emb["output"][0]["shape"] == [scenario.LENGTHS[scenario.CAPTURED], 48]
     assert _stat_mismatches(packed, alone) == []
 
@@ -126,7 +126,7 @@ def test_scheduler_dict_order_without_packing_order_cuts_the_wrong_rows(stats_ru
     wrong, _ = _dump(stats_run, 3)
     alone, _ = _dump(stats_run, 2)
     # Same row count (b's length), but msprobe took rows 12..23 (c, a, b offsets) of a, b, c.
-    assert wrong["Module.model.embed_tokens.Embedding.forward.0"]["output"][0]["shape"][0] == 11
+    assert wrong["Module.model.embed_tokens.VocabParallelEmbedding.forward.0"]["output"][0]["shape"][0] == 11
     assert _stat_mismatches(wrong, alone) != []
 
 

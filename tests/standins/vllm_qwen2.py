@@ -1,20 +1,24 @@
-"""A STAND-IN for vLLM's Qwen2 model runner forward: a packed, request-isolated Qwen2 on CPU.
+"""STAND-IN for vLLM's Qwen2 (``vllm/model_executor/models/qwen2.py``) and its model runner's forward, on CPU.
 
-vLLM cannot run here (no NPU, no CANN), but what msprobe's request-scoped dump depends on is the
-*shape contract* of vLLM's forward, which this module reproduces:
+vLLM cannot run here (no NPU, no CANN). What the tests need from it is the *shape contract* of
+vLLM's forward and the *names* msprobe records, which this module reproduces and nothing else:
 
 - every activation is 2-D ``[num_tokens, width]``: the requests of one step are concatenated
-  along dim 0 in the model runner's packing order (``input_batch.req_ids``);
-- attention is block-diagonal: each request attends only to its own tokens, through a
+  along dim 0 in the model runner's packing order (``input_batch.req_ids``), no batch dimension;
+- attention is block-diagonal: each request attends causally to its own tokens only, through a
   per-step "forward context" (vLLM's ``attn_metadata``), never through a module argument;
-- the module tree and names follow vLLM's ``Qwen2ForCausalLM`` (fused ``qkv_proj`` and
-  ``gate_up_proj``, ``rotary_emb``, ``attn``, ``act_fn``, residual-carrying RMSNorm), so the
-  dump keys look like a vLLM dump's and ``msprobe compare --consistent_check`` maps them;
+- the module tree and class names follow vLLM's ``Qwen2ForCausalLM``: fused ``qkv_proj``
+  (``QKVParallelLinear``) and ``gate_up_proj`` (``MergedColumnParallelLinear``), per-layer
+  ``rotary_emb``, ``attn``, ``act_fn``, and the residual-carrying RMSNorm that returns
+  ``(normed, residual)``; so the dump keys look like a vLLM dump's and
+  ``msprobe compare --consistent_check`` maps them. The parallel layers are plain ``nn.Linear`` /
+  ``nn.Embedding`` subclasses carrying vLLM's class names (TP size 1: no sharding, no KV cache);
 - logits are computed after the forward, by a ``logits_processor`` module over the last token
   of each request (``[num_reqs, vocab]``), as vLLM's ``compute_logits`` does.
 
-Weights can be copied from a transformers ``Qwen2ForCausalLM`` (``from_hf``), so a packed
-forward can be checked against the real transformers model and paired with a training-side dump.
+Weights can be copied from a transformers ``Qwen2ForCausalLM`` (:meth:`Qwen2ForCausalLM.from_hf`),
+q/k/v and gate/up concatenated the way vLLM's weight loader does, so a packed forward can be
+checked against the real transformers model and paired with a training-side dump.
 """
 
 from __future__ import annotations
@@ -38,6 +42,26 @@ def forward_context(seq_lens: Sequence[int]) -> Iterator[None]:
         yield
     finally:
         _SEQ_LENS.reset(token)
+
+
+class QKVParallelLinear(nn.Linear):
+    """Name only: q, k and v stacked on the output dim (TP size 1)."""
+
+
+class MergedColumnParallelLinear(nn.Linear):
+    """Name only: gate and up stacked on the output dim (TP size 1)."""
+
+
+class RowParallelLinear(nn.Linear):
+    """Name only (TP size 1)."""
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """Name only (TP size 1)."""
+
+
+class ParallelLMHead(nn.Linear):
+    """Name only (TP size 1); like vLLM's, never called: ``logits_processor`` applies its weight."""
 
 
 class RMSNorm(nn.Module):
@@ -85,16 +109,25 @@ class RotaryEmbedding(nn.Module):
 
 
 class Attention(nn.Module):
-    """Block-diagonal causal attention: the stand-in for vLLM's paged attention kernel."""
+    """Block-diagonal causal attention: the stand-in for vLLM's paged attention kernel.
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    By default one SDPA call per request (exact, and cheap at test sizes). ``one_kernel=True``
+    makes it one SDPA call per layer over the whole step with a block-diagonal causal mask: the
+    same maths, but on a GPU a per-request Python loop would dominate a step that vLLM runs as
+    one kernel (``bench/bench_overhead_gpu.py``).
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, one_kernel: bool = False) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.one_kernel = one_kernel
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         seq_lens = _SEQ_LENS.get()
         if seq_lens is None or sum(seq_lens) != q.shape[0]:
             raise RuntimeError("Attention needs forward_context(seq_lens) covering every packed token")
+        if self.one_kernel:
+            return self._masked(q, k, v, seq_lens)
         group = self.num_heads // self.num_kv_heads
         outs = []
         start = 0
@@ -109,17 +142,35 @@ class Attention(nn.Module):
             start += n
         return torch.cat(outs, dim=0)
 
+    def _masked(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: tuple[int, ...]
+    ) -> torch.Tensor:
+        n = q.shape[0]
+        seg = torch.repeat_interleave(
+            torch.arange(len(seq_lens), device=q.device), torch.tensor(seq_lens, device=q.device)
+        )
+        idx = torch.arange(n, device=q.device)
+        mask = (seg[:, None] == seg[None, :]) & (idx[:, None] >= idx[None, :])
+        group = self.num_heads // self.num_kv_heads
+        qs = q.view(n, self.num_heads, self.head_dim).transpose(0, 1)
+        ks = k.view(n, self.num_kv_heads, self.head_dim).transpose(0, 1).repeat_interleave(group, dim=0)
+        vs = v.view(n, self.num_kv_heads, self.head_dim).transpose(0, 1).repeat_interleave(group, dim=0)
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)
+        return o.transpose(0, 1).reshape(n, self.num_heads * self.head_dim)
+
 
 class Qwen2Attention(nn.Module):
-    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, theta: float) -> None:
+    def __init__(
+        self, hidden: int, num_heads: int, num_kv_heads: int, theta: float, one_kernel: bool = False
+    ) -> None:
         super().__init__()
         self.head_dim = hidden // num_heads
         self.q_size = num_heads * self.head_dim
         self.kv_size = num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=True)
-        self.o_proj = nn.Linear(self.q_size, hidden, bias=False)
+        self.qkv_proj = QKVParallelLinear(hidden, self.q_size + 2 * self.kv_size, bias=True)
+        self.o_proj = RowParallelLinear(self.q_size, hidden, bias=False)
         self.rotary_emb = RotaryEmbedding(self.head_dim, theta)
-        self.attn = Attention(num_heads, num_kv_heads, self.head_dim)
+        self.attn = Attention(num_heads, num_kv_heads, self.head_dim, one_kernel)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
@@ -129,6 +180,8 @@ class Qwen2Attention(nn.Module):
 
 
 class SiluAndMul(nn.Module):
+    """vLLM's activation: takes gate‖up, returns silu(gate) * up."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
@@ -137,8 +190,8 @@ class SiluAndMul(nn.Module):
 class Qwen2MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias=False)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -146,7 +199,7 @@ class Qwen2MLP(nn.Module):
 
 
 class Qwen2DecoderLayer(nn.Module):
-    def __init__(self, cfg: object) -> None:
+    def __init__(self, cfg: object, one_kernel: bool = False) -> None:
         super().__init__()
         hidden = cfg.hidden_size  # type: ignore[attr-defined]
         eps = cfg.rms_norm_eps  # type: ignore[attr-defined]
@@ -155,6 +208,7 @@ class Qwen2DecoderLayer(nn.Module):
             cfg.num_attention_heads,  # type: ignore[attr-defined]
             cfg.num_key_value_heads,  # type: ignore[attr-defined]
             float(getattr(cfg, "rope_theta", 10000.0)),
+            one_kernel,
         )
         self.mlp = Qwen2MLP(hidden, cfg.intermediate_size)  # type: ignore[attr-defined]
         self.input_layernorm = RMSNorm(hidden, eps)
@@ -174,11 +228,11 @@ class Qwen2DecoderLayer(nn.Module):
 
 
 class Qwen2Model(nn.Module):
-    def __init__(self, cfg: object) -> None:
+    def __init__(self, cfg: object, one_kernel: bool = False) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)  # type: ignore[attr-defined]
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)  # type: ignore[attr-defined]
         self.layers = nn.ModuleList(
-            [Qwen2DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)]  # type: ignore[attr-defined]
+            [Qwen2DecoderLayer(cfg, one_kernel) for _ in range(cfg.num_hidden_layers)]  # type: ignore[attr-defined]
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # type: ignore[attr-defined]
 
@@ -199,10 +253,17 @@ class LogitsProcessor(nn.Module):
 
 
 class Qwen2ForCausalLM(nn.Module):
-    def __init__(self, cfg: object) -> None:
+    """STAND-IN for vLLM's ``Qwen2ForCausalLM``: packed ``input_ids`` [T] and ``positions`` [T] in,
+    hidden states [T, hidden] out, inside :func:`forward_context`; logits via :meth:`compute_logits`.
+
+    ``cfg`` is a transformers ``Qwen2Config`` or anything with its field names.
+    ``one_kernel``: see :class:`Attention`.
+    """
+
+    def __init__(self, cfg: object, one_kernel: bool = False) -> None:
         super().__init__()
-        self.model = Qwen2Model(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)  # type: ignore[attr-defined]
+        self.model = Qwen2Model(cfg, one_kernel)
+        self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, bias=False)  # type: ignore[attr-defined]
         self.logits_processor = LogitsProcessor()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -240,11 +301,17 @@ def pack(requests: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor,
     return ids, positions, [len(r) for r in requests]
 
 
-def run_step(model: Qwen2ForCausalLM, requests: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One model-runner step: the packed forward, then logits at each request's last token."""
-    ids, positions, seq_lens = pack(requests)
+def forward_step(
+    model: Qwen2ForCausalLM, ids: torch.Tensor, positions: torch.Tensor, seq_lens: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One model-runner step on packed inputs: the forward, then logits at each request's last token."""
     with torch.no_grad(), forward_context(seq_lens):
         hidden = model(ids, positions)
-        last = torch.tensor(seq_lens).cumsum(0) - 1
+        last = torch.tensor(list(seq_lens), device=hidden.device).cumsum(0) - 1
         logits = model.compute_logits(hidden[last])
     return hidden, logits
+
+
+def run_step(model: Qwen2ForCausalLM, requests: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One prefill step of whole prompts: :func:`pack`, then :func:`forward_step`."""
+    return forward_step(model, *pack(requests))
