@@ -27,6 +27,7 @@ from transformers import Qwen2ForCausalLM as HFQwen2
 
 from tests.selective.scenario import tiny_config
 from tests.standins.vllm_qwen2 import Qwen2ForCausalLM, run_step
+from tests.tiny_qwen2 import tiny_qwen2
 from verl_consistency.layout import RunLayout
 
 LENGTHS = (7, 11, 5)
@@ -39,8 +40,7 @@ def _prompts() -> list[list[int]]:
 
 
 def _hf_model() -> HFQwen2:
-    torch.manual_seed(0)
-    return HFQwen2(tiny_config()).eval()
+    return tiny_qwen2(tiny_config(), seed=0)
 
 
 def _config_fields(debugger: object) -> dict[str, object]:

@@ -56,23 +56,18 @@ def _serve_pure_torch_attention_helpers() -> None:
 
 
 def _tiny_qwen2(work: Path) -> Path:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from tests.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
 
     model_dir = work / "tiny-qwen2"
     if not (model_dir / "config.json").exists():
-        torch.manual_seed(0)
-        cfg = Qwen2Config(
+        cfg = tiny_qwen2_config(
             vocab_size=128,
             hidden_size=32,
             intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
             max_position_embeddings=256,
             tie_word_embeddings=False,
         )
-        Qwen2ForCausalLM(cfg).save_pretrained(model_dir)
+        tiny_qwen2(cfg, seed=0).save_pretrained(model_dir)
     return model_dir
 
 

@@ -189,22 +189,17 @@ def msprobe_config(task: str, request_id: str | None = None) -> dict[str, Any]:
 
 
 def _tiny_hf() -> Any:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from tests.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
 
-    cfg = Qwen2Config(
+    cfg = tiny_qwen2_config(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=128,
         tie_word_embeddings=False,
+        attn_implementation="eager",
     )
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(SEED)
-    return Qwen2ForCausalLM(cfg).eval()
+    return tiny_qwen2(cfg, seed=SEED)
 
 
 def _run_worker(w: Worker, dump_root: Path) -> None:

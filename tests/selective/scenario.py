@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 from transformers import Qwen2Config
-from transformers import Qwen2ForCausalLM as HFQwen2
 
 from tests.standins.vllm_qwen2 import Qwen2ForCausalLM, run_step
+from tests.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
 from verl_consistency.hooks.request_scope import scoped_msprobe_config, start_step
 
 LENGTHS = {"a": 7, "b": 11, "c": 5}
@@ -37,15 +37,7 @@ CAPTURED = "b"
 def tiny_config() -> Qwen2Config:
     # hidden 48, intermediate 80, vocab 96: no width equals a step's token count (23, 11, 3),
     # so only activations are cut (see request_scope's note on coincidental first dimensions).
-    return Qwen2Config(
-        vocab_size=96,
-        hidden_size=48,
-        intermediate_size=80,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
+    return tiny_qwen2_config(vocab_size=96, hidden_size=48, intermediate_size=80, max_position_embeddings=64)
 
 
 def main(task: str, out: Path) -> None:
@@ -64,8 +56,7 @@ def main(task: str, out: Path) -> None:
     }
     cfg_path.write_text(json.dumps(scoped_msprobe_config(base)))
 
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM.from_hf(HFQwen2(tiny_config()).eval()).eval()
+    model = Qwen2ForCausalLM.from_hf(tiny_qwen2(tiny_config(), seed=0)).eval()
     gen = torch.Generator().manual_seed(1)
     prompts = {r: torch.randint(0, 96, (n,), generator=gen).tolist() for r, n in LENGTHS.items()}
     batch = [prompts[r] for r in PACKING]
