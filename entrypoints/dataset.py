@@ -8,13 +8,13 @@ consistency check should see short and long prefills.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from verl_consistency.atomic import atomic_path
 
 DATA_SOURCE = "verl_consistency/arithmetic"
 DEFAULT_SIZE = 64
@@ -58,16 +58,9 @@ def write_parquet(path: Path, size: int = DEFAULT_SIZE, seed: int = DEFAULT_SEED
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(make_rows(size, seed))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path, mode=None) as tmp:
+        pq.write_table(table, str(tmp))
     return path
 
 
@@ -77,14 +70,6 @@ def reward_source() -> Path:
 
 
 def write_reward_fn(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         shutil.copyfile(reward_source(), tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path

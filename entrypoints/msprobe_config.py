@@ -15,16 +15,14 @@ one sample already.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import tempfile
 from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from verl_consistency.atomic import write_json_atomic
 from verl_consistency.hooks import request_scope
 from verl_consistency.layout import RunLayout
 
@@ -209,24 +207,6 @@ def build(layout: RunLayout, options: DumpOptions) -> RunConfigs:
     if options.request_scoped:
         rollout = MsprobeConfig.model_validate(request_scope.scoped_msprobe_config(rollout.to_json()))
     return RunConfigs(rollout=rollout, actor=options.config(layout.actor_dir))
-
-
-def write_json_atomic(path: Path, data: object) -> None:
-    """Write JSON via a temp file in the same folder and rename it into place.
-
-    Mode 0644: msprobe's file checks refuse configs that others may write to.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2)
-            fh.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write(layout: RunLayout, configs: RunConfigs) -> None:

@@ -14,8 +14,9 @@ from typing import Annotated, Any
 
 import typer
 
+from verl_consistency.atomic import write_json_atomic
 from verl_consistency.layout import DEFAULT_DUMP_ROOT, RunLayout
-from verl_consistency.msprobe_config import DumpOptions, build, write_json_atomic
+from verl_consistency.msprobe_config import DumpOptions, build
 
 DEFAULT_RUN = "default"
 """Run folder under the dump root that the baked-in configs dump into."""

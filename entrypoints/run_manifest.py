@@ -7,8 +7,6 @@ with which command and which msprobe configs. Versioned: readers check ``schema_
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from verl_consistency import __version__
+from verl_consistency.atomic import write_json_atomic
 from verl_consistency.patches import pins
 
 SCHEMA_VERSION = 1
@@ -82,17 +81,7 @@ class RunManifest(BaseModel):
 
     def write(self, path: Path) -> None:
         """Atomically (temp + rename): a reader never sees half a manifest."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(self.model_dump(mode="json"), fh, indent=2)
-                fh.write("\n")
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_json_atomic(path, self.model_dump(mode="json"))
 
     @classmethod
     def read(cls, path: Path) -> RunManifest:

@@ -45,6 +45,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict
 
+from verl_consistency.atomic import atomic_path
 from verl_consistency.postprocess import fsdp2_names
 from verl_consistency.postprocess.model import Pair
 
@@ -549,11 +550,9 @@ def _write_rows_csv(path: Path, csv: Path, back: Mapping[str, str] | None = None
         "golden",
         "note",
     ]
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as fh:
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as fh:
         w = csvmod.DictWriter(fh, fieldnames=fields)
         w.writeheader()
         for r in rows:
             if r.status != "unmatched":
                 w.writerow({k: getattr(r, k) for k in fields})
-    tmp.replace(path)

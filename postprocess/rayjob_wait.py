@@ -13,7 +13,6 @@ what exists); 4 the RayJob could not be read (absent, or no permission); 5 timed
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -22,6 +21,8 @@ from typing import Annotated, Any
 
 import orjson
 import typer
+
+from verl_consistency.atomic import write_bytes_atomic
 
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 3
@@ -156,15 +157,7 @@ def kubernetes_getter(name: str, namespace: str, api: Any | None = None) -> GetR
 
 def write_status_file(path: Path, outcome: RayJobOutcome) -> None:
     """Atomically (temp + rename) record how the RayJob ended, next to the bundle."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(orjson.dumps(asdict(outcome), option=orjson.OPT_INDENT_2))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes_atomic(path, orjson.dumps(asdict(outcome), option=orjson.OPT_INDENT_2), mode=None)
 
 
 def current_namespace() -> str:

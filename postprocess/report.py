@@ -9,7 +9,6 @@ directly keeps the postprocess image free of a plotting stack.
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from verl_consistency.atomic import write_text_atomic
 from verl_consistency.postprocess.compare import (
     DIVERGED_COSINE,
     DIVERGED_REL_ERR,
@@ -226,12 +226,6 @@ def _context(
     }
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def write_report(
     out_dir: Path,
     *,
@@ -251,6 +245,6 @@ def write_report(
     env = _env()
     ctx = _context(run_id, pairs, unpaired, comparisons, unpaired_counts)
     html, md = out_dir / REPORT_HTML, out_dir / SUMMARY_MD
-    _atomic_write(html, env.get_template("report.html.j2").render(**ctx))
-    _atomic_write(md, env.get_template("summary.md.j2").render(**ctx))
+    write_text_atomic(html, env.get_template("report.html.j2").render(**ctx))
+    write_text_atomic(md, env.get_template("summary.md.j2").render(**ctx))
     return html, md
