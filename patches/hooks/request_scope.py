@@ -35,10 +35,12 @@ batch, possibly reordered decode-first), **not** in the scheduler's ``num_schedu
 dict order. Pass ``packing_order=self.input_batch.req_ids[:num_reqs]``; without it the slice can
 land on another request's rows.
 
-Step numbering: a step that is not dumped never calls ``start``; the model runner still calls
-``stop()`` and ``step()`` at its usual sites. ``stop()`` writes nothing when nothing was
-collected and ``step()`` advances ``current_iter``, so ``step{N}`` keeps meaning "the N-th
-model-runner step", the same N the dispatch log records for every step, dumped or not.
+Step numbering: a step that is not dumped calls neither ``start`` nor ``stop``/``step`` (the
+patched runner guards every stop site with ``DispatchLogger.finish()``), so msprobe's
+``current_iter`` moves only on dumped steps and ``step{N}`` is the N-th *dumped* step. The
+dispatch log writes a record for every step: a dumped one carries that N in ``step``; a skipped
+one has ``dumped: false``, the N the next dumped step will take, and ``runner_step`` (every
+model-runner step). Pair on dumped records only.
 
 Use at vllm-ascend's ``debugger.start`` site (``execute_model``)::
 
