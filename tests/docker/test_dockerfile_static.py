@@ -71,8 +71,12 @@ def test_dump_root_default_is_the_layout_default():
 
 
 def test_entrypoint_is_the_bundle_command():
+    """The ENTRYPOINT is the wrapper that loads CANN's environment and execs the bundle command."""
     text = DOCKERFILE.read_text()
-    assert re.search(r'^ENTRYPOINT \["verl-consistency"\]$', text, re.MULTILINE)
+    assert re.search(r'^ENTRYPOINT \["verl-consistency-entrypoint"\]$', text, re.MULTILINE)
+    assert "docker/entrypoint.sh /usr/local/bin/verl-consistency-entrypoint" in text
+    wrapper = (REPO / "docker" / "entrypoint.sh").read_text()
+    assert wrapper.rstrip().splitlines()[-1] == 'exec verl-consistency "$@"'
 
 
 def _make_n(*args: str) -> str:

@@ -121,6 +121,19 @@ def test_fully_async_dry_run(built_image):
     assert "/dump/demo" in res.stdout
 
 
+def test_entrypoint_loads_cann_environment_when_present(built_image, tmp_path):
+    """A stand-in set_env.sh (the stand-in base has no CANN) is sourced before the command runs."""
+    fake = tmp_path / "set_env.sh"
+    fake.write_text("export VERL_CONSISTENCY_DUMP_ROOT=/from-set-env\n")
+    res = podman_run(
+        built_image.ref,
+        *("run", "fully-async", "--dry-run", "--json", "--run-id", "demo", "model=/models/tiny-qwen2"),
+        volumes={fake: "/usr/local/Ascend/ascend-toolkit/set_env.sh:ro"},
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "/from-set-env/demo" in res.stdout
+
+
 def test_default_msprobe_configs_are_baked_in(built_image):
     expected = default_configs()
     assert len(expected) == 2
