@@ -26,7 +26,7 @@ def _options(name: str) -> list[str]:
     return [o for p in COMMANDS[name].params for o in getattr(p, "opts", []) if o.startswith("--")]
 
 
-@pytest.mark.parametrize("command", ["run", "postprocess"])
+@pytest.mark.parametrize("command", ["run", "postprocess", "wait-rayjob", "msprobe-configs"])
 def test_every_option_is_documented(readme, command):
     missing = [o for o in _options(command) if f"`{o}" not in readme]
     assert not missing, f"README.md does not document `verl-consistency {command}` options {missing}"
@@ -58,3 +58,8 @@ def test_key_make_targets_are_in_help_and_readme(repo, readme):
     for needed in ("image", "image-a3", "test", "check-patches", "download-bundle", "bench"):
         assert needed in targets, f"`make help` does not list {needed}"
         assert f"make {needed}" in readme, f"README.md does not show `make {needed}`"
+
+
+def test_every_command_is_in_the_commands_table(readme):
+    missing = [name for name in COMMANDS if f"`verl-consistency {name}" not in readme]
+    assert not missing, f"README.md's Commands table lacks {missing}"
