@@ -25,17 +25,13 @@ postprocess/README-compare.md.
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tests.postprocess import realdumps
 from tests.postprocess.realdumps import RunSpec, Worker
-
-REPO = realdumps.REPO
 
 RUNS = {
     ("fsdp", "statistics"): "fsdp1stats-20260101-000000-0011",
@@ -144,22 +140,9 @@ _CACHE: dict[Path, StrategyRuns] = {}
 def build_runs(dump_root: Path) -> StrategyRuns:
     """Generate (once per process and ``dump_root``) and describe the four runs."""
     dump_root = dump_root.resolve()
-    if dump_root in _CACHE:
-        return _CACHE[dump_root]
-    if not (dump_root / ".complete").exists():
-        t0 = time.monotonic()
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.postprocess.fsdp2dumps", str(dump_root)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"making FSDP dumps failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-        (dump_root / ".complete").write_text(f"{time.monotonic() - t0:.1f}s\n")
-    _CACHE[dump_root] = specs(dump_root)
+    if dump_root not in _CACHE:
+        realdumps.generate_once("tests.postprocess.fsdp2dumps", dump_root)
+        _CACHE[dump_root] = specs(dump_root)
     return _CACHE[dump_root]
 
 

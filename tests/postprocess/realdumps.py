@@ -375,25 +375,34 @@ def specs(dump_root: Path) -> RealRuns:
 _CACHE: dict[Path, RealRuns] = {}
 
 
+def generate_once(module: str, dump_root: Path) -> None:
+    """Run ``python -m <module> <dump_root>`` unless an earlier run completed it.
+
+    A fresh process per generator: msprobe's debugger is a per-process singleton, and torch's
+    process group must not outlive the dumps.
+    """
+    if (dump_root / ".complete").exists():
+        return
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", module, str(dump_root)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{module} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    (dump_root / ".complete").write_text(f"{time.monotonic() - t0:.1f}s\n")
+
+
 def build_runs(dump_root: Path) -> RealRuns:
     """Generate (once per process and ``dump_root``) and describe the two runs."""
     dump_root = dump_root.resolve()
-    if dump_root in _CACHE:
-        return _CACHE[dump_root]
-    if not (dump_root / ".complete").exists():
-        t0 = time.monotonic()
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.postprocess.realdumps", str(dump_root)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"making real dumps failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-        (dump_root / ".complete").write_text(f"{time.monotonic() - t0:.1f}s\n")
-    _CACHE[dump_root] = specs(dump_root)
+    if dump_root not in _CACHE:
+        generate_once("tests.postprocess.realdumps", dump_root)
+        _CACHE[dump_root] = specs(dump_root)
     return _CACHE[dump_root]
 
 
