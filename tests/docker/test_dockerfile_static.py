@@ -134,3 +134,25 @@ def test_pin_reader_matches_the_pins_module(monkeypatch):
     monkeypatch.setattr(image_build, "PINS", pins.PINS_FILE)
     for key in ("upstream.verl", "install.verl_extras", "image.vllm_ascend_src", "install.megatron_core"):
         assert image_build.pin(key, pins.PINS_FILE) == pins.load().get(key)
+
+
+def test_every_copy_source_survives_the_dockerignore():
+    """A COPY whose source the context filter drops fails only at build time; catch it here.
+
+    pathspec's gitignore matching has the dockerignore semantics these patterns use (``**``, ``!``).
+    """
+    import pathspec
+
+    ignore = (REPO / "docker" / "Dockerfile.dockerignore").read_text().splitlines()
+    spec = pathspec.GitIgnoreSpec.from_lines(ignore)
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True)
+    files = tracked.stdout.splitlines()
+    for line in DOCKERFILE.read_text().splitlines():
+        if not line.startswith("COPY ") or "--from" in line:
+            continue
+        *sources, _dest = [w for w in line.split()[1:] if not w.startswith("--")]
+        for src in sources:
+            under = [f for f in files if f == src.rstrip("/") or f.startswith(src.rstrip("/") + "/")]
+            assert under, f"COPY {src}: no tracked file"
+            kept = [f for f in under if not spec.match_file(f)]
+            assert kept, f"COPY {src}: docker/Dockerfile.dockerignore drops every file under it"
