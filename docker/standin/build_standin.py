@@ -36,6 +36,7 @@ from verl_consistency.patches import pins, upstream
 HERE = Path(__file__).resolve().parent
 
 PACKAGES = [
+    "base-files",  # /etc/profile, which login shells read (it sources /etc/profile.d/*.sh)
     "bash",
     "dash",
     "coreutils",
@@ -53,6 +54,8 @@ PACKAGES = [
 """Debian packages whose closure makes the root file system: what the Dockerfile's RUN lines use."""
 
 ROOTFS_REPO = "localhost/verl-consistency-standin-rootfs"
+ROOTFS_RECIPE = 2
+"""Bump when assemble_rootfs changes, so that a cached rootfs image is not reused."""
 STANDIN_LABEL = "io.github.verl-consistency.standin"
 USRMERGE = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
 
@@ -124,6 +127,11 @@ def assemble_rootfs(closure: list[str], dest: Path) -> None:
     (dest / "tmp").chmod(0o1777)
     (dest / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
     (dest / "etc/group").write_text("root:x:0:\n")
+    # What base-files' postinst does on a real Debian/Ubuntu base: login shells read /etc/profile,
+    # which sources /etc/profile.d/*.sh (where the image puts CANN's environment).
+    shipped_profile = dest / "usr/share/base-files/profile"
+    if shipped_profile.is_file():
+        shutil.copy2(shipped_profile, dest / "etc/profile")
 
 
 def _image_exists(ref: str) -> bool:
@@ -132,7 +140,7 @@ def _image_exists(ref: str) -> bool:
 
 def build_rootfs_image() -> str:
     closure = package_closure(PACKAGES)
-    key = hashlib.sha256(_versions(closure).encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{ROOTFS_RECIPE}\n{_versions(closure)}".encode()).hexdigest()[:16]
     ref = f"{ROOTFS_REPO}:{key}"
     if _image_exists(ref):
         print(f"stand-in rootfs {ref} is up to date", file=sys.stderr)

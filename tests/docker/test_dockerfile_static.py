@@ -77,6 +77,8 @@ def test_entrypoint_is_the_bundle_command():
     assert "docker/entrypoint.sh /usr/local/bin/verl-consistency-entrypoint" in text
     wrapper = (REPO / "docker" / "entrypoint.sh").read_text()
     assert wrapper.rstrip().splitlines()[-1] == 'exec verl-consistency "$@"'
+    assert ". /etc/profile.d/verl-consistency-cann.sh" in wrapper
+    assert "docker/cann-env.sh /etc/profile.d/verl-consistency-cann.sh" in text
 
 
 def _make_n(*args: str) -> str:

@@ -132,6 +132,15 @@ def test_entrypoint_loads_cann_environment_when_present(built_image, tmp_path):
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "/from-set-env/demo" in res.stdout
+    # Ray nodes under KubeRay start from a login shell, which reads /etc/profile.d.
+    login = podman_run(
+        built_image.ref,
+        *("-lc", "echo $VERL_CONSISTENCY_DUMP_ROOT"),
+        volumes={fake: "/usr/local/Ascend/ascend-toolkit/set_env.sh:ro"},
+        entrypoint="/bin/bash",
+    )
+    assert login.returncode == 0, login.stderr
+    assert login.stdout.strip() == "/from-set-env"
 
 
 def test_default_msprobe_configs_are_baked_in(built_image):
