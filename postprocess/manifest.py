@@ -8,12 +8,15 @@ size and sha256, and nothing unlisted may be present.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from verl_consistency import __version__
 from verl_consistency.postprocess.model import Pair, Unpaired
+
+if TYPE_CHECKING:
+    from verl_consistency.postprocess.pairing import PairingResult
 
 MANIFEST_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -55,6 +58,17 @@ class PairingSummary(_Model):
     unpaired_truncated: bool = Field(
         description="True when some reason had more entries than are listed in 'unpaired'"
     )
+
+    @classmethod
+    def of(cls, result: PairingResult) -> PairingSummary:
+        return cls(
+            dispatch_records=result.dispatch_records,
+            actor_records=result.actor_records,
+            pairs=len(result.pairs),
+            tp_rule=result.tp_rule,
+            unpaired_counts=result.counts,
+            unpaired_truncated=result.truncated,
+        )
 
 
 class BundleManifest(_Model):
