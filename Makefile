@@ -13,9 +13,9 @@ PY := $(VENV)/bin/python
 # Downloaded upstream distributions (never committed).
 CACHE ?= .cache
 
-# pin KEY: one value from patches/pins.toml, read with the host's Python (3.11+ has tomllib).
-pin = $(shell $(PYTHON) -c 'import tomllib,sys;d=tomllib.load(open("patches/pins.toml","rb"))\
-;[d:=d[k] for k in sys.argv[1].split(".")];print(" ".join(d) if isinstance(d,list) else d)' $(1))
+# pin KEY: one value from patches/pins.toml through its one reader, patches/pins.py (standard
+# library only, so the host's Python 3.11+ runs it before any venv exists).
+pin = $(shell $(PYTHON) patches/pins.py $(1))
 
 .PHONY: help
 help: ## Show this help.
@@ -24,7 +24,7 @@ help: ## Show this help.
 
 .PHONY: pins
 pins: ## Print the pinned upstream versions (from patches/pins.toml).
-	@$(PYTHON) -c 'import tomllib,json;print(json.dumps(tomllib.load(open("patches/pins.toml","rb")),indent=2))'
+	@$(PYTHON) patches/pins.py --json
 
 $(VENV)/.installed: pyproject.toml patches/pins.toml
 	$(PYTHON) -m venv $(VENV)

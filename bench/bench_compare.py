@@ -13,8 +13,6 @@ and our summary, so it does strictly more work than the baseline.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -24,30 +22,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.postprocess import realdumps  # noqa: E402
+from tests.fixtures import realdumps  # noqa: E402
+from tests.fixtures.hardware import hardware  # noqa: E402
 from verl_consistency.postprocess.compare import compare_pairs  # noqa: E402
 
 MSPROBE_CLI = [sys.executable, "-c", "import sys; from msprobe.msprobe import main; sys.exit(main())"]
 """The ``msprobe`` console script, run with this interpreter (the one that has mindstudio-probe)."""
-
-
-def hardware() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = ""
-    try:
-        kb = int(Path("/proc/meminfo").read_text().split()[1])
-        mem = f", {kb / 2**20:.0f} GiB RAM"
-    except (OSError, ValueError, IndexError):
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"{cpu}, {os.cpu_count()} cores{mem}, load average {load:.1f} at start"
 
 
 def read_csv(path: Path) -> list[list[str]]:

@@ -73,7 +73,7 @@ def _window(steps: int, rate: float, skip: int) -> list[dict[str, object]]:
 
 
 def _msprobe_config(mode: str, dump: Path) -> dict[str, object]:
-    from verl_consistency.hooks.request_scope import LAYER_TENSOR_LIST, scoped_msprobe_config
+    from verl_consistency.patches.hooks.request_scope import LAYER_TENSOR_LIST, scoped_msprobe_config
 
     task = "tensor" if mode == "tensor" else "statistics"
     section: dict[str, object] = {"scope": [], "list": [], "data_mode": ["all"]}
@@ -96,10 +96,14 @@ def _msprobe_config(mode: str, dump: Path) -> dict[str, object]:
 def child(mode: str, size: str, window_file: Path, fraction: float, out: Path) -> None:
     import torch
 
-    from tests.standins.vllm_qwen2 import Qwen2ForCausalLM, forward_step
-    from verl_consistency.hooks.capture import CaptureRule
-    from verl_consistency.hooks.records import ScheduledRequest
-    from verl_consistency.hooks.request_scope import install_compact_tensor_save, should_dump, start_step
+    from tests.fixtures.vllm_qwen2 import Qwen2ForCausalLM, forward_step
+    from verl_consistency.patches.contracts.capture import CaptureRule
+    from verl_consistency.patches.contracts.records import ScheduledRequest
+    from verl_consistency.patches.hooks.request_scope import (
+        install_compact_tensor_save,
+        should_dump,
+        start_step,
+    )
 
     window = json.loads(window_file.read_text())
     device = "cuda" if torch.cuda.is_available() else "cpu"

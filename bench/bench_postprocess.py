@@ -29,19 +29,20 @@ Measured in the same run:
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import random
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import orjson
 
-from verl_consistency.hooks import records
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.fixtures.hardware import hardware
+from verl_consistency.patches.contracts import records
 from verl_consistency.postprocess import bundle, discover, pairing
 from verl_consistency.postprocess.manifest import BundleManifest, PairingSummary, Source
 
@@ -73,20 +74,6 @@ HF_MODULES = [
     ("mlp.down_proj", "Linear", 1),
     ("mlp", "Qwen2MLP", 1),
 ]
-
-
-def hardware() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    load = ", load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
-    return f"{model}, {cores} cores usable, Python {platform.python_version()}{load}"
 
 
 def _stat(rng: random.Random, shape: list[int]) -> dict:

@@ -47,7 +47,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -64,9 +63,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from verl_consistency.hooks.capture import CaptureRule  # noqa: E402
-from verl_consistency.hooks.records import ScheduledRequest  # noqa: E402
-from verl_consistency.hooks.request_scope import (  # noqa: E402
+from tests.fixtures.hardware import hardware  # noqa: E402
+from verl_consistency.patches.contracts.capture import CaptureRule  # noqa: E402
+from verl_consistency.patches.contracts.records import ScheduledRequest  # noqa: E402
+from verl_consistency.patches.hooks.request_scope import (  # noqa: E402
     BLOCK_TENSOR_LIST,
     LAYER_TENSOR_LIST,
     TENSOR_DATA_MODE,
@@ -123,7 +123,7 @@ def _child(kind: str, out: Path) -> None:
     from transformers import Qwen2Config
     from transformers import Qwen2ForCausalLM as HFQwen2
 
-    from tests.standins.vllm_qwen2 import Qwen2ForCausalLM, run_step
+    from tests.fixtures.vllm_qwen2 import Qwen2ForCausalLM, run_step
 
     torch.manual_seed(0)
     if kind == "stats":
@@ -409,18 +409,6 @@ def _ratio(a: float, b: float) -> str:
     return "inf (baseline 0)" if b == 0 else f"{a / b:.1f}x"
 
 
-def _hardware() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()}"
-
-
 def _best_fraction(by_f: dict[float, Outcome], base: Outcome) -> float | None:
     """The largest capture fraction of the sweep with >= GOAL x fewer bytes than the recipe."""
     ok = [f for f, o in by_f.items() if o.bytes * GOAL <= base.bytes]
@@ -437,7 +425,7 @@ def main() -> None:
     import msprobe  # noqa: F401  (fail early, before any work, if mindstudio-probe is missing)
 
     t0 = time.perf_counter()
-    print(f"hardware: {_hardware()}; mindstudio-probe {version('mindstudio-probe')}")
+    print(f"hardware: {hardware()}; mindstudio-probe {version('mindstudio-probe')}")
     with tempfile.TemporaryDirectory(prefix="bench-selective-") as tmp:
         work = Path(tmp)
         stats = _measure("stats", work)

@@ -1,5 +1,5 @@
-"""``python -m verl_consistency`` is the same command as ``verl-consistency``."""
+"""``python -m verl_consistency.entrypoints`` is the same command as ``verl-consistency``."""
 
-from verl_consistency.cli import main
+from verl_consistency.entrypoints.cli import main
 
 raise SystemExit(main())

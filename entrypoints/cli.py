@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import typer
 
-from verl_consistency import __version__, msprobe_defaults, run_cmd
+from verl_consistency.entrypoints import msprobe_defaults, run_cmd
 from verl_consistency.patches import pins
 from verl_consistency.patches.cli import app as patches_app
+from verl_consistency.patches.contracts import __version__
 from verl_consistency.postprocess import cli as postprocess_cli
 from verl_consistency.postprocess.rayjob_wait import wait_rayjob_cmd
 

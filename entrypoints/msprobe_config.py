@@ -22,9 +22,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from verl_consistency.atomic import write_json_atomic
-from verl_consistency.hooks import request_scope
-from verl_consistency.layout import RunLayout
+from verl_consistency.patches.contracts.atomic import write_json_atomic
+from verl_consistency.patches.contracts.layout import RunLayout
+from verl_consistency.patches.hooks import request_scope
 
 STEP_RANK_MAX = 1_000_000
 """msprobe's ``Const.STEP_RANK_MAXIMUM_VALUE``."""
@@ -199,7 +199,7 @@ class RunConfigs(BaseModel):
 def build(layout: RunLayout, options: DumpOptions) -> RunConfigs:
     """The inference side dumps under ``rollout/``, the training side under ``actor/``.
 
-    The patched upstream appends ``<pid>`` to each (see ``verl_consistency.layout``). With
+    The patched upstream appends ``<pid>`` to each (see ``verl_consistency.patches.contracts.layout``). With
     ``request_scoped`` the rollout config goes through ``request_scope.scoped_msprobe_config``,
     which raises ``ValueError`` for a task/level msprobe cannot scope.
     """

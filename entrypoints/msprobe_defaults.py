@@ -3,7 +3,7 @@
 They come from the same option set as every run's configs (``msprobe_config.DumpOptions``,
 defaults: the recipe's statistics dump at ``L0``), so the baked-in files and a run's files
 cannot drift. Only the ``dump_path`` differs: a ``default`` run folder under the dump root, in
-the ``rollout/``/``actor/`` folders of ``verl_consistency.layout``. ``verl-consistency run``
+the ``rollout/``/``actor/`` folders of ``verl_consistency.patches.contracts.layout``. ``verl-consistency run``
 writes per-run copies into the run folder; these defaults are for launching the recipe by hand.
 """
 
@@ -14,9 +14,9 @@ from typing import Annotated, Any
 
 import typer
 
-from verl_consistency.atomic import write_json_atomic
-from verl_consistency.layout import DEFAULT_DUMP_ROOT, RunLayout
-from verl_consistency.msprobe_config import DumpOptions, build
+from verl_consistency.entrypoints.msprobe_config import DumpOptions, build
+from verl_consistency.patches.contracts.atomic import write_json_atomic
+from verl_consistency.patches.contracts.layout import DEFAULT_DUMP_ROOT, RunLayout
 
 DEFAULT_RUN = "default"
 """Run folder under the dump root that the baked-in configs dump into."""

@@ -32,9 +32,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from verl_consistency.hooks import env as hook_env
-from verl_consistency.hooks.capture import CAPTURE_ENV
-from verl_consistency.hooks.env import DumpPhase
+from verl_consistency.patches.contracts import env as hook_env
+from verl_consistency.patches.contracts.env import DumpPhase
 
 
 class Mode(StrEnum):
@@ -139,7 +138,7 @@ ENV: tuple[EnvVar, ...] = (
         why="the run folder, so that the hooks write paths relative to it",
     ),
     EnvVar(
-        name=CAPTURE_ENV,
+        name=hook_env.CAPTURE,
         value=FromRun(run="capture"),
         why="which requests are dumped, evaluated the same way on both sides (--capture)",
     ),
@@ -615,7 +614,7 @@ class Table(BaseModel):
 
 
 def main() -> int:
-    """``python -m verl_consistency.overrides`` prints the whole table as JSON (for manifests' tests)."""
+    """``python -m verl_consistency.entrypoints.overrides`` prints the table as JSON (manifests' tests)."""
     print(Table().model_dump_json(indent=2))
     return 0
 

@@ -1,7 +1,7 @@
 """``verl-consistency run hybrid|fully-async``: one command per mode that launches a collection run.
 
 It writes the run folder (msprobe configs, prompt set, reward function, ``run.json``), then
-runs verl with the environment and overrides from :mod:`verl_consistency.overrides`, shows
+runs verl with the environment and overrides from :mod:`verl_consistency.entrypoints.overrides`, shows
 where the run is, and ends with one summary line. Conflicting overrides are refused before
 anything is written (exit code 2).
 """
@@ -24,16 +24,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from verl_consistency import dataset, layout
-from verl_consistency import msprobe_config as mscfg
-from verl_consistency.hooks.capture import CAPTURE_ENV
-from verl_consistency.hooks.env import DUMP_PHASE, DumpPhase
-from verl_consistency.overrides import Mode, Table
-from verl_consistency.run_manifest import MsprobeConfigs, RunManifest, now_utc
-from verl_consistency.run_plan import DEFAULT_MODEL, MODEL_ENV, PlanError, RunPlan, build_plan
+from verl_consistency.entrypoints import msprobe_config as mscfg
+from verl_consistency.entrypoints.overrides import Mode, Table
+from verl_consistency.entrypoints.run_plan import DEFAULT_MODEL, PlanError, RunPlan, build_plan
+from verl_consistency.patches.contracts import dataset, env, layout
+from verl_consistency.patches.contracts.env import DUMP_PHASE, DumpPhase
+from verl_consistency.patches.contracts.run_manifest import MsprobeConfigs, RunManifest, now_utc
 
 EXIT_REFUSED = 2
-RUN_ID_ENV = "VERL_CONSISTENCY_RUN_ID"
 _STEP_LINE = re.compile(r"\bstep:(\d+)\b")
 
 console = Console(stderr=True)
@@ -190,12 +188,12 @@ def run_command(
     dump_root: Annotated[
         Path,
         typer.Option(
-            envvar=layout.DUMP_ROOT_ENV, help="The shared dump volume; the run writes <dump-root>/<run-id>/."
+            envvar=env.DUMP_ROOT, help="The shared dump volume; the run writes <dump-root>/<run-id>/."
         ),
     ] = layout.DEFAULT_DUMP_ROOT,
     run_id: Annotated[
         str | None,
-        typer.Option(envvar=RUN_ID_ENV, help="Run folder name (default: <mode>-<UTC time>-<4 hex>)."),
+        typer.Option(envvar=env.RUN_ID, help="Run folder name (default: <mode>-<UTC time>-<4 hex>)."),
     ] = None,
     task: Annotated[
         mscfg.Task | None,
@@ -232,7 +230,7 @@ def run_command(
     capture: Annotated[
         str,
         typer.Option(
-            envvar=CAPTURE_ENV,
+            envvar=env.CAPTURE,
             help="Requests to dump: all, or fraction:F (0<F<=1, chosen by a hash of the request id).",
         ),
     ] = "all",
@@ -240,7 +238,7 @@ def run_command(
         str | None,
         typer.Option(
             help=f"Model path (= model=PATH = actor_rollout_ref.model.path); "
-            f"default ${MODEL_ENV} or {DEFAULT_MODEL}."
+            f"default ${env.MODEL} or {DEFAULT_MODEL}."
         ),
     ] = None,
     dry_run: Annotated[

@@ -13,20 +13,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from verl_consistency import overrides as table
-from verl_consistency.hooks import capture as capture_mod
-from verl_consistency.hooks.env import DUMP_PHASE, DumpPhase
-from verl_consistency.layout import (
-    ACTOR_CONFIG,
-    ACTOR_DIR,
-    REWARD_FN,
-    ROLLOUT_CONFIG,
-    ROLLOUT_DIR,
-    RUN_MANIFEST,
-    TRAIN_DATA,
-    RunLayout,
-)
-from verl_consistency.msprobe_config import (
+from verl_consistency.entrypoints import overrides as table
+from verl_consistency.entrypoints.msprobe_config import (
     DataMode,
     DumpOptions,
     Level,
@@ -39,10 +27,22 @@ from verl_consistency.msprobe_config import (
     parse_modules,
     parse_selection,
 )
-from verl_consistency.overrides import Conflict, EnvConflict, Mode
+from verl_consistency.entrypoints.overrides import Conflict, EnvConflict, Mode
+from verl_consistency.patches.contracts import capture as capture_mod
+from verl_consistency.patches.contracts import env
+from verl_consistency.patches.contracts.env import DUMP_PHASE, DumpPhase
+from verl_consistency.patches.contracts.layout import (
+    ACTOR_CONFIG,
+    ACTOR_DIR,
+    REWARD_FN,
+    ROLLOUT_CONFIG,
+    ROLLOUT_DIR,
+    RUN_MANIFEST,
+    TRAIN_DATA,
+    RunLayout,
+)
 
 DEFAULT_MODEL = "/models/Qwen2.5-0.5B-Instruct"
-MODEL_ENV = "VERL_CONSISTENCY_MODEL"
 
 HYDRA_FLAGS: dict[str, tuple[str, ...] | None] = {
     "--cfg": ("job", "hydra", "all"),
@@ -243,7 +243,7 @@ def build_plan(
 
     conflicts: list[Conflict] = table.find_conflicts(parsed, mode, phase, run)
     # DUMP_PHASE and VERL_CONSISTENCY_CAPTURE are the sources of --phase and --capture: the option wins.
-    option_sources = {DUMP_PHASE, capture_mod.CAPTURE_ENV}
+    option_sources = {DUMP_PHASE, env.CAPTURE}
     caller_env = {k: v for k, v in environ.items() if k not in option_sources}
     env_conflicts: list[EnvConflict] = table.find_env_conflicts(caller_env, mode, phase, run)
     problems += [c.message for c in conflicts] + [c.message for c in env_conflicts]
@@ -251,7 +251,7 @@ def build_plan(
         raise PlanError(problems)
 
     user_keys = [ov.key for ov in parsed]
-    model_path = model or environ.get(MODEL_ENV) or DEFAULT_MODEL
+    model_path = model or environ.get(env.MODEL) or DEFAULT_MODEL
     if model is not None and table.MODEL_PATH_KEY in user_keys:
         raise PlanError([f"--model and {table.MODEL_PATH_KEY}=... (or model=...) both given; keep one"])
     model_rows: list[str] = []

@@ -1,105 +1,82 @@
-"""Typed access to ``pins.toml``, the single source of every upstream version.
+"""The one reader of ``pins.toml``, the single source of every upstream version.
 
-Everything that needs a version (the Dockerfile, the Makefile, ``check-patches``, the tests,
-the run manifest) reads it through here or through ``python -m verl_consistency.patches.pins``,
-so that a pin cannot drift between places.
+Every consumer goes through this file, so that a pin cannot be read two ways:
+
+- Python: ``pins.get("upstream.verl")``, or ``pins.load()`` for the typed, validated view
+  (:mod:`verl_consistency.patches.pins_schema`);
+- the Makefile, before any venv exists: ``python3 patches/pins.py KEY``;
+- the image build, before this bundle is installed: ``docker/helpers/image_build.py`` loads this
+  file from beside itself (the Dockerfile copies it there).
+
+That is why the reading part is standard-library only and runs as a plain script.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import tomllib
 from functools import cache
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict
+if TYPE_CHECKING:
+    from verl_consistency.patches.pins_schema import Pins
 
-PINS_FILE = Path(str(resources.files(__package__ or "verl_consistency.patches") / "pins.toml"))
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Upstream(_Frozen):
-    verl: str
-    vllm: str
-    vllm_ascend: str
-    mindstudio_probe: str
-
-
-class BaseImages(_Frozen):
-    a2: str
-    a3: str
-
-
-class Image(_Frozen):
-    torch: str
-    torch_npu: str
-    cann: str
-    ray: str
-    vllm_ascend_src: str
-    base: BaseImages
-
-
-class Install(_Frozen):
-    verl_extras: list[str]
-    torch_cpu: str
-    megatron_core: str
-    mbridge: str
-    mindspeed_repo: str
-    mindspeed_ref: str
-
-
-class KubeRay(_Frozen):
-    version: str
-    rayjob_api: str
-
-
-class Pins(_Frozen):
-    upstream: Upstream
-    image: Image
-    install: Install
-    kuberay: KubeRay
-
-    def get(self, dotted: str) -> Any:
-        """Look up ``upstream.verl``-style keys; used by the Makefile and the Dockerfile."""
-        node: Any = self.model_dump()
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                raise KeyError(f"{dotted!r} is not a key of {PINS_FILE}")
-            node = node[part]
-        return node
+PINS_FILE = Path(__file__).with_name("pins.toml")
 
 
 @cache
-def load(path: Path = PINS_FILE) -> Pins:
+def read(path: Path = PINS_FILE) -> dict[str, Any]:
+    """The parsed file, untyped (cached: each process reads it once)."""
     with path.open("rb") as fh:
-        return Pins.model_validate(tomllib.load(fh))
+        return tomllib.load(fh)
+
+
+def get(key: str, path: Path = PINS_FILE) -> Any:
+    """Look up a dotted key (``upstream.verl``); a missing key names the file."""
+    node: Any = read(path)
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(f"{key!r} is not a key of {path}")
+        node = node[part]
+    return node
+
+
+def load(path: Path = PINS_FILE) -> Pins:
+    """The typed view; pydantic rejects a missing or unknown key."""
+    from verl_consistency.patches.pins_schema import Pins
+
+    return Pins.model_validate(read(path))
+
+
+def show(value: Any) -> str:
+    """How the shell sees a value: lists space-separated, to splice into ``pip install``."""
+    return " ".join(value) if isinstance(value, list) else str(value)
+
+
+USAGE = """usage: pins.py KEY [KEY...]   one value per line (lists space-separated)
+       pins.py --lines KEY     a list one item per line (a pip requirements file)
+       pins.py --json          the whole file as JSON"""
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m verl_consistency.patches.pins KEY [KEY...]`` prints one value per line.
-
-    Lists print space-separated, so that a shell can splice them into ``pip install``.
-    """
     args = sys.argv[1:] if argv is None else argv
-    if not args:
-        print(
-            "usage: python -m verl_consistency.patches.pins KEY [KEY...]  (e.g. upstream.verl)",
-            file=sys.stderr,
-        )
-        return 2
-    pins = load()
-    for key in args:
-        try:
-            value = pins.get(key)
-        except KeyError as exc:
-            print(exc.args[0], file=sys.stderr)
+    try:
+        if args == ["--json"]:
+            print(json.dumps(read(), indent=2))
+        elif len(args) == 2 and args[0] == "--lines":
+            value = get(args[1])
+            print("\n".join(value if isinstance(value, list) else [str(value)]))
+        elif args and not args[0].startswith("-"):
+            for key in args:
+                print(show(get(key)))
+        else:
+            print(USAGE, file=sys.stderr)
             return 2
-        print(" ".join(value) if isinstance(value, list) else value)
+    except KeyError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -15,8 +15,7 @@ import zipfile
 from pathlib import Path
 
 from verl_consistency.patches import pins
-
-CACHE_ENV = "VERL_CONSISTENCY_CACHE"
+from verl_consistency.patches.contracts.env import CACHE
 
 DISTRIBUTIONS: dict[str, tuple[str, str]] = {
     # series folder → (PyPI project, pins.toml key)
@@ -28,13 +27,13 @@ DISTRIBUTIONS: dict[str, tuple[str, str]] = {
 
 
 def cache_dir(override: str | os.PathLike[str] | None = None) -> Path:
-    path = Path(override or os.environ.get(CACHE_ENV) or Path.cwd() / ".cache")
+    path = Path(override or os.environ.get(CACHE) or Path.cwd() / ".cache")
     return path / "upstream"
 
 
 def fetch_wheel(component: str, cache: Path | None = None) -> Path:
     project, key = DISTRIBUTIONS[component]
-    version = pins.load().get(key)
+    version = pins.get(key)
     folder = (cache or cache_dir()) / f"{project}-{version}"
     norm = project.replace("-", "_")
     found = sorted(folder.glob(f"{norm}-{version}-*.whl"))

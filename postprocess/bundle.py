@@ -31,12 +31,12 @@ from typing import IO, Literal
 import zstandard
 from pydantic import ValidationError
 
+from verl_consistency.patches.contracts import layout
 from verl_consistency.postprocess import discover
 from verl_consistency.postprocess.manifest import (
     MANIFEST_NAME,
     MANIFEST_VERSION,
     RESULTS_DIR,
-    RUN_MANIFEST_NAME,
     SCHEMA_NAME,
     BundleManifest,
     FileEntry,
@@ -94,7 +94,7 @@ def collect(
                 if real is not None:
                     add(f"{d}/{discover.TENSOR_DIR}/{path.relative_to(tensors).as_posix()}", real, "dump")
     if run_json is not None and run_json.is_file():
-        add(RUN_MANIFEST_NAME, run_json, "run_manifest")
+        add(layout.RUN_MANIFEST, run_json, "run_manifest")
     if results_dir is not None and results_dir.is_dir():
         for path in _walk_files(results_dir):
             add(f"{RESULTS_DIR}/{path.relative_to(results_dir).as_posix()}", path, "result")

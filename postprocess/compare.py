@@ -45,7 +45,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from verl_consistency.atomic import atomic_path
+from verl_consistency.patches.contracts.atomic import atomic_path
 from verl_consistency.postprocess import fsdp2_names
 from verl_consistency.postprocess.model import Pair
 

@@ -1,9 +1,9 @@
 """Find and read a run's logs and dumps without trusting them, and without changing them.
 
-A run folder follows ``verl_consistency.layout`` (``rollout/<pid>/...``, ``actor/<pid>/...``),
-but users also point us at dumps they made by hand with the public recipe, where the actor's
-``step{N}`` folders lie directly under the actor dump root and the pid folders hold only the
-log. Both are read through :class:`Roots`, which maps every file to a *virtual* path
+A run folder follows ``verl_consistency.patches.contracts.layout`` (``rollout/<pid>/...``,
+``actor/<pid>/...``), but users also point us at dumps they made by hand with the public
+recipe, where the actor's ``step{N}`` folders lie directly under the actor dump root and the
+pid folders hold only the log. Both are read through :class:`Roots`, which maps every file to a *virtual* path
 ``rollout/<rel>`` or ``actor/<rel>`` (relative to that side's root). For a standard run folder
 the virtual path is the run-relative path, which is also the bundle path, so manifests stay
 valid after download.
@@ -26,8 +26,7 @@ from typing import IO, Any, Literal
 
 import orjson
 
-from verl_consistency import layout
-from verl_consistency.hooks import records
+from verl_consistency.patches.contracts import layout, records
 from verl_consistency.postprocess.model import Unpaired, UnpairedReason
 
 Side = Literal["rollout", "actor"]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from verl_consistency import __version__
+from verl_consistency.patches.contracts import __version__
 from verl_consistency.postprocess.model import Pair, Unpaired
 
 if TYPE_CHECKING:
@@ -22,7 +22,6 @@ MANIFEST_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 SCHEMA_NAME = "manifest.schema.json"
 RESULTS_DIR = "results"
-RUN_MANIFEST_NAME = "run.json"
 
 
 class _Model(BaseModel):

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from verl_consistency.hooks import records
-from verl_consistency.hooks.records import split_vllm_request_id
+from verl_consistency.patches.contracts import records
+from verl_consistency.patches.contracts.records import split_vllm_request_id
 from verl_consistency.postprocess import discover
 from verl_consistency.postprocess.discover import LogFile, Roots, Side
 from verl_consistency.postprocess.model import DumpRef, Pair, Unpaired, UnpairedReason

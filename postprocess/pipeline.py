@@ -1,15 +1,8 @@
 """pair → compare → report → bundle, for one run folder. No terminal code here: the CLI passes
 callbacks for progress, so tests and the Kubernetes Job run the very same function.
 
-Exit codes (also in the README; the k8s Job's ``backoffLimit`` logic relies on them):
-
-=====  =====================================================================================
-0      at least one pair, every compare (if run) finished; the bundle is written
-3      bad input: the run folder or a side's dump folder is missing or unreadable
-4      nothing paired: the bundle is still written, with every unpaired reason
-5      some compares failed (or compare/report crashed): the bundle is written, with the errors
-6      (verify/extract) a checksum or the file list does not match the manifest
-=====  =====================================================================================
+Exit codes: :class:`Exit`, whose meanings (and what each leaves behind) are documented once, in
+``postprocess/README.md`` ("Exit codes"); the k8s Job's ``backoffLimit`` logic relies on them.
 """
 
 from __future__ import annotations
@@ -25,12 +18,11 @@ from typing import Any, Literal
 
 import orjson
 
-from verl_consistency import layout
+from verl_consistency.patches.contracts import layout
 from verl_consistency.postprocess import bundle as bundle_mod
 from verl_consistency.postprocess import discover
 from verl_consistency.postprocess.manifest import (
     RESULTS_DIR,
-    RUN_MANIFEST_NAME,
     BundleManifest,
     FileEntry,
     PairingSummary,
@@ -152,7 +144,7 @@ def postprocess(
                 actor_dir=str(roots.actor),
                 layout="run" if roots.standard else "custom",
             ),
-            run_manifest=RUN_MANIFEST_NAME if run_json is not None else None,
+            run_manifest=layout.RUN_MANIFEST if run_json is not None else None,
             pairing=PairingSummary.of(result),
             pairs=result.pairs,
             unpaired=result.unpaired,
@@ -169,7 +161,7 @@ def postprocess(
         run_json=run_json_path if run_json is not None else None,
         results_dir=results if compare else None,
     )
-    dest = out_dir / f"bundle-{run_id}.tar.zst"
+    dest = out_dir / layout.bundle_name(run_id)
     manifest = bundle_mod.write_bundle(
         dest, items, make_manifest, level=level, progress=lambda d, t: hooks.stage("bundle", d, t)
     )

@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import orjson
 import typer
 
-from verl_consistency.atomic import write_bytes_atomic
+from verl_consistency.patches.contracts.atomic import write_bytes_atomic
 
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 3

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from verl_consistency.atomic import write_text_atomic
+from verl_consistency.patches.contracts.atomic import write_text_atomic
 from verl_consistency.postprocess.compare import (
     DIVERGED_COSINE,
     DIVERGED_REL_ERR,

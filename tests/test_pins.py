@@ -50,9 +50,42 @@ def test_unknown_fields_are_refused(tmp_path, key):
     src = pins.PINS_FILE.read_text()
     bad = tmp_path / "pins.toml"
     bad.write_text(src.replace(f"[{key}]\n", f"[{key}]\nsurprise = 1\n", 1))
-    pins.load.cache_clear()
-    try:
-        with pytest.raises(ValueError, match="surprise"):
-            pins.load(bad)
-    finally:
-        pins.load.cache_clear()
+    with pytest.raises(ValueError, match="surprise"):
+        pins.load(bad)
+
+
+def test_one_reader_of_pins_toml(repo):
+    """Only patches/pins.py opens pins.toml; the Makefile, the Dockerfile and Python go through it."""
+    readers = []
+    for path in repo.rglob("*"):
+        if (
+            any(part in {".git", ".venv", ".cache", "node_modules"} for part in path.parts)
+            or not path.is_file()
+        ):
+            continue
+        if path.suffix not in {".py", ".mk", ""} and path.name not in {"Makefile", "Dockerfile"}:
+            continue
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        code = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+        opens_pins = any("pins.toml" in line and ("open(" in line or "read_" in line) for line in code)
+        if "tomllib" in text and opens_pins and path.name != "test_pins.py":
+            readers.append(str(path.relative_to(repo)))
+    assert readers == [], f"read pins.toml through patches/pins.py instead: {readers}"
+    dockerfile = (repo / "docker/Dockerfile").read_text()
+    assert "helpers/pins.py" in dockerfile
+    assert "pins.py" in (repo / "Makefile").read_text()
+
+
+def test_pins_script_runs_without_the_package(tmp_path, repo):
+    """The Makefile runs patches/pins.py with the host's Python before any venv exists."""
+    res = subprocess.run(
+        [sys.executable, "-S", "-I", str(repo / "patches/pins.py"), "--lines", "install.verl_extras"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "pyarrow<=24" in res.stdout.splitlines()

@@ -11,8 +11,8 @@ import re
 import pytest
 import typer
 
-from verl_consistency import overrides
-from verl_consistency.cli import app
+from verl_consistency.entrypoints import overrides
+from verl_consistency.entrypoints.cli import app
 
 COMMANDS = typer.main.get_command(app).commands  # type: ignore[attr-defined]
 

@@ -4,11 +4,8 @@ It runs inside the build with the base image's own Python, before this bundle (a
 is installed, so it uses the standard library only. Each sub-command is one step that the
 Dockerfile would otherwise spell out in shell:
 
-``pin KEY...``
-    print values of ``pins.toml`` (lists space-separated), like ``make pins`` and
-    ``python -m verl_consistency.patches.pins``.
-``pin-lines KEY``
-    print a list value one item per line: a pip requirements file (``verl_extras``).
+Pins are read by ``patches/pins.py``, the one reader of ``pins.toml`` (the Dockerfile copies
+both beside this file, and runs ``pins.py KEY`` itself where it needs a value).
 ``freeze OUT``
     write ``name==version`` for every distribution installed now. Used as a pip constraints
     file, so that no later ``pip install`` can replace what the base image ships (torch,
@@ -23,14 +20,29 @@ Dockerfile would otherwise spell out in shell:
 from __future__ import annotations
 
 import importlib.metadata as md
+import importlib.util
 import os
 import re
 import sys
-import tomllib
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
-PINS = Path(os.environ.get("VERL_CONSISTENCY_PINS", "/opt/verl-consistency/pins.toml"))
+
+def _load_pins() -> ModuleType:
+    """``pins.py`` from beside this file (the image) or from ``patches/`` (the source tree)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "pins.py", here.parents[1] / "patches" / "pins.py"):
+        if candidate.is_file():
+            spec = importlib.util.spec_from_file_location("verl_consistency_pins", candidate)
+            assert spec is not None
+            assert spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+    raise SystemExit(f"pins.py is neither beside {here} nor in the source tree's patches/")
+
+
+pins = _load_pins()
 
 LABEL_ARGS: dict[str, str] = {
     # build arg (used in a LABEL) → pins.toml key
@@ -55,20 +67,6 @@ INSTALLED: dict[str, str] = {
 _PEP440 = re.compile(r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[a-zA-Z0-9.]+)?$")
 
 
-def pin(key: str, path: Path | None = None) -> Any:
-    path = path or PINS
-    node: Any = tomllib.loads(path.read_text(encoding="utf-8"))
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            raise SystemExit(f"{key!r} is not a key of {path}")
-        node = node[part]
-    return node
-
-
-def _show(value: Any) -> str:
-    return " ".join(value) if isinstance(value, list) else str(value)
-
-
 def freeze() -> list[str]:
     """``name==version`` of every installed distribution whose version pip can parse."""
     seen: dict[str, str] = {}
@@ -82,7 +80,7 @@ def freeze() -> list[str]:
 def check_args(environ: dict[str, str]) -> list[str]:
     errors = []
     for arg, key in LABEL_ARGS.items():
-        given, pinned = environ.get(arg, ""), str(pin(key))
+        given, pinned = environ.get(arg, ""), str(pins.get(key))
         if given and given != pinned:
             errors.append(
                 f"build arg {arg}={given!r} but patches/pins.toml {key} = {pinned!r}: the "
@@ -95,7 +93,7 @@ def check_args(environ: dict[str, str]) -> list[str]:
 def check_installed(with_mindspeed: bool) -> list[str]:
     errors = []
     for dist, key in INSTALLED.items():
-        want = str(pin(key))
+        want = str(pins.get(key))
         try:
             have = md.version(dist)
         except md.PackageNotFoundError:
@@ -116,14 +114,6 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     cmd, args = argv[0], argv[1:]
-    if cmd == "pin":
-        for key in args:
-            print(_show(pin(key)))
-        return 0
-    if cmd == "pin-lines" and len(args) == 1:
-        value = pin(args[0])
-        print("\n".join(value if isinstance(value, list) else [str(value)]))
-        return 0
     if cmd == "freeze" and len(args) == 1:
         out = Path(args[0])
         out.parent.mkdir(parents=True, exist_ok=True)

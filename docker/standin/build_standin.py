@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 from verl_consistency.patches import pins, upstream
+from verl_consistency.patches.contracts import env
 
 HERE = Path(__file__).resolve().parent
 
@@ -190,6 +191,21 @@ def ca_bundle() -> Path | None:
     return None
 
 
+def buildah_bud(*args: str) -> list[str]:
+    """The one ``buildah bud`` command line of this repository's builds (stand-in and image tests).
+
+    chroot isolation and the host network are what work in an unprivileged CI container;
+    ``--pull=never`` keeps the stand-in base (named like the real one) from being pulled; the
+    host's CA bundle, when there is one, goes in as the ``cabundle`` build secret.
+    """
+    cmd = ["buildah", "bud", "--isolation", "chroot", "--network", "host", "--pull=never", "--layers"]
+    cmd += ["--force-rm", *args]
+    bundle = ca_bundle()
+    if bundle:
+        cmd += ["--secret", f"id=cabundle,src={bundle}"]
+    return cmd
+
+
 def build(tag: str, cache: Path) -> str:
     rootfs = build_rootfs_image()
     torch = _torch_wheel(cache / "standin")
@@ -199,28 +215,10 @@ def build(tag: str, cache: Path) -> str:
         _link_or_copy(torch, ctx / "torch" / torch.name)
         _link_or_copy(vllm_ascend, ctx / "vllm-ascend" / vllm_ascend.name)
         shutil.copy2(HERE / "install_editable.py", ctx / "vllm-ascend" / "install_editable.py")
-        cmd = [
-            "buildah",
-            "bud",
-            "--isolation",
-            "chroot",
-            "--network",
-            "host",
-            "--pull=never",
-            "--layers",
-            "--force-rm",
-            "--build-arg",
-            f"ROOTFS={rootfs}",
-            "--label",
-            f"{STANDIN_LABEL}=base",
-            "-f",
-            str(HERE / "Containerfile"),
-            "-t",
-            tag,
-        ]
-        bundle = ca_bundle()
-        if bundle:
-            cmd += ["--secret", f"id=cabundle,src={bundle}"]
+        cmd = buildah_bud(
+            *("--build-arg", f"ROOTFS={rootfs}", "--label", f"{STANDIN_LABEL}=base"),
+            *("-f", str(HERE / "Containerfile"), "-t", tag),
+        )
         _run([*cmd, str(ctx)])
     return tag
 
@@ -232,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cache",
         type=Path,
-        default=Path(os.environ.get(upstream.CACHE_ENV) or ".cache"),
+        default=Path(os.environ.get(env.CACHE) or ".cache"),
         help="download cache (default $VERL_CONSISTENCY_CACHE or ./.cache)",
     )
     args = parser.parse_args(argv)

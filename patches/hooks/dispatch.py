@@ -22,7 +22,7 @@ cache hit, no chunking), because only such a step can be compared with the train
 Every other step gets a record with ``dumped=false`` and no msprobe start/stop/step at all, so
 msprobe's step counter advances only on dumped steps and ``step{N}`` always matches a record.
 The dump is scoped to that one request's token rows with msprobe's ``scheduled_tokens``, in
-the runner's packing order (``verl_consistency.hooks.request_scope`` owns the msprobe side).
+the runner's packing order (``verl_consistency.patches.hooks.request_scope`` owns the msprobe side).
 
 This module must import without torch_npu, vllm or vllm_ascend: the scheduler output and
 ``attn_state`` are taken as plain objects (duck-typed, ``attn_state.name``).
@@ -37,9 +37,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from verl_consistency import layout
-from verl_consistency.hooks import capture, records, request_scope
-from verl_consistency.hooks.env import RUN_DIR
+from verl_consistency.patches.contracts import capture, layout, records
+from verl_consistency.patches.contracts.env import CAPTURE, RUN_DIR
+from verl_consistency.patches.hooks import request_scope
 
 DECODE_STATE = "DecodeOnly"
 """The only ``AscendAttentionState`` member that is a decode step (upstream's ``!= DecodeOnly``)."""
@@ -215,7 +215,7 @@ class DispatchLogger:
     ) -> DispatchLogger:
         """Build from the vLLM ``dump_config_path`` and the run's environment."""
         env = os.environ if environ is None else environ
-        rule = capture.parse(env.get(capture.CAPTURE_ENV, "all"))
+        rule = capture.parse(env.get(CAPTURE, "all"))
         if not rule.is_all:
             # refuse at start-up, not at the first captured step hours into the run
             try:

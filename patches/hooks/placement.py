@@ -19,7 +19,7 @@ vllm-ascend 0.18.0 image pins ``ray<=2.48.0``.
 
 Install it in every Ray worker through the job's runtime env (the RayJob's ``runtimeEnvYAML``)::
 
-    worker_process_setup_hook: verl_consistency.hooks.placement.install
+    worker_process_setup_hook: verl_consistency.patches.hooks.placement.install
 
 verl creates all its pools inside Ray actors (TaskRunner, FullyAsyncTrainer, the rollouter),
 never in the driver, so a worker-process hook sees every ``placement_group()`` call.
@@ -37,9 +37,10 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from verl_consistency.patches.contracts.env import POOL_RESOURCES
+
 logger = logging.getLogger(__name__)
 
-POOL_RESOURCES_ENV = "VERL_CONSISTENCY_POOL_RESOURCES"
 """``prefix=resource[,prefix=resource...]``; overrides :data:`DEFAULT_POOL_RESOURCES`.
 
 Set it to an empty string to turn pinning off while keeping the hook installed.
@@ -66,7 +67,7 @@ _BINDERS = ("verl.single_controller.ray.base",)
 
 
 def parse_pool_resources(raw: str | None) -> dict[str, str]:
-    """Parse :data:`POOL_RESOURCES_ENV`. ``None`` gives the defaults; a bad entry is an error."""
+    """Parse :data:`POOL_RESOURCES`. ``None`` gives the defaults; a bad entry is an error."""
     if raw is None:
         return dict(DEFAULT_POOL_RESOURCES)
     mapping: dict[str, str] = {}
@@ -76,7 +77,7 @@ def parse_pool_resources(raw: str | None) -> dict[str, str]:
         prefix, sep, resource = item.partition("=")
         if not sep or not prefix.strip() or not resource.strip():
             raise ValueError(
-                f"{POOL_RESOURCES_ENV}={raw!r}: entry {item!r} is not 'pool_prefix=resource_name'"
+                f"{POOL_RESOURCES}={raw!r}: entry {item!r} is not 'pool_prefix=resource_name'"
                 " (example: trainer_pool=verl_consistency_trainer,rollout_pool_=verl_consistency_rollout)"
             )
         mapping[prefix.strip()] = resource.strip()
@@ -142,7 +143,7 @@ def install(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     import ray.util.placement_group
 
     env = os.environ if environ is None else environ
-    mapping = parse_pool_resources(env.get(POOL_RESOURCES_ENV))
+    mapping = parse_pool_resources(env.get(POOL_RESOURCES))
     if not mapping:
         return mapping
     module = sys.modules["ray.util.placement_group"]

@@ -58,8 +58,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from verl_consistency.hooks.capture import CaptureRule
-from verl_consistency.hooks.records import ScheduledRequest, base_request_id
+from verl_consistency.patches.contracts.capture import CaptureRule
+from verl_consistency.patches.contracts.records import ScheduledRequest, base_request_id
 
 CAPTURED_SENTINEL = "verl-consistency-captured"
 """The ``request_id`` that the msprobe config carries; the captured request is renamed to it."""

@@ -40,8 +40,7 @@ from typing import Any, Literal
 
 import orjson
 
-from verl_consistency import layout
-from verl_consistency.hooks import capture, env, records
+from verl_consistency.patches.contracts import capture, env, layout, records
 
 Backend = Literal["fsdp", "megatron"]
 Phase = Literal["log_prob", "update_actor"]

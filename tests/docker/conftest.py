@@ -20,10 +20,13 @@ from pathlib import Path
 import pytest
 
 from verl_consistency.patches import pins
+from verl_consistency.patches.contracts import env
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "docker/standin"))
+import build_standin  # noqa: E402  (a script folder, not a package)
+
 IMAGE = "localhost/verl-consistency:pytest"
-CA_BUNDLE = Path(os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"))
 RUN_FLAGS = [
     "--runtime",
     "runc",
@@ -37,7 +40,7 @@ RUN_FLAGS = [
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("VERL_CONSISTENCY_CACHE") or REPO / ".cache")
+    return Path(os.environ.get(env.CACHE) or REPO / ".cache")
 
 
 def require_tools() -> None:
@@ -47,25 +50,11 @@ def require_tools() -> None:
 
 
 def buildah_bud(context: Path, tag: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        "buildah",
-        "bud",
-        "--isolation",
-        "chroot",
-        "--network",
-        "host",
-        "--pull=never",
-        "--layers",
-        "--force-rm",
-        "--ignorefile",
-        str(context / "docker/Dockerfile.dockerignore"),
-        "--build-arg",
+    cmd = build_standin.buildah_bud(
+        *("--ignorefile", str(context / "docker/Dockerfile.dockerignore")),
         # The git host of MindSpeed cannot be reached from CI; the pip step for it is skipped.
-        "WITH_MINDSPEED=0",
-        *extra,
-    ]
-    if CA_BUNDLE.is_file():
-        cmd += ["--secret", f"id=cabundle,src={CA_BUNDLE}"]
+        *("--build-arg", "WITH_MINDSPEED=0", *extra),
+    )
     cmd += ["-f", str(context / "docker/Dockerfile"), "-t", tag, str(context)]
     return subprocess.run(cmd, capture_output=True, text=True, check=False)
 

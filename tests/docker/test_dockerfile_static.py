@@ -7,11 +7,12 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from verl_consistency import layout
 from verl_consistency.patches import pins
+from verl_consistency.patches.contracts import env, layout
 
 from .conftest import REPO
 
@@ -61,13 +62,13 @@ def test_base_image_default_is_the_a2_pin():
 def test_label_arg_defaults_are_the_pins():
     defaults = arg_defaults(DOCKERFILE.read_text())
     for arg, key in image_build.LABEL_ARGS.items():
-        assert defaults[arg] == str(pins.load().get(key)), arg
+        assert defaults[arg] == str(pins.get(key)), arg
 
 
 def test_dump_root_default_is_the_layout_default():
     text = DOCKERFILE.read_text()
     assert f"VERL_CONSISTENCY_DUMP_ROOT={layout.DEFAULT_DUMP_ROOT}" in text
-    assert f"{layout.DUMP_ROOT_ENV}=" in text
+    assert f"{env.DUMP_ROOT}=" in text
 
 
 def test_entrypoint_is_the_bundle_command():
@@ -123,8 +124,7 @@ def test_freeze_lines_are_constraints(tmp_path):
     assert "pytest" in names
 
 
-def test_check_args_refuses_a_label_that_would_lie(monkeypatch):
-    monkeypatch.setattr(image_build, "PINS", pins.PINS_FILE)
+def test_check_args_refuses_a_label_that_would_lie():
     errors = image_build.check_args({"VERL_VERSION": "0.7.0"})
     assert len(errors) == 1
     assert "VERL_VERSION='0.7.0'" in errors[0]
@@ -132,10 +132,11 @@ def test_check_args_refuses_a_label_that_would_lie(monkeypatch):
     assert image_build.check_args({"VERL_VERSION": pins.load().upstream.verl}) == []
 
 
-def test_pin_reader_matches_the_pins_module(monkeypatch):
-    monkeypatch.setattr(image_build, "PINS", pins.PINS_FILE)
+def test_the_build_helper_reads_pins_through_pins_py():
+    """image_build.py has no pins reader of its own: it loads patches/pins.py (beside it in the image)."""
+    assert Path(image_build.pins.__file__).resolve() == Path(pins.__file__).resolve()
     for key in ("upstream.verl", "install.verl_extras", "image.vllm_ascend_src", "install.megatron_core"):
-        assert image_build.pin(key, pins.PINS_FILE) == pins.load().get(key)
+        assert image_build.pins.get(key) == pins.get(key)
 
 
 def test_every_copy_source_survives_the_dockerignore():

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from verl_consistency.msprobe_defaults import default_configs
+from verl_consistency.entrypoints.msprobe_defaults import default_configs
 from verl_consistency.patches import apply, pins
 
 from .conftest import REPO, labels, podman_run

@@ -25,10 +25,10 @@ from types import SimpleNamespace
 import torch
 from transformers import Qwen2ForCausalLM as HFQwen2
 
+from tests.fixtures.tiny_qwen2 import tiny_qwen2
+from tests.fixtures.vllm_qwen2 import Qwen2ForCausalLM, run_step
 from tests.selective.scenario import tiny_config
-from tests.standins.vllm_qwen2 import Qwen2ForCausalLM, run_step
-from tests.tiny_qwen2 import tiny_qwen2
-from verl_consistency.layout import RunLayout
+from verl_consistency.patches.contracts.layout import RunLayout
 
 LENGTHS = (7, 11, 5)
 """Prompt lengths of OTHER, CAPTURED, OTHER2, packed in this order."""
@@ -57,7 +57,7 @@ def _config_fields(debugger: object) -> dict[str, object]:
 def rollout(run_dir: Path, captured: str, other: str) -> dict[str, object]:
     from msprobe.pytorch import PrecisionDebugger
 
-    from verl_consistency.hooks.dispatch import DispatchLogger
+    from verl_consistency.patches.hooks.dispatch import DispatchLogger
 
     layout = RunLayout(run_dir.parent, run_dir.name)
     logger = DispatchLogger.for_rollout(layout.rollout_config)

@@ -26,9 +26,9 @@ COMPOSE_TIMEOUT = 300
 def cli(
     *args: str, env: dict[str, str] | None = None, timeout: int = 120
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m verl_consistency`` in a subprocess, as a user (or a RayJob) runs it."""
+    """``python -m verl_consistency.entrypoints`` in a subprocess, as a user (or a RayJob) runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "verl_consistency", *args],
+        [sys.executable, "-m", "verl_consistency.entrypoints", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -38,7 +38,7 @@ def cli(
 
 def clean_env() -> dict[str, str]:
     """The caller's environment without variables the run sets (they would be refused as conflicts)."""
-    from verl_consistency.overrides import ENV
+    from verl_consistency.entrypoints.overrides import ENV
 
     names = {row.name for row in ENV} | {"VERL_CONSISTENCY_DUMP_ROOT", "VERL_CONSISTENCY_RUN_ID"}
     return {k: v for k, v in os.environ.items() if k not in names}

@@ -1,4 +1,4 @@
-"""verl_consistency.atomic: whole file or old file, the mode asked for, no temp file left."""
+"""contracts.atomic: whole file or old file, the mode asked for, no temp file left."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_consistency.atomic import atomic_path, write_bytes_atomic, write_json_atomic
+from verl_consistency.patches.contracts.atomic import atomic_path, write_bytes_atomic, write_json_atomic
 
 
 def _mode(path: Path) -> int:

@@ -10,21 +10,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests.fixtures.subprocess_run import run_module_json
 from tests.selective.scenario import tiny_config
-from verl_consistency.hooks import dispatch, request_scope
-from verl_consistency.hooks.capture import CAPTURE_ENV, CaptureRule
-from verl_consistency.hooks.env import RUN_DIR
-from verl_consistency.msprobe_config import Level, Task, parse_data_mode, parse_modules, write
-from verl_consistency.overrides import Mode
-from verl_consistency.run_plan import PlanError, RunPlan, build_plan
+from verl_consistency.entrypoints.msprobe_config import Level, Task, parse_data_mode, parse_modules, write
+from verl_consistency.entrypoints.overrides import Mode
+from verl_consistency.entrypoints.run_plan import PlanError, RunPlan, build_plan
+from verl_consistency.patches.contracts.capture import CaptureRule
+from verl_consistency.patches.contracts.env import CAPTURE, RUN_DIR
+from verl_consistency.patches.hooks import dispatch, request_scope
 
 REPO = Path(__file__).resolve().parents[2]
 FRACTION = "fraction:0.5"
@@ -109,7 +108,7 @@ def test_parsers_keep_msprobe_spelling() -> None:
 def test_written_rollout_config_passes_the_dispatch_hook_check(tmp_path: Path) -> None:
     plan = _plan(tmp_path, capture=FRACTION)
     write(plan.layout, plan.msprobe)
-    env = {CAPTURE_ENV: plan.capture, RUN_DIR: plan.run_dir}
+    env = {CAPTURE: plan.capture, RUN_DIR: plan.run_dir}
     logger = dispatch.DispatchLogger.for_rollout(plan.layout.rollout_config, environ=env)
     assert not logger.rule.is_all
     # the check is real: the same hook refuses a config msprobe cannot scope
@@ -132,18 +131,12 @@ def _ids(rule: CaptureRule) -> tuple[str, str]:
 
 def _side(side: str, plan: RunPlan, captured: str, other: str) -> dict[str, Any]:
     env = plan.child_env({k: v for k, v in os.environ.items() if k not in plan.env})
-    env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.entrypoints.capture_sides", side, plan.run_dir, captured, other],
-        cwd=REPO,
+    return run_module_json(
+        "tests.entrypoints.capture_sides",
+        *(side, plan.run_dir, captured, other),
+        result=Path(plan.run_dir) / f"{side}-result.json",
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads((Path(plan.run_dir) / f"{side}-result.json").read_text())
 
 
 def _dump(result: dict[str, Any]) -> tuple[dict[str, Any], Path]:
@@ -205,9 +198,9 @@ def test_both_sides_dump_the_same_comparable_block_outputs(tmp_path: Path) -> No
 def test_cli_options_reach_the_plan_and_reproduce() -> None:
     from typer.testing import CliRunner
 
-    from verl_consistency.cli import app
+    from verl_consistency.entrypoints.cli import app
 
-    env = dict.fromkeys(("DUMP_ON", "VERL_CONSISTENCY_RUN_ID", CAPTURE_ENV))
+    env = dict.fromkeys(("DUMP_ON", "VERL_CONSISTENCY_RUN_ID", CAPTURE))
     args = ["run", "hybrid", "--dry-run", "--json", "--dump-root", "/dump", "--run-id", "o"]
     args += ["--capture", "fraction:0.004", "--modules", "MLP.forward", "--data-mode", "output"]
     first = CliRunner().invoke(app, args, env=env)

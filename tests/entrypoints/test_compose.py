@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from verl_consistency.overrides import ENV, RUNTIME_ENV_PREFIX, Mode
+from verl_consistency.entrypoints.overrides import ENV, RUNTIME_ENV_PREFIX, Mode
 
 from .conftest import MODEL, Composed
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from verl_consistency.cli import app
-from verl_consistency.overrides import MODEL_PATH_KEY, Mode, Table
+from verl_consistency.entrypoints.cli import app
+from verl_consistency.entrypoints.overrides import MODEL_PATH_KEY, Mode, Table
 
 from .conftest import MODEL
 

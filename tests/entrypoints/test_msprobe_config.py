@@ -10,8 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from verl_consistency.layout import RunLayout
-from verl_consistency.msprobe_config import DumpOptions, Level, Task, build, parse_selection, write
+from verl_consistency.entrypoints.msprobe_config import (
+    DumpOptions,
+    Level,
+    Task,
+    build,
+    parse_selection,
+    write,
+)
+from verl_consistency.patches.contracts.layout import RunLayout
 
 pytestmark = pytest.mark.msprobe
 
@@ -91,8 +98,8 @@ def test_parse_selection() -> None:
 
 
 def test_capture_fraction_defaults_to_tensor(tmp_path: Path) -> None:
-    from verl_consistency.overrides import Mode
-    from verl_consistency.run_plan import build_plan
+    from verl_consistency.entrypoints.overrides import Mode
+    from verl_consistency.entrypoints.run_plan import build_plan
 
     frac = build_plan(Mode.HYBRID, dump_root=tmp_path, run_id="c", capture="fraction:0.25", environ={})
     assert frac.dump.task is Task.TENSOR

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from verl_consistency.cli import app
+from verl_consistency.entrypoints.cli import app
 
 from .conftest import clean_env
 

@@ -36,7 +36,7 @@ def test_rayjob_entrypoint_is_the_dry_run_invocation(source: str) -> None:
     argv = entrypoint_argv(source)
     assert argv[:2] == ["verl-consistency", "run"]
     res = subprocess.run(
-        [sys.executable, "-m", "verl_consistency", *argv[1:], "--dry-run", "--json"],
+        [sys.executable, "-m", "verl_consistency.entrypoints", *argv[1:], "--dry-run", "--json"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -20,8 +20,8 @@ import yaml
 
 from tests.k8s import kuberay_rules
 from tests.k8s.conftest import FILES, K8S, REPO, SOURCES, of_kind, render
-from verl_consistency.hooks import placement
-from verl_consistency.layout import check_run_id
+from verl_consistency.patches.contracts.layout import check_run_id
+from verl_consistency.patches.hooks import placement
 
 NPU_RESOURCE_NAMES = {"huawei.com/Ascend910", "huawei.com/Ascend910B3", "huawei.com/ascend-1980"}
 KUBE_VERSION = "1.31.0"

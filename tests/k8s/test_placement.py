@@ -23,7 +23,7 @@ import yaml
 
 from tests.k8s.conftest import K8S
 from tests.k8s.raycluster import LoopbackCluster, NodeSpec
-from verl_consistency.hooks import placement
+from verl_consistency.patches.hooks import placement
 
 pytestmark = [pytest.mark.ray, pytest.mark.verl, pytest.mark.timeout(900)]
 

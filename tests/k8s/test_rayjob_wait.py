@@ -15,7 +15,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from typer.testing import CliRunner
 
-from verl_consistency.cli import app
+from verl_consistency.entrypoints.cli import app
 from verl_consistency.postprocess import rayjob_wait as rw
 
 

@@ -8,14 +8,15 @@ import sys
 
 import pytest
 
-from verl_consistency.hooks import dispatch, records
-from verl_consistency.hooks.env import RUN_DIR
+from verl_consistency.patches.contracts import records
+from verl_consistency.patches.contracts.env import RUN_DIR
+from verl_consistency.patches.hooks import dispatch
 
 
 def test_import_pulls_no_heavy_upstream():
     # torch_npu needs CANN; the hook module is imported inside the vLLM worker and in tests
     code = (
-        "import sys, verl_consistency.hooks.dispatch\n"
+        "import sys, verl_consistency.patches.hooks.dispatch\n"
         "heavy = ('torch', 'torch_npu', 'vllm', 'vllm_ascend', 'msprobe')\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in heavy]\n"
         "print(bad)\n"

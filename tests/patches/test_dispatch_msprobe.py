@@ -17,7 +17,6 @@ import ast
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 import zipfile
@@ -27,10 +26,11 @@ from typing import Any
 import orjson
 import pytest
 
-from verl_consistency.hooks import capture
-from verl_consistency.hooks.env import RUN_DIR
-from verl_consistency.hooks.records import DISPATCH_LOG, DispatchRecord
+from tests.fixtures.subprocess_run import run_module_json
 from verl_consistency.patches import upstream
+from verl_consistency.patches.contracts import capture
+from verl_consistency.patches.contracts.env import CAPTURE, RUN_DIR
+from verl_consistency.patches.contracts.records import DISPATCH_LOG, DispatchRecord
 
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN = 4
@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
     import torch
     from msprobe.pytorch import PrecisionDebugger
 
-    from verl_consistency.hooks.dispatch import DispatchLogger
+    from verl_consistency.patches.hooks.dispatch import DispatchLogger
 
     states = enum.Enum("AscendAttentionState", sc["attn_states"])  # type: ignore[misc]
     torch.manual_seed(0)
@@ -213,19 +213,14 @@ def attn_states() -> list[str]:
 def _run(tmp_path: Path, scenario: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     path = tmp_path / "scenario.json"
     path.write_text(json.dumps(scenario))
-    inherited = {k: v for k, v in os.environ.items() if k not in (RUN_DIR, capture.CAPTURE_ENV)}
-    full_env = {**inherited, **env}
-    res = subprocess.run(
-        [sys.executable, "-m", "tests.patches.test_dispatch_msprobe", str(path)],
-        cwd=REPO,
-        env=full_env,
-        capture_output=True,
-        text=True,
+    inherited = {k: v for k, v in os.environ.items() if k not in (RUN_DIR, CAPTURE)}
+    return run_module_json(
+        "tests.patches.test_dispatch_msprobe",
+        str(path),
+        result=tmp_path / "result.json",
+        env={**inherited, **env},
         timeout=240,
-        check=False,
     )
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads((tmp_path / "result.json").read_text())
 
 
 def _records(folder: Path) -> list[DispatchRecord]:
@@ -290,7 +285,7 @@ def test_capture_all_logs_every_step_with_msprobes_step_and_per_pid_folder(tmp_p
         {"attn_state": "SpecDecoding", "cached": [{"id": a, "tokens": 2}]},
     ]
     scenario = {"vllm_src": str(vllm_src), "attn_states": attn_states, "config": str(cfg), "steps": steps}
-    result = _run(tmp_path, scenario, {"VERL_CONSISTENCY_RUN_DIR": str(run), capture.CAPTURE_ENV: "all"})
+    result = _run(tmp_path, scenario, {"VERL_CONSISTENCY_RUN_DIR": str(run), CAPTURE: "all"})
 
     folder = run / "rollout" / str(result["pid"])
     assert result["dump_path"] == str(folder)
@@ -361,9 +356,7 @@ def test_selective_skips_decode_uncaptured_and_partial_prefills_and_keeps_steps_
     cfg = tmp_path / "rollout.json"
     _write_config(cfg, tmp_path / "unused")
     scenario = {"vllm_src": str(vllm_src), "attn_states": attn_states, "config": str(cfg), "steps": steps}
-    result = _run(
-        tmp_path, scenario, {"VERL_CONSISTENCY_RUN_DIR": str(run), capture.CAPTURE_ENV: "fraction:0.5"}
-    )
+    result = _run(tmp_path, scenario, {"VERL_CONSISTENCY_RUN_DIR": str(run), CAPTURE: "fraction:0.5"})
 
     folder = run / "rollout" / str(result["pid"])
     recs = _records(folder)
@@ -396,7 +389,7 @@ def test_dump_path_survives_config_reload(tmp_path, vllm_src, attn_states):
         "edited_dump_root": str(tmp_path / "edited"),
     }
     # no run dir: the per-pid folder goes under the config's own dump_path (the recipe's layout)
-    result = _run(tmp_path, scenario, {capture.CAPTURE_ENV: "all"})
+    result = _run(tmp_path, scenario, {CAPTURE: "all"})
     assert result["reloaded"], "msprobe did not reload the edited config; the test proves nothing"
     folder = tmp_path / "root" / str(result["pid"])
     assert result["final_dump_path"] == str(folder)

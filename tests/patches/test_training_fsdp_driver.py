@@ -56,7 +56,7 @@ def _serve_pure_torch_attention_helpers() -> None:
 
 
 def _tiny_qwen2(work: Path) -> Path:
-    from tests.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
+    from tests.fixtures.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
 
     model_dir = work / "tiny-qwen2"
     if not (model_dir / "config.json").exists():
@@ -188,7 +188,7 @@ def main() -> None:
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
-    from verl_consistency.hooks import prompts_only
+    from verl_consistency.patches.hooks import prompts_only
 
     borrowed_dir = None
     if os.environ.get("VC_TEST_BORROW") == "1":

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.patches.test_verl_support import patched_verl
-from verl_consistency.hooks import prompts_only, training
+from verl_consistency.patches.hooks import prompts_only, training
 
 torch = pytest.importorskip("torch")
 

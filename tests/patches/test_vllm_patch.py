@@ -266,7 +266,7 @@ def check_runner(source: str) -> list[str]:
 def test_patched_runner_pairs_every_start_with_one_stop_and_step(patched):
     source = (patched / RUNNER).read_text()
     assert check_runner(source) == []
-    assert "from verl_consistency.hooks.dispatch import DispatchLogger" in source
+    assert "from verl_consistency.patches.hooks.dispatch import DispatchLogger" in source
     compile(source, RUNNER, "exec")
 
 

@@ -18,8 +18,7 @@ from typing import Any
 
 import orjson
 
-from verl_consistency import layout
-from verl_consistency.hooks import records
+from verl_consistency.patches.contracts import layout, records
 
 SUFFIX = "1a2b3c4d"
 

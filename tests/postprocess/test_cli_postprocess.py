@@ -10,7 +10,7 @@ import tarfile
 import zstandard
 from typer.testing import CliRunner
 
-from verl_consistency.cli import app
+from verl_consistency.entrypoints.cli import app
 from verl_consistency.postprocess.pipeline import Exit
 
 from .pairing_trees import RunTree, req, vid
@@ -122,10 +122,10 @@ def test_verify_and_extract_exit_codes(tmp_path):
 
 
 def test_the_installed_command_runs_it(tmp_path):
-    """Through ``python -m verl_consistency``, as the Kubernetes Job calls it."""
+    """Through ``python -m verl_consistency.entrypoints``, as the Kubernetes Job calls it."""
     t = _tree(tmp_path)
     proc = subprocess.run(
-        [sys.executable, "-m", "verl_consistency", "postprocess", str(t.run_dir), "--no-compare"],
+        [sys.executable, "-m", "verl_consistency.entrypoints", "postprocess", str(t.run_dir), "--no-compare"],
         capture_output=True,
         text=True,
         timeout=120,

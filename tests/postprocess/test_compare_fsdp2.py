@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.postprocess import fsdp2dumps, realdumps
+from tests.fixtures import fsdp2dumps, realdumps
 from tests.postprocess.test_compare_real import _tree_digest
 from verl_consistency.postprocess import compare, fsdp2_names
 from verl_consistency.postprocess.compare import PairComparison, compare_pairs

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.postprocess import realdumps
+from tests.fixtures import realdumps
 from verl_consistency.postprocess.compare import DIVERGED_REL_ERR, PairComparison, compare_pairs
 from verl_consistency.postprocess.model import DumpRef
 

@@ -1,6 +1,6 @@
 """pair → compare → bundle → verify/extract → report, through the real CLI, on real msprobe dumps.
 
-The dumps come from :mod:`tests.postprocess.realdumps` (real FSDP1 training side, vLLM stand-in
+The dumps come from :mod:`tests.fixtures.realdumps` (real FSDP1 training side, vLLM stand-in
 inference side, real JSONL logs, one planted numeric difference).
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.postprocess import realdumps
+from tests.fixtures import realdumps
 from verl_consistency.postprocess.manifest import MANIFEST_NAME, RESULTS_DIR, BundleManifest
 
 pytestmark = pytest.mark.msprobe
@@ -35,7 +35,7 @@ def _digest(root: Path) -> str:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "verl_consistency", *args],
+        [sys.executable, "-m", "verl_consistency.entrypoints", *args],
         capture_output=True,
         text=True,
         timeout=600,

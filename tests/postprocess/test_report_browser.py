@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.postprocess import realdumps
+from tests.fixtures import realdumps
 from verl_consistency.postprocess.compare import compare_pairs
 from verl_consistency.postprocess.model import Unpaired, UnpairedReason
 from verl_consistency.postprocess.report import heatmap_svg, layer_plot_svg, write_report

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config
 
-from tests.standins.vllm_qwen2 import Qwen2ForCausalLM, run_step
-from tests.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
-from verl_consistency.hooks.request_scope import scoped_msprobe_config, start_step
+from tests.fixtures.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
+from tests.fixtures.vllm_qwen2 import Qwen2ForCausalLM, run_step
+from verl_consistency.patches.hooks.request_scope import scoped_msprobe_config, start_step
 
 LENGTHS = {"a": 7, "b": 11, "c": 5}
 PACKING = ["a", "b", "c"]

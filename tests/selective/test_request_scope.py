@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests.fixtures.subprocess_run import run_module_json
 from tests.selective import scenario
-from verl_consistency.hooks.request_scope import (
+from verl_consistency.patches.hooks.request_scope import (
     CAPTURED_SENTINEL,
     scoped_msprobe_config,
     scoped_tokens,
@@ -32,18 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(task: str, out: Path) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.selective.scenario", task, str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads((out / "result.json").read_text())
+    return run_module_json("tests.selective.scenario", task, str(out), result=out / "result.json")
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from verl_consistency.hooks.capture import CaptureRule
-from verl_consistency.hooks.records import ScheduledRequest
-from verl_consistency.hooks.request_scope import is_comparable_prefill, should_dump
+from verl_consistency.patches.contracts.capture import CaptureRule
+from verl_consistency.patches.contracts.records import ScheduledRequest
+from verl_consistency.patches.hooks.request_scope import is_comparable_prefill, should_dump
 
 ALL = CaptureRule(fraction=1.0)
 

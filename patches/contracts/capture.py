@@ -18,7 +18,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 
-CAPTURE_ENV = "VERL_CONSISTENCY_CAPTURE"
+from verl_consistency.patches.contracts.env import CAPTURE
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,9 @@ def parse(spec: str) -> CaptureRule:
             frac = -1.0
         if 0.0 < frac <= 1.0:
             return CaptureRule(fraction=frac)
-    raise ValueError(f"{CAPTURE_ENV}={spec!r}: expected 'all' or 'fraction:F' with 0 < F <= 1")
+    raise ValueError(f"{CAPTURE}={spec!r}: expected 'all' or 'fraction:F' with 0 < F <= 1")
 
 
 def from_env(environ: dict[str, str] | None = None) -> CaptureRule:
     env = os.environ if environ is None else environ
-    return parse(env.get(CAPTURE_ENV, "all"))
+    return parse(env.get(CAPTURE, "all"))

@@ -16,7 +16,7 @@ One collection run owns one folder on the dump volume::
 
 Both sides dump under a per-pid folder: msprobe numbers steps per process, so a restarted
 worker would otherwise overwrite ``step0`` of its predecessor. The log records carry the
-``dump_path`` they were written with (see ``verl_consistency.hooks.records``), relative to the
+``dump_path`` they were written with (see ``verl_consistency.patches.contracts.records``), relative to the
 run folder, so the postprocess never has to guess where a step's dump lies.
 """
 
@@ -32,7 +32,6 @@ from pathlib import Path
 DEFAULT_DUMP_ROOT = Path("/dump")
 """Where the k8s manifests mount the shared volume, and the image's default."""
 
-DUMP_ROOT_ENV = "VERL_CONSISTENCY_DUMP_ROOT"
 
 RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 
@@ -44,6 +43,11 @@ REWARD_FN = "data/reward.py"
 ROLLOUT_DIR = "rollout"
 ACTOR_DIR = "actor"
 BUNDLES_DIR = "bundles"
+
+
+def bundle_name(run_id: str) -> str:
+    """The bundle's file name under ``bundles/`` (what ``make download-bundle RUN=`` fetches)."""
+    return f"bundle-{run_id}.tar.zst"
 
 
 def new_run_id(mode: str, now: float | None = None) -> str:
@@ -111,7 +115,7 @@ class RunLayout:
 
     @property
     def bundle(self) -> Path:
-        return self.bundles_dir / f"bundle-{self.run_id}.tar.zst"
+        return self.bundles_dir / bundle_name(self.run_id)
 
 
 def process_dump_dir(side_dir: str | os.PathLike[str], pid: int | None = None) -> Path:

@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from verl_consistency.atomic import atomic_path
+from verl_consistency.patches.contracts.atomic import atomic_path
 
 DATA_SOURCE = "verl_consistency/arithmetic"
 DEFAULT_SIZE = 64
@@ -66,7 +66,7 @@ def write_parquet(path: Path, size: int = DEFAULT_SIZE, seed: int = DEFAULT_SEED
 
 def reward_source() -> Path:
     """The reward module shipped with this package (copied into each run folder)."""
-    return Path(str(resources.files("verl_consistency") / "reward.py"))
+    return Path(str(resources.files("verl_consistency.patches.hooks") / "reward.py"))
 
 
 def write_reward_fn(path: Path) -> Path:

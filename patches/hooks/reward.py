@@ -1,4 +1,4 @@
-"""Rule-based reward for the generated prompt set (``verl_consistency.dataset``).
+"""Rule-based reward for the generated prompt set (``verl_consistency.patches.contracts.dataset``).
 
 ``verl-consistency run`` copies this file into the run folder and points verl's
 ``reward.custom_reward_function.path`` at the copy, so it must stay standard-library only:

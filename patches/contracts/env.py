@@ -1,7 +1,9 @@
-"""The environment contract between ``verl-consistency run`` (which sets it) and the hooks.
+"""Every environment variable that verl-consistency reads or sets, defined once.
 
 The first three names are the public recipe's, kept so that users' existing launch scripts
-still work. Every other name is ours and carries the ``VERL_CONSISTENCY_`` prefix.
+still work. Every other name is ours and carries the ``VERL_CONSISTENCY_`` prefix; no module
+outside this one spells such a name (``tests/test_layers.py`` fails when one does), so a
+search for a name here finds every reader and writer.
 """
 
 from __future__ import annotations
@@ -22,7 +24,32 @@ ACTOR_CONFIG = "VERL_CONSISTENCY_ACTOR_CONFIG"
 """Path of the training-side msprobe config. The recipe hard-codes ``/home/config_actor.json``."""
 
 RUN_DIR = "VERL_CONSISTENCY_RUN_DIR"
-"""The run folder on the dump volume (see ``verl_consistency.layout``)."""
+"""The run folder on the dump volume (see ``verl_consistency.patches.contracts.layout``)."""
+
+DUMP_ROOT = "VERL_CONSISTENCY_DUMP_ROOT"
+"""The shared dump volume; runs are folders under it (default ``/dump``, the k8s mount)."""
+
+RUN_ID = "VERL_CONSISTENCY_RUN_ID"
+"""The run folder's name, when ``--run-id`` is not given."""
+
+MODEL = "VERL_CONSISTENCY_MODEL"
+"""The model path, when ``model=`` is not given."""
+
+CAPTURE = "VERL_CONSISTENCY_CAPTURE"
+"""Which requests are captured: ``all`` or ``fraction:F`` (see ``contracts.capture``)."""
+
+POOL_RESOURCES = "VERL_CONSISTENCY_POOL_RESOURCES"
+"""``pool_prefix=resource`` pairs for the Ray placement hook (``patches.hooks.placement``)."""
+
+# Tooling: read by `make`, the tests and the image build, never by a run.
+CACHE = "VERL_CONSISTENCY_CACHE"
+"""Where downloaded upstream distributions are cached (default ``./.cache``)."""
+
+CHECKOV = "VERL_CONSISTENCY_CHECKOV"
+"""The checkov binary the k8s tests run (``make test`` builds one in its own venv)."""
+
+KUBERAY_CRD = "VERL_CONSISTENCY_KUBERAY_CRD"
+"""The KubeRay RayJob CRD the k8s tests validate against (default: found beside the checkout)."""
 
 
 class DumpPhase(StrEnum):

@@ -1,0 +1,24 @@
+"""The contracts between the stages, each written once and imported by every side.
+
+| module | the contract | written by | read by |
+|---|---|---|---|
+| ``env`` | every environment variable name | entrypoints, k8s, the image | hooks, entrypoints |
+| ``layout`` | the dump root and run folder: where each file lives | entrypoints | hooks, postprocess |
+| ``records`` | ``dispatch_log.jsonl`` / ``update_actor_log.jsonl`` lines | hooks | postprocess |
+| ``capture`` | which requests a collection run captures | entrypoints | hooks (both sides) |
+| ``run_manifest`` | ``run.json`` | entrypoints | postprocess |
+| ``dataset`` | the embedded prompt set (verl's parquet schema) | entrypoints | verl, the reward hook |
+| ``atomic`` | how every file is written (temp file, then rename) | every stage | |
+
+The version pins are the one contract kept outside, in ``patches/pins.toml`` beside their
+reader ``patches/pins.py``: the Makefile and the image build read them before this package is
+installed. Nothing here imports torch, vLLM, verl or msprobe: the hooks import these modules
+inside vLLM and trainer processes, and the postprocess imports them on machines without either.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("verl-consistency")
+except PackageNotFoundError:  # running from a source tree that was not installed
+    __version__ = "0.0.0+unknown"

@@ -1,0 +1,171 @@
+"""The import graph follows the pipeline, and every ``VERL_CONSISTENCY_*`` name has one home.
+
+The layers (README, "Map"), from the bottom:
+
+- ``patches.contracts`` (and ``patches.pins``): imported by every stage, imports no stage;
+- ``patches.hooks``: runs inside vLLM and trainer processes, so it may import only contracts;
+- ``patches`` tooling (apply, upstream, cli) and ``postprocess``: contracts and themselves;
+- ``entrypoints``: the command line, the only layer that may import all the others.
+
+``docker/`` scripts use the pins and the patch tooling; ``bench/`` may also import
+``tests.fixtures`` (the one home of the stand-in model, the dump generators and
+``hardware()``), never another part of ``tests``. Product code never imports ``tests``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from verl_consistency.patches.contracts import env
+
+PKG = "verl_consistency"
+
+# group of a file (by path prefix, most specific first) -> import prefixes it may use
+GROUPS: list[tuple[str, str]] = [
+    ("patches/contracts/", "contracts"),
+    ("patches/hooks/", "hooks"),
+    ("patches/", "patches"),
+    ("postprocess/", "postprocess"),
+    ("entrypoints/", "entrypoints"),
+    ("docker/", "docker"),
+    ("bench/", "bench"),
+    ("tests/fixtures/", "fixtures"),
+    ("tests/", "tests"),
+]
+CONTRACTS = (f"{PKG}.patches.contracts", f"{PKG}.patches.pins", f"{PKG}.patches.pins_schema")
+PATCH_TOOLS = (f"{PKG}.patches.apply", f"{PKG}.patches.upstream", f"{PKG}.patches.cli", f"{PKG}.patches")
+ALLOWED: dict[str, tuple[str, ...]] = {
+    "contracts": CONTRACTS,
+    "hooks": (*CONTRACTS, f"{PKG}.patches.hooks"),
+    "patches": (*CONTRACTS, *PATCH_TOOLS),
+    "postprocess": (*CONTRACTS, f"{PKG}.postprocess"),
+    "entrypoints": (PKG,),
+    "docker": (*CONTRACTS, *PATCH_TOOLS),
+    "bench": (PKG, "tests.fixtures"),
+    "fixtures": (PKG, "tests.fixtures"),
+    "tests": (PKG, "tests"),
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    file: str
+    line: int
+    imported: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: imports {self.imported}"
+
+
+def _group(rel: str) -> str | None:
+    return next((g for prefix, g in GROUPS if rel.startswith(prefix)), None)
+
+
+def _imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every absolute import, including those inside functions (the hooks import lazily)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _allowed(imported: str, prefixes: tuple[str, ...]) -> bool:
+    return any(imported == p or imported.startswith(p + ".") for p in prefixes)
+
+
+def layer_violations(root: Path, files: list[str]) -> list[Violation]:
+    out = []
+    for rel in files:
+        group = _group(rel)
+        if group is None or not rel.endswith(".py"):
+            continue
+        tree = ast.parse((root / rel).read_text(), filename=rel)
+        for line, imported in _imports(tree):
+            ours = imported.startswith(PKG + ".") or imported == PKG
+            test_code = imported == "tests" or imported.startswith("tests.")
+            if (ours or test_code) and not _allowed(imported, ALLOWED[group]):
+                out.append(Violation(rel, line, imported))
+    return out
+
+
+ENV_NAME = re.compile(r"^VERL_CONSISTENCY_[A-Z0-9_]+$")
+ENV_TOKEN = re.compile(r"\bVERL_CONSISTENCY_[A-Z0-9_]*[A-Z0-9]\b")
+ENV_HOME = "patches/contracts/env.py"
+
+
+def env_name_violations(root: Path, files: list[str]) -> list[Violation]:
+    """A ``VERL_CONSISTENCY_*`` string literal outside ``contracts/env.py`` (tests may spell one)."""
+    out = []
+    for rel in files:
+        if not rel.endswith(".py") or rel == ENV_HOME or rel.startswith("tests/"):
+            continue
+        for node in ast.walk(ast.parse((root / rel).read_text(), filename=rel)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and ENV_NAME.match(node.value):
+                out.append(Violation(rel, node.lineno, node.value))
+    return out
+
+
+def _tracked(repo: Path) -> list[str]:
+    res = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True, check=True)
+    return [f for f in res.stdout.splitlines() if (repo / f).is_file()]
+
+
+def test_imports_follow_the_layers(repo):
+    bad = layer_violations(repo, _tracked(repo))
+    assert not bad, "imports across the layers (see this file's docstring):\n" + "\n".join(map(str, bad))
+
+
+def test_env_names_are_defined_only_in_the_contracts(repo):
+    bad = env_name_violations(repo, _tracked(repo))
+    assert not bad, f"define these in {ENV_HOME} and import them from there:\n" + "\n".join(map(str, bad))
+
+
+def test_every_env_name_anywhere_is_one_of_the_contracts(repo):
+    """Manifests, the Dockerfile, the Makefile and the READMEs may only use names that exist."""
+    defined = {v for k, v in vars(env).items() if k.isupper() and isinstance(v, str) and ENV_NAME.match(v)}
+    unknown = set()
+    for rel in _tracked(repo):
+        try:
+            text = (repo / rel).read_text()
+        except UnicodeDecodeError:
+            continue
+        unknown |= {(rel, tok) for tok in ENV_TOKEN.findall(text) if tok not in defined}
+    # a shell variable of the postprocess Job's own script, not an environment contract
+    unknown = {(rel, tok) for rel, tok in unknown if tok != "VERL_CONSISTENCY_RAYJOB_FAILED"}
+    assert not unknown, f"not defined in {ENV_HOME}: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize(
+    ("rel", "source", "expected"),
+    [
+        ("patches/hooks/x.py", "from verl_consistency.entrypoints import run_cmd\n", 1),
+        ("patches/hooks/x.py", "def f():\n    import verl_consistency.postprocess.pairing\n", 1),
+        ("patches/contracts/x.py", "from verl_consistency.patches.hooks import training\n", 1),
+        ("postprocess/x.py", "from verl_consistency.patches.hooks import dispatch\n", 1),
+        ("bench/x.py", "from tests.postprocess import pairing_trees\n", 1),
+        ("entrypoints/x.py", "import tests.fixtures\n", 1),
+        ("patches/hooks/x.py", "from verl_consistency.patches.contracts import env, records\n", 0),
+        ("bench/x.py", "from tests.fixtures.hardware import hardware\n", 0),
+    ],
+)
+def test_the_layer_check_catches_a_crossing(tmp_path, rel, source, expected):
+    (tmp_path / rel).parent.mkdir(parents=True)
+    (tmp_path / rel).write_text(source)
+    assert len(layer_violations(tmp_path, [rel])) == expected
+
+
+def test_the_env_check_catches_a_second_definition(tmp_path):
+    (tmp_path / "postprocess").mkdir()
+    (tmp_path / "postprocess/x.py").write_text('RUN = "VERL_CONSISTENCY_RUN_DIR"\n')
+    assert [v.imported for v in env_name_violations(tmp_path, ["postprocess/x.py"])] == [
+        "VERL_CONSISTENCY_RUN_DIR"
+    ]
