@@ -135,6 +135,11 @@ def check_rayjob_admission(job: dict[str, Any], crd: dict[str, Any]) -> None:
             "without shutdownAfterJobFinishes",
         ),
         (lambda j: j["metadata"].__setitem__("name", "x" * 48), "longer than 47"),
+        (
+            lambda j: j["spec"].__setitem__("submissionMode", "SidecarMode"),
+            "doesn't support SubmitterPodTemplate",
+        ),
+        (lambda j: j["spec"].__setitem__("runtimeEnvYAML", "a: [b"), "not valid YAML"),
     ],
 )
 def test_controller_rules_catch_what_the_schema_allows(mutate: Any, expect: str, crd: dict[str, Any]) -> None:
