@@ -66,8 +66,20 @@ def go_quote(s: str) -> str:
     return "".join(out)
 
 
+def _floats(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_floats(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_floats(v) for v in value)
+    return isinstance(value, float)
+
+
 def go_json(value: Any) -> str:
-    """Go's ``json.Marshal`` of a YAML-decoded value: sorted map keys, no spaces, HTML-safe."""
+    """Go's ``json.Marshal`` of a YAML-decoded value: sorted map keys, no spaces, HTML-safe.
+
+    Go writes floats its own way (1e+06, no trailing .0): refused rather than guessed."""
+    if _floats(value):
+        raise ValueError("a float in the runtime env or metadata: Go's float formatting is not transcribed")
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     for raw, esc in (
         ("<", "\\u003c"),

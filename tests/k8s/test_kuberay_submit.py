@@ -27,6 +27,8 @@ def job_and_settings() -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
 def test_go_quote_and_json_match_go() -> None:
     assert ks.go_quote('a"b\\c\n\té\u2028\x01') == '"a\\"b\\\\c\\n\\té\\u2028\\x01"'
     assert ks.go_json({"b": 1, "a": "<&>"}) == '{"a":"\\u003c\\u0026\\u003e","b":1}'
+    with pytest.raises(ValueError, match="float"):
+        ks.go_json({"a": [1.5]})
 
 
 def test_the_command_is_kuberays() -> None:
