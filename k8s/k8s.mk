@@ -10,5 +10,12 @@ download-bundle: ## Copy bundle-$(RUN).tar.zst from the dump volume to $(BUNDLE_
 	@KUBECTL="$(KUBECTL)" NAMESPACE="$(NAMESPACE)" k8s/download-bundle.sh "$(RUN)" "$(BUNDLE_DIR)"
 
 .PHONY: k8s-render
-k8s-render: ## Print the fully-async manifests as an overlay renders them (OVERLAY=a3-16npu, hami, cce, volcano, ...).
-	@$(KUBECTL) kustomize k8s/$(if $(OVERLAY),overlays/$(OVERLAY),base/fully-async)
+k8s-render: ## Write k8s/fully-async-rayjob.yaml and k8s/hybrid-rayjob.yaml from k8s/base/<mode>; OVERLAY=<name> prints k8s/overlays/<name> instead.
+ifdef OVERLAY
+	@$(KUBECTL) kustomize k8s/overlays/$(OVERLAY)
+else
+	@set -e; for mode in fully-async hybrid; do \
+	  KUBECTL="$(KUBECTL)" k8s/render.sh $$mode > k8s/.$$mode-rayjob.yaml.tmp; \
+	  mv k8s/.$$mode-rayjob.yaml.tmp k8s/$$mode-rayjob.yaml; echo "wrote k8s/$$mode-rayjob.yaml"; \
+	done
+endif

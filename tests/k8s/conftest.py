@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -13,11 +16,16 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
-FILES = {"file:fully-async": K8S / "fully-async-rayjob.yaml", "file:hybrid": K8S / "hybrid-rayjob.yaml"}
+MODES = ("fully-async", "hybrid")
+# The plain files that `make k8s-render` writes from k8s/base/<mode> (k8s/render.sh).
+FILES = {f"file:{mode}": K8S / f"{mode}-rayjob.yaml" for mode in MODES}
 KUSTOMIZATIONS = sorted(
-    p.parent for p in K8S.glob("*/*/kustomization.yaml") if p.parent.parent.name != "components"
+    p.parent
+    for p in K8S.glob("*/*/kustomization.yaml")
+    if p.parent.parent.name != "components" and p.parent != K8S / "base" / "common"
 )
 SOURCES = [*FILES, *(f"kustomize:{d.relative_to(K8S)}" for d in KUSTOMIZATIONS)]
+COMPONENTS = sorted(p.parent.name for p in (K8S / "components").glob("*/kustomization.yaml"))
 
 
 def kubectl() -> str:
@@ -27,21 +35,93 @@ def kubectl() -> str:
     return found
 
 
+def kustomize(directory: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True)
+
+
 @cache
 def render(source: str) -> tuple[str, list[dict[str, Any]]]:
-    """(YAML text, documents) of one source: a plain file, or `kubectl kustomize <dir>`."""
+    """(YAML text, documents) of one source: a plain file, `kubectl kustomize <dir>`, or
+    ``compose:<mode>:<component>+<component>...`` (the mode's base with those components)."""
     if source in FILES:
         text = FILES[source].read_text()
+    elif source.startswith("compose:"):
+        _, mode, names = source.split(":", 2)
+        res = compose(mode, tuple(names.split("+")))
+        assert res.returncode == 0, f"kubectl kustomize of {source} failed:\n{res.stderr}"
+        text = res.stdout
     else:
         directory = K8S / source.split(":", 1)[1]
-        res = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True)
+        res = kustomize(directory)
         assert res.returncode == 0, f"kubectl kustomize {directory} failed:\n{res.stderr}"
         text = res.stdout
     return text, [d for d in yaml.safe_load_all(text) if d]
 
 
+@cache
+def compose(mode: str, components: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """`kubectl kustomize` of an overlay that lists `components` on k8s/base/<mode>, as a user's
+    own overlay would (its folder is a temporary one outside the checkout)."""
+    with tempfile.TemporaryDirectory(prefix="vc-overlay-") as tmp:
+        rel = Path(os.path.relpath(K8S, tmp))
+        (Path(tmp) / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "resources": [str(rel / "base" / mode)],
+                    "components": [str(rel / "components" / c) for c in components],
+                }
+            )
+        )
+        return kustomize(Path(tmp))
+
+
 def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [d for d in docs if d.get("kind") == kind]
+
+
+def expand_entrypoint(entrypoint: str, settings: Mapping[str, str]) -> list[str]:
+    """The entrypoint's words after bash expands them with `settings` as its only variables,
+    as the submitter pod's `/bin/bash -ce` does (a ${VAR:?} that is missing fails here too)."""
+    res = subprocess.run(
+        ["/bin/bash", "-ce", f'printf "%s\\0" {entrypoint}'],
+        env={"PATH": "/usr/bin:/bin", **settings},
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, f"the entrypoint does not expand with {dict(settings)}: {res.stderr}"
+    return res.stdout.split("\0")[:-1]
+
+
+def run_settings(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """The data of the ConfigMap that the RayJob's submitter pod reads."""
+    (job,) = of_kind(docs, "RayJob")
+    (container,) = job["spec"]["submitterPodTemplate"]["spec"]["containers"]
+    (ref,) = [s["configMapRef"]["name"] for s in container["envFrom"]]
+    (cm,) = [c for c in of_kind(docs, "ConfigMap") if c["metadata"]["name"] == ref]
+    return {k: str(v) for k, v in cm["data"].items()}
+
+
+def crd_path() -> Path:
+    # shared/ lies beside the checkout (CI, the main checkout), or one level up (a git worktree).
+    candidates = [base / "shared" / "kuberay" / "ray.io_rayjobs.v1.7.0.yaml" for base in REPO.parents[:2]]
+    default = next((c for c in candidates if c.is_file()), candidates[0])
+    path = Path(os.environ.get("VERL_CONSISTENCY_KUBERAY_CRD", str(default)))
+    if not path.is_absolute():
+        path = REPO / path
+    return path
+
+
+@pytest.fixture(scope="session")
+def crd() -> dict[str, Any]:
+    path = crd_path()
+    if not path.is_file():
+        pytest.skip(
+            f"KubeRay RayJob CRD not found at {path}. Get ray-operator/config/crd/bases/ray.io_rayjobs.yaml "
+            "from KubeRay tag v1.7.0 and set VERL_CONSISTENCY_KUBERAY_CRD=<path to it>."
+        )
+    return yaml.safe_load(path.read_text())
 
 
 @pytest.fixture(params=SOURCES)

@@ -5,7 +5,8 @@ No API server runs here, so this does its two jobs the way the real path does:
    (with strict field validation) rejects unknown fields, then validates the openAPIV3Schema;
 2. the KubeRay controller then rejects, after admission, what the schema allows
    (``ray-operator/controllers/ray/utils/validation.go``: ValidateRayJobMetadata/Spec,
-   validateRayGroupResources, validateRayGroupLabels, validateDeletionConfiguration).
+   validateRayGroupResources, validateRayGroupLabels, validateDeletionConfiguration; the
+   SidecarMode and runtimeEnvYAML rules of ValidateRayJobSpec).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 from typing import Any
 
 import jsonschema
+import yaml
 
 MAX_RAYJOB_NAME = 47
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -106,6 +108,17 @@ def controller_errors(rayjob: dict[str, Any]) -> list[str]:
         errors.append("backoffLimit must be >= 0")
     if spec.get("rayClusterSpec") is None and not spec.get("clusterSelector"):
         errors.append("one of rayClusterSpec or clusterSelector must be set")
+    if spec.get("submissionMode") == "SidecarMode":
+        if spec.get("submitterPodTemplate") is not None:
+            errors.append("SidecarMode doesn't support SubmitterPodTemplate")
+        if spec.get("submitterConfig") is not None:
+            errors.append("SidecarMode doesn't support SubmitterConfig")
+    try:  # dashboardclient.UnmarshalRuntimeEnvYAML: only that it is YAML (of a map)
+        env = yaml.safe_load(spec.get("runtimeEnvYAML") or "") or {}
+        if not isinstance(env, dict):
+            errors.append("runtimeEnvYAML is not a YAML map")
+    except yaml.YAMLError as exc:
+        errors.append(f"runtimeEnvYAML is not valid YAML: {exc}")
     for group, g in _groups(spec):
         params = g.get("rayStartParams") or {}
         for key, value in params.items():

@@ -5,7 +5,8 @@ the processes this test started: the ``ray start`` parent stops the GCS/raylet i
 then every leftover process whose command line names this cluster's private temp dir is ended
 by pid. ``ray stop`` is deliberately not used: it ends every Ray process on the machine,
 including other people's clusters. Ports are all chosen free (several engineers' clusters may
-share this host) and the dashboard is off to keep memory small.
+share this host). The dashboard (and with it Ray's job API) is off to keep memory small, unless
+a test asks for it with ``dashboard=True``.
 """
 
 from __future__ import annotations
@@ -52,14 +53,26 @@ class LoopbackCluster:
     workers: list[NodeSpec]
     temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rvc", dir="/tmp")))
     gcs_port: int = 0
+    # The head's custom resources (zero amounts are left out: Ray does not list them).
+    head_resources: dict[str, float] = field(default_factory=dict)
+    # The dashboard with its job API on 127.0.0.1:dashboard_port (0 until started).
+    dashboard: bool = False
+    dashboard_port: int = 0
+    # Extra environment of the head node's processes (Ray's job driver inherits it).
+    head_env: dict[str, str] = field(default_factory=dict)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.gcs_port}"
 
-    def _start(self, args: list[str], log_name: str) -> None:
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
+    @property
+    def dashboard_url(self) -> str:
+        """host:port of the job API, as KubeRay's RayJob status.dashboardURL has it."""
+        return f"127.0.0.1:{self.dashboard_port}"
+
+    def _start(self, args: list[str], log_name: str, extra_env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0", **(extra_env or {})}
         log = open(self.temp_dir / f"{log_name}.log", "wb")  # noqa: SIM115 - lives as long as the node
         per_node_ports = [
             "--node-manager-port",
@@ -84,21 +97,48 @@ class LoopbackCluster:
             subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         )
 
-    def start(self, timeout: float = 120) -> LoopbackCluster:
+    def _start_head(self) -> None:
         self.gcs_port = free_port()
+        if self.dashboard:
+            self.dashboard_port = free_port()
+            dashboard = [
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={self.dashboard_port}",
+            ]
+        else:
+            dashboard = ["--include-dashboard=false"]
+        head_resources = {k: v for k, v in self.head_resources.items() if v}
         self._start(
             [
                 "--head",
                 f"--port={self.gcs_port}",
                 f"--num-cpus={self.head_cpus}",
-                "--include-dashboard=false",
+                *([f"--resources={json.dumps(head_resources)}"] if head_resources else []),
+                *dashboard,
                 f"--ray-client-server-port={free_port()}",
                 f"--temp-dir={self.temp_dir}",
                 "--node-name=head",
             ],
             "head",
+            self.head_env,
         )
-        self._wait_started("head", timeout)
+
+    def start(self, timeout: float = 120) -> LoopbackCluster:
+        # Ray gives its dashboard ~20 s to come up (services.start_api_server polls 200 x 0.1 s),
+        # which a busy 2-core host can miss: then the head exits, and a fresh try usually works.
+        attempts = 3 if self.dashboard else 1
+        for attempt in range(attempts):
+            self._start_head()
+            try:
+                self._wait_started("head", timeout)
+                break
+            except RuntimeError:
+                head_log = (self.temp_dir / "head.log").read_text(errors="replace")
+                if attempt == attempts - 1 or "Failed to start the dashboard" not in head_log:
+                    raise
+                self.stop()
+                self.procs.clear()
         # One at a time: nodes on one host share the session dir, and two raylets starting
         # together pick the same socket names.
         for node in self.workers:

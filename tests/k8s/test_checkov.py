@@ -3,8 +3,9 @@
 checkov has heavy pinned dependencies, so it lives in its own tool venv (not the project's):
 ``python3 -m venv .cache/checkov-venv && .cache/checkov-venv/bin/pip install checkov``, or point
 VERL_CONSISTENCY_CHECKOV at a checkov executable. checkov does not look inside a RayJob's pod
-templates; test_manifests.py::test_pod_templates_are_locked_down covers those. Overlays only
-change the RayJob, so the two bases and the bundle-reader pod are what checkov can see.
+templates; test_manifests.py::test_pod_templates_are_locked_down covers those. One checkov run
+covers both bases, the bundle-reader pod, and every pairwise combination of the components
+(test_components.py; rendered once, shared through conftest.render's cache).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.k8s.conftest import K8S, REPO, render
+from tests.k8s.test_components import COMBOS
 
 SKIPS = K8S / "checkov-skips.txt"
 
@@ -50,8 +52,8 @@ def skips() -> list[tuple[str, str, str]]:
 
 def test_checkov_reports_only_listed_failures(tmp_path: Path) -> None:
     files = []
-    for source in ("kustomize:base/fully-async", "kustomize:base/hybrid"):
-        path = tmp_path / (source.split("/")[-1] + ".yaml")
+    for i, source in enumerate(["kustomize:base/fully-async", "kustomize:base/hybrid", *COMBOS]):
+        path = tmp_path / f"{i:02d}-{source.replace(':', '-').replace('/', '-').replace('+', '-')}.yaml"
         path.write_text(render(source)[0])
         files += ["-f", str(path)]
     files += ["-f", str(K8S / "bundle-reader.yaml")]
@@ -78,6 +80,9 @@ def test_checkov_reports_only_listed_failures(tmp_path: Path) -> None:
     failed = [(c["check_id"], c["resource"]) for r in reports for c in r["results"]["failed_checks"]]
     passed = sum(r["summary"]["passed"] for r in reports)
     assert passed > 50, "checkov checked almost nothing: did it parse the files?"
+    # --quiet lists failed checks only; every file fails the namespace check (listed in SKIPS).
+    checked = {Path(c["file_path"]).name for r in reports for c in r["results"]["failed_checks"]}
+    assert len(checked) == len(files) // 2, f"checkov did not check every file: {sorted(checked)}"
     rules = skips()
     unexplained = [f for f in failed if not any(f[0] == c and fnmatch.fnmatch(f[1], g) for c, g, _ in rules)]
     assert unexplained == [], f"fix these or list them with a reason in {SKIPS}"

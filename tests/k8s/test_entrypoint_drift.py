@@ -3,29 +3,26 @@
 `invocation` is the command written out in full (every option at its value, `model=` as
 `actor_rollout_ref.model.path=`), so the manifests cannot drift from the entrypoints: a default
 that changes, an option that is renamed, or an override that becomes refused fails here. The
-entrypoint's ${VAR}s are filled from the run ConfigMap of the same source, as the head pod's
-shell fills them.
+entrypoint's ${VAR:?}s are filled by bash from the run ConfigMap of the same source, as the
+submitter pod's `/bin/bash -ce` fills them (test_submission.py does the whole submission).
 """
 
 from __future__ import annotations
 
 import json
-import shlex
-import string
 import subprocess
 import sys
 
 import pytest
 
-from tests.k8s.conftest import SOURCES, of_kind, render
+from tests.k8s.conftest import SOURCES, expand_entrypoint, of_kind, render, run_settings
 
 
 def entrypoint_argv(source: str) -> list[str]:
     docs = render(source)[1]
     (job,) = of_kind(docs, "RayJob")
-    (cm,) = of_kind(docs, "ConfigMap")
-    # string.Template.substitute raises on a ${VAR} that the ConfigMap lacks: that is drift too.
-    return shlex.split(string.Template(job["spec"]["entrypoint"]).substitute(cm["data"]))
+    # A ${VAR:?} that the ConfigMap lacks fails the expansion: that is drift too.
+    return expand_entrypoint(job["spec"]["entrypoint"], run_settings(docs))
 
 
 UNIQUE = sorted({" ".join(entrypoint_argv(s)): s for s in SOURCES}.values())

@@ -1,6 +1,8 @@
 """The k8s manifests: render, lint, validate (built-in kinds and the real KubeRay CRD), and agree.
 
 Every check runs on every source: the two plain files and every kustomize base and overlay.
+The checks are plain functions of the rendered documents, so test_components.py runs the same
+ones on every pairwise combination of the components.
 """
 
 from __future__ import annotations
@@ -8,10 +10,8 @@ from __future__ import annotations
 import copy
 import os
 import re
-import shlex
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -19,7 +19,17 @@ import pytest
 import yaml
 
 from tests.k8s import kuberay_rules
-from tests.k8s.conftest import FILES, K8S, REPO, SOURCES, of_kind, render
+from tests.k8s.conftest import (
+    FILES,
+    K8S,
+    MODES,
+    SOURCES,
+    expand_entrypoint,
+    kubectl,
+    of_kind,
+    render,
+    run_settings,
+)
 from verl_consistency.patches.contracts.layout import check_run_id
 from verl_consistency.patches.hooks import placement
 
@@ -27,38 +37,24 @@ NPU_RESOURCE_NAMES = {"huawei.com/Ascend910", "huawei.com/Ascend910B3", "huawei.
 KUBE_VERSION = "1.31.0"
 
 
-def crd_path() -> Path:
-    # shared/ lies beside the checkout (CI, the main checkout), or one level up (a git worktree).
-    candidates = [base / "shared" / "kuberay" / "ray.io_rayjobs.v1.7.0.yaml" for base in REPO.parents[:2]]
-    default = next((c for c in candidates if c.is_file()), candidates[0])
-    path = Path(os.environ.get("VERL_CONSISTENCY_KUBERAY_CRD", str(default)))
-    if not path.is_absolute():
-        path = REPO / path
-    return path
-
-
-@pytest.fixture(scope="session")
-def crd() -> dict[str, Any]:
-    path = crd_path()
-    if not path.is_file():
-        pytest.skip(
-            f"KubeRay RayJob CRD not found at {path}. Get ray-operator/config/crd/bases/ray.io_rayjobs.yaml "
-            "from KubeRay tag v1.7.0 and set VERL_CONSISTENCY_KUBERAY_CRD=<path to it>."
-        )
-    return yaml.safe_load(path.read_text())
-
-
 def rayjob(source: str) -> dict[str, Any]:
     (job,) = of_kind(render(source)[1], "RayJob")
     return job
+
+
+def mode_of(job: dict[str, Any]) -> str:
+    return str(job["metadata"]["labels"]["verl-consistency/mode"])
 
 
 def groups(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {g["groupName"]: g for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
 
 
-def overrides(job: dict[str, Any]) -> dict[str, str]:
-    return dict(tok.split("=", 1) for tok in shlex.split(job["spec"]["entrypoint"]) if "=" in tok)
+def overrides(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """The entrypoint's verl overrides, expanded with the run settings (as the submitter does)."""
+    (job,) = of_kind(docs, "RayJob")
+    argv = expand_entrypoint(job["spec"]["entrypoint"], run_settings(docs))
+    return dict(tok.split("=", 1) for tok in argv if "=" in tok and not tok.startswith("-"))
 
 
 def npu_limit(group: dict[str, Any]) -> tuple[str, int]:
@@ -68,25 +64,36 @@ def npu_limit(group: dict[str, Any]) -> tuple[str, int]:
 
 
 def test_every_source_renders_the_whole_run(source: str) -> None:
-    kinds = sorted(d["kind"] for d in render(source)[1])
+    check_whole_run(render(source)[1])
+
+
+def check_whole_run(docs: list[dict[str, Any]]) -> None:
+    kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
         ["PersistentVolumeClaim"] * 2
         + ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "RayJob", "Job"]
     )
 
 
-def test_plain_files_equal_their_kustomize_base() -> None:
-    for name, base in (
-        ("file:fully-async", "kustomize:base/fully-async"),
-        ("file:hybrid", "kustomize:base/hybrid"),
-    ):
-        key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
-        assert sorted(render(name)[1], key=key) == sorted(render(base)[1], key=key)
+@pytest.mark.parametrize("mode", MODES)
+def test_plain_files_are_current(mode: str) -> None:
+    """k8s/<mode>-rayjob.yaml is what `make k8s-render` writes from k8s/base/<mode> now."""
+    res = subprocess.run(
+        [str(K8S / "render.sh"), mode],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KUBECTL": kubectl()},
+    )
+    assert res.returncode == 0, res.stderr
+    assert FILES[f"file:{mode}"].read_text() == res.stdout, (
+        f"k8s/{mode}-rayjob.yaml is not what k8s/base/{mode} renders: run `make k8s-render`"
+    )
 
 
 def test_yamllint() -> None:
     config = "{extends: default, rules: {line-length: {max: 130}, comments: {min-spaces-from-content: 1}}}"
-    files = sorted(str(p) for p in K8S.rglob("*.yaml") if not p.is_symlink())
+    # The rendered plain files are kubectl's output (its own list indentation): not linted.
+    files = sorted(str(p) for p in K8S.rglob("*.yaml") if p not in FILES.values())
     res = subprocess.run(
         [sys.executable, "-m", "yamllint", "-s", "-d", config, *files], capture_output=True, text=True
     )
@@ -94,14 +101,21 @@ def test_yamllint() -> None:
 
 
 def test_builtin_kinds_validate_strictly(source: str) -> None:
-    for doc in render(source)[1]:
+    check_builtin_kinds(render(source)[1])
+
+
+def check_builtin_kinds(docs: list[dict[str, Any]]) -> None:
+    for doc in docs:
         if doc["kind"] == "RayJob":
             continue
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
 
 
 def test_rayjob_passes_crd_schema_and_controller_rules(source: str, crd: dict[str, Any]) -> None:
-    job = rayjob(source)
+    check_rayjob_admission(rayjob(source), crd)
+
+
+def check_rayjob_admission(job: dict[str, Any], crd: dict[str, Any]) -> None:
     assert kuberay_rules.schema_errors(job, crd) == []
     assert kuberay_rules.controller_errors(job) == []
 
@@ -121,6 +135,11 @@ def test_rayjob_passes_crd_schema_and_controller_rules(source: str, crd: dict[st
             "without shutdownAfterJobFinishes",
         ),
         (lambda j: j["metadata"].__setitem__("name", "x" * 48), "longer than 47"),
+        (
+            lambda j: j["spec"].__setitem__("submissionMode", "SidecarMode"),
+            "doesn't support SubmitterPodTemplate",
+        ),
+        (lambda j: j["spec"].__setitem__("runtimeEnvYAML", "a: [b"), "not valid YAML"),
     ],
 )
 def test_controller_rules_catch_what_the_schema_allows(mutate: Any, expect: str, crd: dict[str, Any]) -> None:
@@ -149,23 +168,37 @@ def jsonschema_errors_without_defaults(job: dict[str, Any], schema: dict[str, An
 
 
 def test_pool_sizes_agree_with_worker_groups(source: str) -> None:
-    job = rayjob(source)
-    ov = overrides(job)
+    check_pool_sizes(render(source)[1])
+
+
+def check_pool_sizes(docs: list[dict[str, Any]]) -> None:
+    """Settings, worker groups and the expanded entrypoint agree on every pool's size."""
+    (job,) = of_kind(docs, "RayJob")
+    settings = run_settings(docs)
+    ov = overrides(docs)
     gs = groups(job)
-    pools = {"rollout": "rollout", "trainer": "trainer"} if "rollout" in gs else {"trainer": "worker"}
-    for pool, group_name in pools.items():
-        g = gs[group_name]
-        _, npus = npu_limit(g)
-        assert int(ov[f"{pool}.nnodes"]) == g["replicas"] == g["minReplicas"] == g["maxReplicas"]
-        assert int(ov[f"{pool}.n_gpus_per_node"]) == npus == int(g["resources"]["NPU"])
+    pools = ["trainer", "rollout"] if mode_of(job) == "fully-async" else ["trainer"]
+    assert sorted(gs) == sorted(pools)
+    npus = int(settings["NPUS_PER_NODE"])
+    for pool in pools:
+        g = gs[pool]
+        _, limit = npu_limit(g)
+        nodes = int(settings[f"{pool.upper()}_NODES"])
+        assert int(ov[f"{pool}.nnodes"]) == nodes == g["replicas"] == g["minReplicas"] == g["maxReplicas"]
+        assert int(ov[f"{pool}.n_gpus_per_node"]) == npus == limit == int(g["resources"]["NPU"])
     assert ov["trainer.device"] == "npu"
+    assert settings["RAYJOB_NAME"] == job["metadata"]["name"]
 
 
 def test_npu_resource_name_is_the_parameter(source: str) -> None:
-    job = rayjob(source)
     expected = {"hami": "huawei.com/Ascend910B3", "cce": "huawei.com/ascend-1980"}.get(
         source.rsplit("/", 1)[-1], "huawei.com/Ascend910"
     )
+    check_npu_resource_name(rayjob(source), expected)
+
+
+def check_npu_resource_name(job: dict[str, Any], expected: str) -> None:
+    assert job["metadata"]["labels"]["verl-consistency/npu-resource"] == expected.split("/", 1)[1]
     for g in groups(job).values():
         name, _ = npu_limit(g)
         assert name == expected
@@ -197,8 +230,11 @@ def test_fully_async_installs_the_placement_hook_and_tags_each_group(source: str
 
 
 def test_lifecycle_and_run_settings(source: str) -> None:
-    docs = render(source)[1]
-    job = rayjob(source)
+    check_lifecycle_and_run_settings(render(source)[1])
+
+
+def check_lifecycle_and_run_settings(docs: list[dict[str, Any]]) -> None:
+    (job,) = of_kind(docs, "RayJob")
     spec = job["spec"]
     assert spec["shutdownAfterJobFinishes"] is True
     assert spec["ttlSecondsAfterFinished"] > 0
@@ -210,19 +246,30 @@ def test_lifecycle_and_run_settings(source: str) -> None:
     (cm,) = of_kind(docs, "ConfigMap")
     check_run_id(cm["data"]["RUN_ID"])
     assert cm["data"]["RAYJOB_NAME"] == job["metadata"]["name"]
+    assert cm["metadata"]["name"] == f"{job['metadata']['name']}-run"
+    assert post["metadata"]["name"] == f"{job['metadata']['name']}-postprocess"
+    # Every ${VAR} of the entrypoint is guarded and comes from the ConfigMap; the submitter pod
+    # (KubeRay's bash -ce expands them there) and the postprocess Job read that ConfigMap.
+    variables = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(:\?)?\}?", spec["entrypoint"])
+    assert {v for v, _ in variables} <= cm["data"].keys()
+    assert all(guard == ":?" for _, guard in variables), "use ${VAR:?} in the entrypoint"
     assert re.search(
-        r"--run-id \$\{RUN_ID\} .* actor_rollout_ref\.model\.path=\$\{MODEL_PATH\} ", spec["entrypoint"]
+        r"--run-id \$\{RUN_ID:\?\} .* actor_rollout_ref\.model\.path=\$\{MODEL_PATH:\?\} ", spec["entrypoint"]
     )
-    head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert spec.get("submissionMode", "K8sJobMode") == "K8sJobMode"
+    (submitter,) = spec["submitterPodTemplate"]["spec"]["containers"]
     post_c = post["spec"]["template"]["spec"]["containers"][0]
-    for container in (head, post_c):
+    for container in (submitter, post_c):
         assert {"configMapRef": {"name": cm["metadata"]["name"]}} in container["envFrom"]
+    head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert submitter["image"] == head["image"]  # KubeRay's default: no client/server version skew
+    assert "command" not in submitter  # KubeRay fills in its own submit command
     # every pod that touches the dump volume mounts the one RWX claim at /dump
     (dump_pvc,) = [
         p for p in of_kind(docs, "PersistentVolumeClaim") if p["metadata"]["name"].endswith("dump")
     ]
     assert dump_pvc["spec"]["accessModes"] == ["ReadWriteMany"]
-    for pod in pod_specs(job, post):
+    for pod in [*pod_specs(job, post)[:-2], pod_specs(job, post)[-1]]:  # all but the submitter
         claims = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in pod["volumes"]}
         assert claims["dump"] == dump_pvc["metadata"]["name"]
         mounts = {m["name"]: m["mountPath"] for c in pod["containers"] for m in c["volumeMounts"]}
@@ -232,18 +279,23 @@ def test_lifecycle_and_run_settings(source: str) -> None:
 
 
 def pod_specs(job: dict[str, Any], post: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Ray pods and the submitter pod (all of the RayJob), then the postprocess pod."""
     cluster = job["spec"]["rayClusterSpec"]
     return [
         cluster["headGroupSpec"]["template"]["spec"],
         *(g["template"]["spec"] for g in cluster["workerGroupSpecs"]),
+        job["spec"]["submitterPodTemplate"]["spec"],
         post["spec"]["template"]["spec"],
     ]
 
 
 def test_pod_templates_are_locked_down(source: str) -> None:
     """checkov does not look inside a RayJob, so its pod templates are checked here."""
-    docs = render(source)[1]
-    job = rayjob(source)
+    check_pod_templates(render(source)[1])
+
+
+def check_pod_templates(docs: list[dict[str, Any]]) -> None:
+    (job,) = of_kind(docs, "RayJob")
     (post,) = of_kind(docs, "Job")
     ray_pods, post_pod = pod_specs(job, post)[:-1], pod_specs(job, post)[-1]
     for pod in [*ray_pods, post_pod]:
@@ -259,14 +311,15 @@ def test_pod_templates_are_locked_down(source: str) -> None:
             assert not image.endswith(":latest"), image
             for kind in ("requests", "limits"):
                 assert {"cpu", "memory"} <= c["resources"][kind].keys(), (c["name"], kind)
-        host_paths = {v["name"] for v in pod["volumes"] if "hostPath" in v}
+        host_paths = {v["name"] for v in pod.get("volumes", []) if "hostPath" in v}
         for c in pod["containers"]:
-            for m in c["volumeMounts"]:
+            for m in c.get("volumeMounts", []):
                 if m["name"] in host_paths:
                     assert m.get("readOnly") is True, m
-    for pod in ray_pods:
+    for pod in ray_pods:  # and the submitter
         assert pod["automountServiceAccountToken"] is False
         assert pod["containers"][0]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert ray_pods[-1]["restartPolicy"] == "Never"  # the submitter; KubeRay's Job retries it
     sc = post_pod["securityContext"]
     assert sc["runAsNonRoot"] is True
     assert sc["runAsUser"] != 0
@@ -297,4 +350,5 @@ def test_postprocess_service_account_may_only_read_rayjobs(source: str) -> None:
 def test_plain_files_are_the_documented_paths() -> None:
     for path in FILES.values():
         assert path.parent == K8S
-        assert path.resolve().is_file()
+        assert path.is_file()
+        assert not path.is_symlink()

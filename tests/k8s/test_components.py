@@ -1,0 +1,106 @@
+"""Components combine: every pairwise combination builds with `kubectl kustomize` and passes the checks.
+
+Each pair of k8s/components is composed on each mode's base in a throw-away overlay (as a user's
+own overlay would list them), rendered once (conftest.render caches it), and run through the same
+checks as every shipped source in test_manifests.py: the whole run is there, built-in kinds
+validate strictly, the RayJob passes KubeRay v1.7.0's CRD schema and controller rules, settings,
+worker groups and entrypoint agree on the pool sizes, pod templates are locked down, and the NPU
+resource name is the plugin's. test_checkov.py runs checkov over the same renderings.
+
+Two kinds of pair are refused on purpose, and the tests check that they are refused, not
+skipped: the npu-* components exclude each other (a cluster has one device plugin), and
+pool-sizes is for fully-async (hybrid has no rollout group).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.k8s import test_manifests as checks
+from tests.k8s.conftest import COMPONENTS, K8S, MODES, compose, of_kind, render, run_settings
+
+EXCLUSIVE = [frozenset({"npu-cce", "npu-hami"})]
+FULLY_ASYNC_ONLY = {"pool-sizes"}
+NPU_NAMES = {"npu-cce": "huawei.com/ascend-1980", "npu-hami": "huawei.com/Ascend910B3"}
+
+
+def allowed(mode: str, combo: tuple[str, ...]) -> bool:
+    if any(pair <= set(combo) for pair in EXCLUSIVE):
+        return False
+    return mode == "fully-async" or not FULLY_ASYNC_ONLY & set(combo)
+
+
+PAIRS = [(m, c) for m in MODES for c in itertools.combinations(COMPONENTS, 2) if allowed(m, c)]
+REFUSED = [(m, c) for m in MODES for c in itertools.combinations(COMPONENTS, 2) if not allowed(m, c)]
+COMBOS = [f"compose:{m}:{'+'.join(c)}" for m, c in PAIRS]
+
+
+def test_there_are_components_to_combine() -> None:
+    assert {"a3-16npu", "pool-sizes", "volcano", "npu-cce", "npu-hami"} <= set(COMPONENTS)
+    assert len(PAIRS) >= 14  # 9 on fully-async, 5 on hybrid
+
+
+@pytest.mark.parametrize("combo", COMBOS)
+def test_pair_builds_and_passes_the_checks(combo: str, crd: dict[str, Any]) -> None:
+    _, mode, names = combo.split(":", 2)
+    components = names.split("+")
+    docs = render(combo)[1]
+    (job,) = of_kind(docs, "RayJob")
+    checks.check_whole_run(docs)
+    checks.check_builtin_kinds(docs)
+    checks.check_rayjob_admission(job, crd)
+    checks.check_pool_sizes(docs)
+    checks.check_lifecycle_and_run_settings(docs)
+    checks.check_pod_templates(docs)
+    npu = [NPU_NAMES[c] for c in components if c in NPU_NAMES]
+    checks.check_npu_resource_name(job, npu[0] if npu else "huawei.com/Ascend910")
+    # Each component did its part, whatever the other one did.
+    settings = run_settings(docs)
+    assert settings["NPUS_PER_NODE"] == ("16" if "a3-16npu" in components else "8")
+    assert settings["TRAINER_NODES"] == ("2" if "pool-sizes" in components else "1")
+    images = {c["image"] for pod in checks.pod_specs(job, of_kind(docs, "Job")[0]) for c in pod["containers"]}
+    assert images == {"verl-consistency:0.1.0-a3" if "a3-16npu" in components else "verl-consistency:0.1.0"}
+    labels = job["metadata"]["labels"]
+    assert (labels.get("ray.io/scheduler-name") == "volcano") == ("volcano" in components)
+    assert labels["verl-consistency/mode"] == mode
+
+
+@pytest.mark.parametrize("combo", COMBOS)
+def test_pair_order_does_not_matter(combo: str) -> None:
+    _, mode, names = combo.split(":", 2)
+    reverse = compose(mode, tuple(reversed(names.split("+"))))
+    assert reverse.returncode == 0, reverse.stderr
+    assert list(yaml.safe_load_all(reverse.stdout)) == list(yaml.safe_load_all(render(combo)[0]))
+
+
+@pytest.mark.parametrize(("mode", "combo"), REFUSED, ids=[f"{m}:{'+'.join(c)}" for m, c in REFUSED])
+def test_refused_pairs_fail_to_build_with_the_reason(mode: str, combo: tuple[str, ...]) -> None:
+    res = compose(mode, combo)
+    assert res.returncode != 0
+    if set(combo) & FULLY_ASYNC_ONLY and mode != "fully-async":
+        assert "groupName=rollout" in res.stderr
+    else:
+        assert "Unable to remove nonexistent key: huawei.com/Ascend910" in res.stderr
+
+
+def _replacements(path: str) -> dict[str, Any]:
+    doc = yaml.safe_load((K8S / path / "kustomization.yaml").read_text())
+    return {r["source"]["fieldPath"]: r for r in doc.get("replacements", [])}
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_a_component_copies_a_setting_as_the_base_does(component: str) -> None:
+    """A component that changes a size repeats the base's replacement for it, word for word."""
+    base = _replacements("base/fully-async")
+    mine = _replacements(f"components/{component}")
+    for field, replacement in mine.items():
+        assert replacement == base[field], f"{component}: the replacement of {field} differs from the base's"
+    hybrid = _replacements("base/hybrid")
+    for field, replacement in hybrid.items():
+        assert replacement == base[field], (
+            f"base/hybrid: the replacement of {field} differs from fully-async's"
+        )
