@@ -23,6 +23,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from verl_consistency.entrypoints import msprobe_config as mscfg
 from verl_consistency.entrypoints.overrides import Mode, Table
@@ -275,7 +276,7 @@ def run_command(
         )
     except PlanError as exc:
         for message in exc.messages:
-            console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+            console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
         console.print(f"nothing was written or started ({len(exc.messages)} problem(s)).", highlight=False)
         raise typer.Exit(EXIT_REFUSED) from None
 
@@ -288,7 +289,7 @@ def run_command(
             manifest = prepare_run_dir(plan)
     except PlanError as exc:
         for message in exc.messages:
-            console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+            console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_REFUSED) from None
     console.print(
         f"run {plan.run_id}: wrote msprobe configs, prompt set and run.json to {plan.run_dir}; "

@@ -175,6 +175,15 @@ def test_relative_dump_root_is_refused() -> None:
     assert "absolute path" in result.output
 
 
+def test_a_bad_run_id_message_keeps_its_pattern(tmp_path: Path) -> None:
+    """The message names the allowed pattern whole: rich must not read ``[a-z0-9]`` as markup."""
+    result = CliRunner().invoke(
+        app, ["run", "hybrid", "--dry-run", "--dump-root", str(tmp_path), "--run-id", "Bad!"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "^[a-z0-9][a-z0-9._-]{0,127}$" in " ".join(result.output.split())
+
+
 def test_phase_option_wins_over_its_env_source(tmp_path: Path) -> None:
     import json
 
