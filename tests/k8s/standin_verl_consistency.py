@@ -6,7 +6,7 @@ then does the parts of the run that can happen on a CPU host, for real:
 
 1. its argv, and the job config that Ray's job supervisor gave the driver
    (``RAY_JOB_CONFIG_JSON_ENV_VAR``: the runtime env and metadata of the submission);
-2. the real CLI on that argv, ``python -m verl_consistency <argv> --dry-run --json``: how the
+2. the real CLI on that argv, ``python -m verl_consistency.entrypoints <argv> --dry-run --json``: how the
    real ``verl-consistency run`` parses what arrived (run id, model path, phase, capture, pools);
 3. for ``run fully-async``: placement_driver.py on the job's own Ray cluster, with the pool sizes
    that arrived, in the environment the real ``verl-consistency run`` gives verl (the dry
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     rc = 0
     try:
         res = subprocess.run(
-            [sys.executable, "-m", "verl_consistency", *argv, "--dry-run", "--json"],
+            [sys.executable, "-m", "verl_consistency.entrypoints", *argv, "--dry-run", "--json"],
             capture_output=True,
             text=True,
             timeout=120,
