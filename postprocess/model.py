@@ -16,6 +16,8 @@ def printable(text: str) -> str:
     decodes to lone surrogates) become a visible ``\\xff``, any other lone surrogate (a
     ``\\ud800`` escape in a log line) a visible ``\\ud800``. JSON cannot
     carry lone surrogates, so every string bound for the manifest passes through here."""
+    if text.isascii():
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -8,10 +8,10 @@ module against a second, deliberately plain implementation of the same text.
 are reported as ``bad_log_line`` ``file:line`` and their ids are not seen at all):
 
 * dispatch: integer ``step``, ``rank``, ``pid``; ``phase`` ``prefill`` or ``decode``; ``requests``
-  a list of objects, each with a string ``request_id``, ``type`` ``new`` or ``cached`` and
-  integer ``tokens``; a prefill step holds at least one request; ``prompt_tokens`` and
-  ``num_computed_tokens`` of the step's target (below) are integers or absent; a
-  ``scoped_request_id`` (or ``captured_request_id``) names one of the step's requests.
+  a list of objects, each with a string ``request_id``. A prefill step (below) also needs at
+  least one request, each with ``type`` ``new`` or ``cached`` and integer ``tokens``;
+  ``prompt_tokens`` and ``num_computed_tokens`` of its target integers or absent; a
+  ``scoped_request_id`` (or ``captured_request_id``) naming one of its requests.
 * training: integer ``step``, ``rank``, ``pid``; ``request_ids`` a list of strings.
 
 **Request ids.** A request is named by the id verl sent. Training ids are verl's own and are
@@ -97,10 +97,12 @@ are built only for what survives (pairs, listed reasons).
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -124,8 +126,12 @@ Progress = Callable[[str, int, int], None]
 
 _SUFFIX_RE = re.compile(r"-[0-9a-f]{8}")
 _CHILD_RE = re.compile(r"([0-9]+)_(.+)", re.DOTALL)
-_TYPES = ("new", "cached")
-_ENTRY = "each request needs a string request_id, type 'new' or 'cached' and integer tokens"
+_TYPES = frozenset(("new", "cached"))
+_STR = frozenset((str,))
+_INT = frozenset((int,))
+_ENTRY = (
+    "each request needs a string request_id (and in a prefill step type 'new' or 'cached' and integer tokens)"
+)
 
 
 def request_key(vid: str, train: Container[str]) -> tuple[str, int | None]:
@@ -137,7 +143,7 @@ def request_key(vid: str, train: Container[str]) -> tuple[str, int | None]:
         e = vid[: n - 9]
         if e in train:
             return e, None
-        m = _CHILD_RE.fullmatch(e)
+        m = _CHILD_RE.fullmatch(e) if "_" in e else None
         if m:
             return m.group(2), int(m.group(1))
         return e, None
@@ -183,11 +189,21 @@ class Reporter:
     def request(self, ref: str, reason: UnpairedReason, detail: str, *args: object) -> None:
         """A request's verdict; the entry (and ``detail.format(*args)``) is built only while it
         is listed: a large run has hundreds of thousands of unpaired requests."""
-        key = ("request", reason.value)
+        key = ("request", reason)  # a StrEnum member hashes and compares as its value
         self.counts[key] += 1
         if self.counts[key] <= LIST_CAP:
             text = detail.format(*args) if args else detail
             self.listed.append(Unpaired(subject="request", ref=ref, reason=reason, detail=text))
+
+    def requests(self, reason: UnpairedReason, keys: list[str]) -> list[str]:
+        """Count the verdicts of ``keys``; return those still to be listed (up to the cap)."""
+        key = ("request", reason)
+        before = self.counts[key]
+        self.counts[key] = before + len(keys)
+        return keys[: max(0, LIST_CAP - before)]
+
+    def list_request(self, ref: str, reason: UnpairedReason, detail: str) -> None:
+        self.listed.append(Unpaired(subject="request", ref=ref, reason=reason, detail=detail))
 
     def bulk(self, subject: str, reason: UnpairedReason, n: int = 1) -> None:
         self.counts[(subject, reason.value)] += n
@@ -195,7 +211,7 @@ class Reporter:
     def nested_counts(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = defaultdict(dict)
         for (subject, reason), n in sorted(self.counts.items()):
-            out[subject][reason] = n
+            out[subject][str(reason)] = n
         return dict(out)
 
 
@@ -317,24 +333,42 @@ def pair_run(
         cur = first_by_key.get(k)
         if cur is None or v[1:] < cur[1:]:
             first_by_key[k] = v
-    decode_keys = {request_key(v, train)[0] for v in ro.decode_vids}
+    # A vid with a usable or unusable prefill already has its verdict source; only the rest
+    # (whose prefill no log holds) can end as decode_only.
+    usable_vids = {c.vllm_id for c in ro.usable}
+    decode_keys = {
+        request_key(v, train)[0] for v in ro.decode_vids if v not in ro.first and v not in usable_vids
+    }
     seen: dict[str, None] = dict.fromkeys(train)
     seen.update(dict.fromkeys(roll_by_key))
     seen.update(dict.fromkeys(first_by_key))
     seen.update(dict.fromkeys(sorted(decode_keys)))
+    # Grouped by reason first, so that a large run's hundreds of thousands of unpaired requests
+    # cost a few list appends each; entries are built only for the listed ones.
+    by_first: dict[UnpairedReason, list[str]] = defaultdict(list)
+    only_decoding: list[str] = []
+    nowhere: list[str] = []
+    fget = first_by_key.get
     for key in seen:
         if key in roll_by_key:
             continue
-        hit = first_by_key.get(key)
+        hit = fget(key)
         if hit is not None:
-            why, li, lineno, _ = hit
-            rep.request(
-                key, why, "no usable prefill: {}, e.g. {}:{}", why.value, roll_logs[li].virtual, lineno
-            )
+            by_first[hit[0]].append(key)
         elif key in decode_keys:
-            rep.request(key, R.DECODE_ONLY, "seen only decoding: its prefill is in no dispatch log line")
+            only_decoding.append(key)
         else:
-            rep.request(key, R.NO_ROLLOUT_PREFILL, "no dispatch_log line holds this request")
+            nowhere.append(key)
+    for why, group in by_first.items():
+        for key in rep.requests(why, group):
+            _, li, lineno, _ = first_by_key[key]
+            rep.list_request(
+                key, why, f"no usable prefill: {why.value}, e.g. {roll_logs[li].virtual}:{lineno}"
+            )
+    for key in rep.requests(R.DECODE_ONLY, only_decoding):
+        rep.list_request(key, R.DECODE_ONLY, "seen only decoding: its prefill is in no dispatch log line")
+    for key in rep.requests(R.NO_ROLLOUT_PREFILL, nowhere):
+        rep.list_request(key, R.NO_ROLLOUT_PREFILL, "no dispatch_log line holds this request")
 
     return PairingResult(
         roots,
@@ -360,7 +394,7 @@ def _read_actor(
     (read first: the training logs are the smaller side, and their ids name the requests)."""
     singles: list[_Cand] = []
     multi_ids: set[str] = set()
-    train: dict[str, None] = {}
+    train_order: list[str] = []
     n = multi = empty = 0
     for li, log in enumerate(logs):
         tick("actor logs", li, len(logs))
@@ -373,13 +407,12 @@ def _read_actor(
                     raise TypeError("step, rank and pid must be integers")
                 if type(ids) is not list:
                     raise TypeError("request_ids must be a list")
-                for rid in ids:
-                    if type(rid) is not str:
-                        raise TypeError("request_ids must hold strings")
+                if not set(map(type, ids)) <= _STR:
+                    raise TypeError("request_ids must hold strings")
             except (KeyError, TypeError, AttributeError) as exc:
                 _bad(rep, log, lineno, f"not an update_actor record: {_why(exc)}")
                 continue
-            train.update(dict.fromkeys(ids))
+            train_order.extend(ids)
             if len(ids) == 1:
                 rid = ids[0]
                 dump_path = o.get("dump_path")
@@ -413,7 +446,7 @@ def _read_actor(
         rep.bulk("actor_step", R.MULTI_REQUEST_MICRO_BATCH, multi)
     if empty:
         rep.bulk("actor_step", R.NO_REQUEST_ID, empty)
-    return singles, multi_ids, train, n
+    return singles, multi_ids, dict.fromkeys(train_order), n
 
 
 _Pos = tuple[int, int, int]
@@ -427,6 +460,16 @@ class _Rollout:
     """vLLM id -> (reason, position) of its first unusable new or continuation appearance."""
     decode_vids: set[str]
     n: int
+
+
+def _earliest(
+    first: dict[str, tuple[UnpairedReason, int, int, int]], vid: str, why: UnpairedReason, pos: _Pos
+) -> None:
+    """Keep the earliest unusable appearance: the step's other requests were noted before its
+    target, and deferred targets are resolved after the whole log."""
+    prev = first.get(vid)
+    if prev is None or pos < prev[1:]:
+        first[vid] = (why, *pos)
 
 
 def _is_decode(q: dict[str, Any]) -> bool:
@@ -444,6 +487,7 @@ def _read_rollout(logs: list[LogFile], train: Container[str], rep: Reporter, tic
     usable: list[_Cand] = []
     first: dict[str, tuple[UnpairedReason, int, int, int]] = {}
     decode_vids: set[str] = set()
+    get_id, get_tokens, get_type = itemgetter("request_id"), itemgetter("tokens"), itemgetter("type")
     conts: dict[tuple[int, int, str], _Pos] = {}
     deferred: list[tuple[_Cand, bool, _Pos]] = []
     bulk: Counter[UnpairedReason] = Counter()
@@ -460,22 +504,21 @@ def _read_rollout(logs: list[LogFile], train: Container[str], rep: Reporter, tic
                     raise TypeError("step, rank and pid must be integers")
                 if type(reqs) is not list:
                     raise TypeError("requests must be a list")
-                for q in reqs:
-                    if (
-                        type(q["request_id"]) is not str
-                        or type(q["tokens"]) is not int
-                        or q["type"] not in _TYPES
-                    ):
-                        raise TypeError(_ENTRY)
+                # Checked in C loops: most lines are decode steps of several requests.
+                vids = list(map(get_id, reqs))
+                if not set(map(type, vids)) <= _STR:
+                    raise TypeError(_ENTRY)
                 attn = o.get("attn_state")
                 if phase == "decode" or attn == "DecodeOnly":
                     if phase != "decode" and phase != "prefill":
                         raise TypeError(f"phase {phase!r} is neither prefill nor decode")
                     decode += 1
-                    decode_vids.update([q["request_id"] for q in reqs])
+                    decode_vids.update(vids)
                     continue
                 if phase != "prefill":
                     raise TypeError(f"phase {phase!r} is neither prefill nor decode")
+                if not (set(map(type, map(get_tokens, reqs))) <= _INT and set(map(get_type, reqs)) <= _TYPES):
+                    raise TypeError(_ENTRY)
                 if not reqs:
                     raise TypeError("a prefill step with no requests")
                 captured = o.get("scoped_request_id") or o.get("captured_request_id")
@@ -533,8 +576,7 @@ def _read_rollout(logs: list[LogFile], train: Container[str], rep: Reporter, tic
                 else:
                     bulk[R.CHUNKED_PREFILL] += 1
                     conts[(pid, rank, vid)] = pos
-                    if vid not in first:
-                        first[vid] = (R.CHUNKED_PREFILL, *pos)
+                    _earliest(first, vid, R.CHUNKED_PREFILL, pos)
                 continue
             tokens = t["tokens"]
             scoped = target >= 0 and len(reqs) > 1
@@ -573,8 +615,7 @@ def _read_rollout(logs: list[LogFile], train: Container[str], rep: Reporter, tic
                     continue
                 why = R.NOT_DUMPED
             bulk[why] += 1
-            if vid not in first:
-                first[vid] = (why, *pos)
+            _earliest(first, vid, why, pos)
     tick("rollout logs", len(logs), len(logs))
     for cand, dumped, pos in deferred:
         last = conts.get((cand.pid, cand.rank, cand.vllm_id))
@@ -586,9 +627,7 @@ def _read_rollout(logs: list[LogFile], train: Container[str], rep: Reporter, tic
             usable.append(cand)
             continue
         bulk[why] += 1
-        prev = first.get(cand.vllm_id)
-        if prev is None or pos < prev[1:]:
-            first[cand.vllm_id] = (why, *pos)
+        _earliest(first, cand.vllm_id, why, pos)
     if decode:
         bulk[R.DECODE_ONLY] += decode
     for reason, k in bulk.items():
@@ -682,12 +721,15 @@ def _locate(roots: Roots, c: _Cand, rep: Reporter) -> bool:
             continue
         real = roots.contain(c.side, rd / "dump.json")
         if real is None:
+            dangling = not os.path.exists(rd / "dump.json")
             rep(
                 Unpaired(
                     subject=subject,
                     ref=c.ref,
-                    reason=R.OUTSIDE_RUN,
-                    detail=f"{rd}/dump.json leads outside the {c.side} dump folder (or dangles)",
+                    reason=R.DUMP_MISSING if dangling else R.OUTSIDE_RUN,
+                    detail=f"{rd}/dump.json is a dangling symlink"
+                    if dangling
+                    else f"{rd}/dump.json leads outside the {c.side} dump folder",
                 )
             )
             return False
