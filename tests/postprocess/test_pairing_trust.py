@@ -155,6 +155,25 @@ def test_a_worker_folder_with_a_non_utf8_name_still_gives_a_bundle(tmp_path):
     bundle.verify(outcome.bundle)
 
 
+def test_a_run_folder_and_tensor_files_with_non_utf8_names_still_give_a_bundle(tmp_path):
+    odd_root = os.fsencode(tmp_path) + b"/runs\xe9"
+    try:
+        os.mkdir(odd_root)
+    except OSError as exc:
+        pytest.skip(f"cannot create a non-UTF-8 name here: {exc}")
+    t = RunTree(Path(os.fsdecode(odd_root)))
+    t.rollout_step(1, 0, 0, [req(vid("good"))], task="tensor")
+    t.actor_step(2, 0, 0, ["good"], task="tensor")
+    tensors = os.fsencode(t.run_dir / "rollout/1/step0/rank0/dump_tensor_data")
+    with open(tensors + b"/odd\xff.pt", "wb") as fh:
+        fh.write(b"x")
+    outcome = pipeline.postprocess(t.run_dir, out=tmp_path / "bundles", compare=False)
+    assert [p.request_id for p in outcome.manifest.pairs] == ["good"]
+    assert "\\xe9" in outcome.manifest.source.run_dir
+    assert not any("odd" in f.path for f in outcome.manifest.files)
+    bundle.verify(outcome.bundle)
+
+
 # -- 4. non-regular files where a file is expected ------------------------------------------------
 
 
