@@ -312,20 +312,6 @@ def pair_run(
             pairs.append(_make_pair(r, a, default_backend, used_ids))
             pair_key.append(key)
 
-    if check_dumps:
-        keep = _check_dumps(roots, pairs, rep, tick)
-        dropped: dict[str, str] = {}
-        for k, bad in zip(pair_key, keep, strict=True):
-            if bad:
-                dropped.setdefault(k, bad)
-        pairs = [p for p, bad in zip(pairs, keep, strict=True) if not bad]
-        pair_key = [k for k, bad in zip(pair_key, keep, strict=True) if not bad]
-        kept = set(pair_key)
-        for k, bad in dropped.items():
-            if k not in kept:
-                rep.request(k, R.DUMP_UNREADABLE, "{}", bad)
-    paired = set(pair_key)
-
     # Every other request seen anywhere: one verdict each.
     first_by_key: dict[str, tuple[UnpairedReason, int, int, int]] = {}
     for vid, v in ro.first.items():
@@ -369,6 +355,20 @@ def pair_run(
         rep.list_request(key, R.DECODE_ONLY, "seen only decoding: its prefill is in no dispatch log line")
     for key in rep.requests(R.NO_ROLLOUT_PREFILL, nowhere):
         rep.list_request(key, R.NO_ROLLOUT_PREFILL, "no dispatch_log line holds this request")
+
+    if check_dumps:
+        keep = _check_dumps(roots, pairs, rep, tick)
+        dropped: dict[str, str] = {}
+        for k, bad in zip(pair_key, keep, strict=True):
+            if bad:
+                dropped.setdefault(k, bad)
+        pairs = [p for p, bad in zip(pairs, keep, strict=True) if not bad]
+        pair_key = [k for k, bad in zip(pair_key, keep, strict=True) if not bad]
+        kept = set(pair_key)
+        for k, bad in dropped.items():
+            if k not in kept:
+                rep.request(k, R.DUMP_UNREADABLE, "{}", bad)
+    paired = set(pair_key)
 
     return PairingResult(
         roots,
