@@ -48,6 +48,7 @@ settings.register_profile(
     max_examples=MAX_EXAMPLES,
     deadline=None,
     derandomize=True,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
