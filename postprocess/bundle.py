@@ -90,9 +90,12 @@ def collect(
         tensors = real_dir / discover.TENSOR_DIR
         if tensors.is_dir() and not tensors.is_symlink():
             for path in _walk_files(tensors):
+                rel = path.relative_to(tensors).as_posix()
+                if not discover.is_utf8(rel):
+                    continue  # a manifest (JSON) cannot name it; msprobe never writes such names
                 real = roots.contain(side, path)  # type: ignore[arg-type]
                 if real is not None:
-                    add(f"{d}/{discover.TENSOR_DIR}/{path.relative_to(tensors).as_posix()}", real, "dump")
+                    add(f"{d}/{discover.TENSOR_DIR}/{rel}", real, "dump")
     if run_json is not None and run_json.is_file():
         add(layout.RUN_MANIFEST, run_json, "run_manifest")
     if results_dir is not None and results_dir.is_dir():

@@ -27,7 +27,7 @@ from typing import IO, Any, Literal
 import orjson
 
 from verl_consistency.patches.contracts import layout, records
-from verl_consistency.postprocess.model import Unpaired, UnpairedReason
+from verl_consistency.postprocess.model import Unpaired, UnpairedReason, printable
 
 Side = Literal["rollout", "actor"]
 Report = Callable[[Unpaired], None]
@@ -146,6 +146,17 @@ def find_logs(roots: Roots, side: Side, report: Report) -> list[LogFile]:
         if not os.path.lexists(cand):
             continue
         virtual = f"{side}/{cand.relative_to(root).as_posix()}"
+        if not is_utf8(virtual):
+            # Its path could not be written into the manifest (JSON is Unicode), nor mapped back.
+            report(
+                Unpaired(
+                    subject="log_line",
+                    ref=printable(virtual),
+                    reason=UnpairedReason.LOG_UNREADABLE,
+                    detail="the folder name is not valid UTF-8: not read; rename the folder and rerun",
+                )
+            )
+            continue
         real = roots.contain(side, cand)
         if real is None:
             reason = UnpairedReason.OUTSIDE_RUN if cand.exists() else UnpairedReason.LOG_UNREADABLE
@@ -158,13 +169,14 @@ def find_logs(roots: Roots, side: Side, report: Report) -> list[LogFile]:
                 )
             )
             continue
-        if not stat.S_ISREG(real.stat().st_mode):
+        kind = not_regular(real)
+        if kind:
             report(
                 Unpaired(
                     subject="log_line",
                     ref=virtual,
                     reason=UnpairedReason.LOG_UNREADABLE,
-                    detail="not a regular file",
+                    detail=f"not a regular file ({kind})",
                 )
             )
             continue
@@ -181,30 +193,73 @@ def _is_dir_noescape(entry: os.DirEntry[str]) -> bool:
 
 _BLOCK = 8 << 20
 
+MAX_LINE = 4 << 20
+"""Longest log line read (4 MiB). A dispatch line holds about 100 bytes per scheduled request, so
+even a step of 10,000 requests stays far below it; anything longer is damage (a torn write that
+lost its newline, a binary file), reported as one bad line and skipped without being held."""
 
-def _blocks(fh: IO[bytes]) -> Iterator[list[bytes]]:
-    """Lines in batches read 8 MiB at a time (much cheaper than iterating the file by line)."""
+TOO_LONG: bytes | None = None
+"""Stands for an over-long line in what :func:`_blocks` yields."""
+
+
+def _blocks(fh: IO[bytes]) -> Iterator[list[bytes | None]]:
+    """Lines in batches read 8 MiB at a time (much cheaper than iterating the file by line).
+
+    A line longer than :data:`MAX_LINE` comes out as :data:`TOO_LONG`, once: its bytes are
+    dropped as they are read, so memory stays bounded by the block and the cap, whatever the
+    line's length, and no partial line is ever rebuilt more than once.
+    """
+    cap, block_size = MAX_LINE, _BLOCK
     tail = b""
-    while block := fh.read(_BLOCK):
-        lines = (tail + block).split(b"\n")
-        tail = lines.pop()
-        yield lines
-    if tail:
+    skipping = False  # inside an over-long line: drop bytes up to its newline
+    while block := fh.read(block_size):
+        start = 0
+        out: list[bytes | None] = []
+        if skipping or tail:
+            nl = block.find(b"\n")
+            if nl < 0:
+                if not skipping and len(tail) + len(block) <= cap:
+                    tail += block
+                else:
+                    skipping, tail = True, b""
+                continue
+            if skipping:
+                out.append(TOO_LONG)
+            else:
+                out.append(tail + block[:nl] if len(tail) + nl <= cap else TOO_LONG)
+            skipping, tail, start = False, b"", nl + 1
+        lines: list[bytes | None] = block[start:].split(b"\n")  # type: ignore[assignment]
+        last = lines.pop()
+        assert last is not None
+        if len(last) > cap:
+            skipping = True
+        else:
+            tail = last
+        if len(block) - start > cap and max(map(len, lines), default=0) > cap:  # type: ignore[arg-type]
+            lines = [TOO_LONG if len(ln) > cap else ln for ln in lines]  # type: ignore[arg-type]
+        yield out + lines if out else lines
+    if skipping:
+        yield [TOO_LONG]
+    elif tail:
         yield [tail]
 
 
 def iter_jsonl(log: LogFile, report: Report) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for every parsable line. A bad line is reported as ``file:line``
-    and skipped, so one torn write (a worker killed mid-line) never hides the rest of the log."""
+    and skipped, so one torn write (a worker killed mid-line) never hides the rest of the log.
+    Each line is parsed once (orjson); only a line that holds a bare ``NaN``/``Infinity``, which
+    orjson refuses, is given to Python's json as well."""
     try:
-        fh = log.path.open("rb")
-    except OSError as exc:
+        fh = open_regular(log.path)
+    except (OSError, NotRegular) as exc:
         report(
             Unpaired(
                 subject="log_line",
                 ref=log.virtual,
                 reason=UnpairedReason.LOG_UNREADABLE,
-                detail=f"{exc.strerror or exc}: check the file's permissions",
+                detail=f"{_os_why(exc)}: check the file's permissions"
+                if isinstance(exc, OSError)
+                else f"not a regular file ({exc})",
             )
         )
         return
@@ -215,12 +270,22 @@ def iter_jsonl(log: LogFile, report: Report) -> Iterator[tuple[int, dict[str, An
             for lines in _blocks(fh):
                 for line in lines:
                     lineno += 1
+                    if line is None:
+                        report(
+                            Unpaired(
+                                subject="log_line",
+                                ref=f"{log.virtual}:{lineno}",
+                                reason=UnpairedReason.BAD_LOG_LINE,
+                                detail=f"longer than {MAX_LINE:,} bytes: not a log record (skipped unread)",
+                            )
+                        )
+                        continue
                     try:
                         obj = loads(line)
                     except orjson.JSONDecodeError as exc:
                         if not line.strip():
                             continue
-                        obj = _lenient(line)
+                        obj = _lenient(line) if b"NaN" in line or b"Infinity" in line else None
                         if obj is None:
                             report(
                                 Unpaired(
@@ -248,9 +313,13 @@ def iter_jsonl(log: LogFile, report: Report) -> Iterator[tuple[int, dict[str, An
                     subject="log_line",
                     ref=log.virtual,
                     reason=UnpairedReason.LOG_UNREADABLE,
-                    detail=f"read failed part-way: {exc.strerror or exc}; earlier lines were used",
+                    detail=f"read failed part-way: {_os_why(exc)}; earlier lines were used",
                 )
             )
+
+
+def _os_why(exc: OSError) -> str:
+    return str(exc.strerror or exc)
 
 
 def _lenient(line: bytes) -> Any:
@@ -265,13 +334,76 @@ class DumpError(Exception):
     pass
 
 
+class NotRegular(Exception):
+    """A path that should be a file is a fifo, socket, device or folder. The message says which."""
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a fifo"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a plain file")
+
+
+def not_regular(path: Path) -> str:
+    """'' for a regular file (links followed); else what it is. Never opens it."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a dangling symlink" if os.path.islink(path) else "missing"
+    except OSError as exc:
+        return _os_why(exc)
+    return "" if stat.S_ISREG(mode) else _kind(mode)
+
+
+def open_regular(path: Path) -> IO[bytes]:
+    """Open a file for reading only if it is a regular file. A fifo would block ``open`` forever
+    and a device can read forever, so the type is checked before opening (without following
+    anything but links), the open never blocks, and the type is checked again on the open file
+    in case it was swapped in between. Raises :class:`NotRegular` or ``OSError``."""
+    kind = not_regular(path)
+    if kind:
+        if kind == "missing":
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        raise NotRegular(kind)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegular(_kind(mode))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def is_utf8(text: str) -> bool:
+    """False for a name that came from the file system as undecodable bytes (surrogate escapes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def read_dump_json(path: Path) -> dict[str, Any]:
     """A whole dump.json, checked to be msprobe's shape. NaN/Infinity (bare, as msprobe writes
-    them for overflowing tensors) are accepted; truncation and garbage raise :class:`DumpError`."""
+    them for overflowing tensors) are accepted; truncation and garbage raise :class:`DumpError`,
+    and so does anything that is not a regular file (it is never opened)."""
     try:
-        raw = path.read_bytes()
+        with open_regular(path) as fh:
+            raw = fh.read()
+    except NotRegular as exc:
+        raise DumpError(f"not a regular file ({exc})") from exc
     except OSError as exc:
-        raise DumpError(f"cannot read: {exc.strerror or exc}") from exc
+        raise DumpError(f"cannot read: {_os_why(exc)}") from exc
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -305,7 +437,9 @@ def rank_dir(step_path: Path, rank: int, pid: int) -> Path | None:
         dumped = [
             e
             for e in os.scandir(step_path)
-            if e.is_dir(follow_symlinks=False) and os.path.lexists(os.path.join(e.path, "dump.json"))
+            if e.is_dir(follow_symlinks=False)
+            and is_utf8(e.name)
+            and os.path.lexists(os.path.join(e.path, "dump.json"))
         ]
     except OSError:
         return None

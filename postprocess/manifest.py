@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from verl_consistency.patches.contracts import __version__
-from verl_consistency.postprocess.model import Pair, Unpaired
+from verl_consistency.postprocess.model import Pair, Unpaired, printable_value
 
 if TYPE_CHECKING:
     from verl_consistency.postprocess.pairing import PairingResult
@@ -26,6 +26,9 @@ RESULTS_DIR = "results"
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    # Paths from the file system may hold undecodable bytes; JSON cannot (see model.printable).
+    _printable = field_validator("*", mode="after")(printable_value)
 
 
 class FileEntry(_Model):
@@ -50,6 +53,14 @@ class PairingSummary(_Model):
     dispatch_records: int
     actor_records: int
     pairs: int
+    requests_seen: int = Field(
+        description="distinct requests (verl's ids) in the valid log lines of both sides: "
+        "requests_paired + requests_unpaired"
+    )
+    requests_paired: int = Field(description="distinct requests with at least one pair")
+    requests_unpaired: int = Field(
+        description="requests with one 'request' entry each in unpaired_counts (all reasons summed)"
+    )
     tp_rule: str
     unpaired_counts: dict[str, dict[str, int]] = Field(
         description="subject -> reason -> number of log records (one per rank) or requests"
@@ -64,6 +75,9 @@ class PairingSummary(_Model):
             dispatch_records=result.dispatch_records,
             actor_records=result.actor_records,
             pairs=len(result.pairs),
+            requests_seen=result.requests_seen,
+            requests_paired=result.requests_paired,
+            requests_unpaired=result.requests_unpaired,
             tp_rule=result.tp_rule,
             unpaired_counts=result.counts,
             unpaired_truncated=result.truncated,

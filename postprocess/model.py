@@ -6,13 +6,40 @@ which is also the bundle root, so a manifest stays valid after download and extr
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
+
+
+def printable(text: str) -> str:
+    """``text`` as valid Unicode: the bytes of a file name that is not UTF-8 (which Python
+    decodes to lone surrogates) become a visible ``\\xff``, any other lone surrogate (a
+    ``\\ud800`` escape in a log line) a visible ``\\ud800``. JSON cannot
+    carry lone surrogates, so every string bound for the manifest passes through here."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:  # a file name's raw bytes, shown as \\xff
+            return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:
+            return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def printable_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, list):
+        return [printable(v) if isinstance(v, str) else v for v in value]
+    return value
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    _printable = field_validator("*", mode="after")(printable_value)
 
 
 class DumpRef(_Model):

@@ -65,6 +65,9 @@ def test_every_unusable_step_gets_its_reason(tmp_path):
     by_req = {u.ref: u.reason for u in res.unpaired if u.subject == "request"}
     assert by_req == {
         "multi1": R.MULTI_REQUEST_STEP,
+        "multi2": R.MULTI_REQUEST_STEP,
+        "spec": R.SPEC_DECODING,
+        "other": R.NO_ROLLOUT_PREFILL,
         "chunk": R.CHUNKED_PREFILL,
         "hit": R.PREFIX_CACHE_HIT,
         "skipped": R.NOT_DUMPED,
@@ -130,8 +133,10 @@ def test_n_children_pair_the_lowest_child_and_report_siblings(tmp_path):
     assert p.pair_id == "par.c0.r0.a0"
     assert p.rollout.step == 1
     sib = [u for u in res.unpaired if u.reason is R.DUPLICATE_ID]
-    assert [u.ref for u in sib] == ["1_par"]
-    assert res.counts["rollout_step"] == {"prefix_cache_hit": 1}
+    assert [(u.subject, u.ref) for u in sib] == [("rollout_step", "rollout/1/dispatch_log.jsonl:1")]
+    assert "sibling 1_par" in sib[0].detail
+    assert res.counts["rollout_step"] == {"prefix_cache_hit": 1, "duplicate_id": 1}
+    assert (res.requests_seen, res.requests_paired, res.requests_unpaired) == (1, 1, 0)
 
 
 def test_repeated_micro_batches_prefer_log_prob_then_earliest(tmp_path):
@@ -176,7 +181,8 @@ def test_request_scoped_step_pairs_the_captured_request_only(tmp_path):
     (p,) = res.pairs
     assert (p.request_id, p.scoped, p.task, p.prompt_tokens) == ("cap", True, "tensor", 12)
     assert {u.ref: u.reason for u in res.unpaired if u.subject == "request"} == {
-        "other": R.MULTI_REQUEST_STEP
+        "other": R.MULTI_REQUEST_STEP,
+        "old": R.DECODE_ONLY,
     }
 
 
@@ -187,7 +193,10 @@ def test_a_scoped_capture_that_is_itself_a_chunk_does_not_pair(tmp_path):
     t.actor_step(2, 0, 0, ["cap"])
     res = _pair(t)
     assert res.pairs == []
-    assert {u.ref: u.reason for u in res.unpaired if u.subject == "request"} == {"cap": R.CHUNKED_PREFILL}
+    assert {u.ref: u.reason for u in res.unpaired if u.subject == "request"} == {
+        "cap": R.CHUNKED_PREFILL,
+        "o": R.MULTI_REQUEST_STEP,
+    }
 
 
 def test_recipe_layout_made_by_hand(tmp_path):
