@@ -18,7 +18,9 @@ copies (``verl.utils.npu_flash_attn_utils``) are served in their place.
 
 Environment: ``VC_TEST_WORK`` (scratch folder), ``VC_TEST_PORT``, ``VC_TEST_TRIM``
 (``ours``/``recipe``/``none``), ``VC_TEST_BORROW`` (1: another component created msprobe's
-debugger first), plus the hooks' own variables (DUMP_ON, DUMP_PHASE, ...).
+debugger first), ``VC_TEST_TOKEN_LEVEL`` (1: after the old log-probs, verl's
+``calculate_debug_metrics`` and our token records, as ``RayPPOTrainer.fit`` does),
+plus the hooks' own variables (DUMP_ON, DUMP_PHASE, ...).
 """
 
 from __future__ import annotations
@@ -238,6 +240,19 @@ def main() -> None:
         log_probs = no_padding_2_padding(tu.get(out["model_output"], "log_probs"), td)
         batch.batch["old_log_probs"] = log_probs.float()
         report["old_log_probs_finite"] = bool(torch.isfinite(log_probs).all())
+        if os.environ.get("VC_TEST_TOKEN_LEVEL") == "1":
+            # as RayPPOTrainer.fit does next: verl's own debug metrics, then our token records.
+            # vLLM's log-probs are a STAND-IN here (no vLLM): the engine's own, one token drifted.
+            from verl.utils.debug.metrics import calculate_debug_metrics
+
+            from verl_consistency.hooks import token_mismatch
+
+            rollout = batch.batch["old_log_probs"].clone()
+            rollout[2, 1] += 0.5
+            batch.batch["rollout_log_probs"] = rollout
+            verl_metrics = calculate_debug_metrics(batch)
+            token_mismatch.record(batch, global_step=1, verl_metrics=verl_metrics)
+            report["verl_metrics"] = verl_metrics
 
         # advantages: verl's real GRPO estimator over the (possibly zeroed) rewards
         batch.batch["token_level_rewards"] = batch.batch["rm_scores"]

@@ -1,0 +1,424 @@
+"""Per-request token records: where verl has vLLM's log-probs and its own for the same tokens.
+
+Called from the patched ``RayPPOTrainer.fit`` (hybrid) and ``SeparateRayPPOTrainer.
+_fit_compute_log_prob`` (which ``FullyAsyncTrainer`` inherits), right after verl's own
+``calculate_debug_metrics(batch)``: the one place where the batch holds both
+``rollout_log_probs`` (vLLM's, ``rollout.calculate_log_probs=true``) and ``old_log_probs`` (the
+training engine's recomputation of the same tokens)::
+
+    token_mismatch.record(batch, global_step=self.global_steps, verl_metrics=metrics)
+
+It writes, when ``$VERL_CONSISTENCY_TOKEN_LEVEL=1`` and ``$VERL_CONSISTENCY_RUN_DIR`` is set:
+
+* ``<run>/token_mismatch.jsonl``: one :class:`TokenRecord` per response (first vLLM request id,
+  prompt index and uid, global step, response length, the peers' figures for that response, and
+  its per-token ``|Δ log p|``: inline when short, else a slice of the float16 side file
+  ``<run>/token_mismatch.f16``);
+* ``<run>/token_mismatch_steps.jsonl``: one :class:`StepRecord` per batch, with the same figures
+  over the whole batch next to the values verl itself logged for that batch.
+
+The figures are defined exactly as the peers define them (``FIGURES``). Everything is computed
+with a handful of whole-batch tensor ops and one ``tolist()`` per array: no per-token Python
+loop, and no in-place op on the batch (training is never changed). The batch lives on the
+driver's CPU in verl 0.8.0, so there is no device sync beyond verl's own ``.item()`` calls.
+
+Nothing here imports torch or verl at import time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from verl_consistency.hooks import env, records
+
+TOKEN_LEVEL = "VERL_CONSISTENCY_TOKEN_LEVEL"
+"""``1`` turns the token records on (``verl-consistency run --token-level`` sets it)."""
+
+THRESHOLD_ENV = "VERL_CONSISTENCY_TOKEN_THRESHOLD"
+"""``|Δ log p|`` above which a token counts as drifted (``first_above``).
+
+Default :data:`DEFAULT_THRESHOLD`."""
+
+DEFAULT_THRESHOLD = 0.1
+INLINE_MAX = 64
+"""Responses up to this many positions keep their ``|Δ log p|`` inline; longer ones go to the side file."""
+
+TOKEN_LOG = "token_mismatch.jsonl"
+STEP_LOG = "token_mismatch_steps.jsonl"
+SIDE_FILE = "token_mismatch.f16"
+
+VERL_KEYS = (
+    "training/rollout_probs_diff_valid",
+    "training/rollout_probs_diff_max",
+    "training/rollout_probs_diff_mean",
+    "training/rollout_probs_diff_std",
+    "training/rollout_actor_probs_pearson_corr",
+)
+"""What verl 0.8.0's ``calculate_debug_metrics`` logs (``verl/utils/debug/metrics.py``)."""
+
+FIGURES: dict[str, str] = {
+    "probs_diff_max": "verl training/rollout_probs_diff_max: max |exp(old) - exp(rollout)| over valid tokens",
+    "probs_diff_mean": "verl training/rollout_probs_diff_mean: mean of the same",
+    "probs_diff_std": "verl training/rollout_probs_diff_std: torch.std (n-1) of the same",
+    "pearson_corr": "verl training/rollout_actor_probs_pearson_corr: corrcoef of the two probabilities",
+    "abs_diff": "slime train_rollout_logprob_abs_diff: mean |old - rollout| per response "
+    "(sum_of_sample_mean: the batch value is the mean over responses)",
+    "token_mult_prob_error": "NeMo-RL token_mult_prob_error: mean exp(|old - rollout|) over valid tokens "
+    "(about 1.0 is healthy; look above 1.05)",
+    "kl": "verl rollout_corr/kl: mean (rollout - old), KL(pi_rollout || pi_train)",
+    "k3_kl": "verl rollout_corr/k3_kl: mean exp(r) - r - 1 with r = old - rollout",
+    "max_abs_diff": "max |old - rollout| over valid tokens",
+    "first_above": "first response position whose |old - rollout| exceeds the threshold (None: none does)",
+}
+
+
+class Figures(BaseModel):
+    """The peers' figures over one response or one batch. ``None`` where undefined (e.g. std of one token)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    tokens: int = Field(description="valid (response_mask) tokens compared")
+    probs_diff_max: float | None = None
+    probs_diff_mean: float | None = None
+    probs_diff_std: float | None = None
+    pearson_corr: float | None = None
+    abs_diff: float | None = None
+    token_mult_prob_error: float | None = None
+    kl: float | None = None
+    k3_kl: float | None = None
+    max_abs_diff: float | None = None
+
+
+class TokenRecord(Figures):
+    """One response of one training step."""
+
+    schema_version: int = records.SCHEMA_VERSION
+    source: Literal["token_mismatch"] = "token_mismatch"
+    timestamp: str
+    pid: int
+    global_step: int
+    sample: int = Field(description="row of the training batch")
+    request_id: str | None = Field(default=None, description="the first vLLM request id (verl's id)")
+    index: Any = Field(default=None, description="the dataset's prompt index (extra_info.index)")
+    uid: str | None = Field(default=None, description="verl's per-step prompt group uid")
+    response_length: int = Field(description="valid response tokens (response_mask)")
+    threshold: float
+    first_above: int | None = None
+    abs_logp_diff: list[float | None] | None = Field(
+        default=None, description="per position |old - rollout| (None where masked), when short"
+    )
+    side_offset: int | None = Field(default=None, description="float16 element offset in token_mismatch.f16")
+    side_length: int | None = Field(
+        default=None, description="number of float16 elements there (NaN = masked)"
+    )
+
+
+class StepRecord(Figures):
+    """One batch: the same figures over all its valid tokens, next to what verl logged."""
+
+    schema_version: int = records.SCHEMA_VERSION
+    source: Literal["token_mismatch_step"] = "token_mismatch_step"
+    timestamp: str
+    pid: int
+    global_step: int
+    responses: int
+    threshold: float
+    verl: dict[str, float | int | None] = Field(
+        default_factory=dict, description="verl's own values for this batch (training/rollout_*)"
+    )
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    e = os.environ if environ is None else environ
+    return env.flag(TOKEN_LEVEL, dict(e)) and bool(e.get(env.RUN_DIR, "").strip())
+
+
+def threshold(environ: Mapping[str, str] | None = None) -> float:
+    e = os.environ if environ is None else environ
+    raw = e.get(THRESHOLD_ENV, "").strip()
+    if not raw:
+        return DEFAULT_THRESHOLD
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"environment variable {THRESHOLD_ENV}={raw!r}: expected a positive number")
+    return value
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def compute(
+    old_log_probs: Any, rollout_log_probs: Any, mask: Any, *, thresh: float = DEFAULT_THRESHOLD
+) -> tuple[Figures, list[Figures], list[int | None], Any]:
+    """The batch figures, the per-response figures, the first position above ``thresh``, and
+    the per-position ``|Δ log p|`` matrix (float32, NaN where masked). Pure: never writes to its inputs.
+    """
+    import torch
+
+    old = old_log_probs.detach().float()
+    roll = rollout_log_probs.detach().float()
+    m = mask.detach().bool()
+    mf = m.float()
+    n_row = mf.sum(dim=1)
+    n_all = int(n_row.sum().item()) if m.numel() else 0
+
+    p_old, p_roll = torch.exp(old), torch.exp(roll)
+    pdiff = torch.abs(p_old - p_roll)
+    d = old - roll
+    ad = torch.abs(d)
+    k3 = torch.exp(d) - d - 1
+    mult = torch.exp(ad)
+
+    # -- the batch, with the very ops verl uses
+    batch = Figures(tokens=n_all)
+    if n_all:
+        sel = torch.masked_select(pdiff, m)
+        mt1 = torch.masked_select(p_old, m)
+        mt2 = torch.masked_select(p_roll, m)
+        stats = torch.stack(
+            [
+                sel.max(),
+                sel.mean(),
+                sel.std(),
+                torch.corrcoef(torch.stack([mt1, mt2], dim=0))[0][1],
+                torch.masked_select(ad, m).max(),
+                (mult * mf).sum() / n_all,
+                ((-d) * mf).sum() / n_all,
+                (k3 * mf).sum() / n_all,
+            ]
+        ).tolist()
+        row_mean_ad = (ad * mf).sum(dim=1) / n_row.clamp(min=1)
+        valid_rows = n_row > 0
+        slime = float(row_mean_ad[valid_rows].mean().item())
+        batch = Figures(
+            tokens=n_all,
+            probs_diff_max=_finite(stats[0]),
+            probs_diff_mean=_finite(stats[1]),
+            probs_diff_std=_finite(stats[2]),
+            pearson_corr=_finite(stats[3]),
+            max_abs_diff=_finite(stats[4]),
+            token_mult_prob_error=_finite(stats[5]),
+            kl=_finite(stats[6]),
+            k3_kl=_finite(stats[7]),
+            abs_diff=_finite(slime),
+        )
+
+    # -- per response, vectorised over rows
+    nr = n_row.clamp(min=1)
+    neg_inf = torch.tensor(float("-inf"))
+    pd_mean = (pdiff * mf).sum(dim=1) / nr
+    pd_max = torch.where(m, pdiff, neg_inf).amax(dim=1) if m.shape[1] else torch.zeros(m.shape[0])
+    pd_var = (((pdiff - pd_mean[:, None]) ** 2) * mf).sum(dim=1) / (n_row - 1)
+    mo = (p_old * mf).sum(dim=1) / nr
+    mr = (p_roll * mf).sum(dim=1) / nr
+    xo, xr = (p_old - mo[:, None]) * mf, (p_roll - mr[:, None]) * mf
+    corr = (xo * xr).sum(dim=1) / torch.sqrt((xo * xo).sum(dim=1) * (xr * xr).sum(dim=1))
+    ad_max = torch.where(m, ad, neg_inf).amax(dim=1) if m.shape[1] else torch.zeros(m.shape[0])
+    rows = torch.stack(
+        [
+            n_row,
+            pd_max,
+            pd_mean,
+            torch.sqrt(pd_var),
+            corr,
+            (ad * mf).sum(dim=1) / nr,
+            (mult * mf).sum(dim=1) / nr,
+            ((-d) * mf).sum(dim=1) / nr,
+            (k3 * mf).sum(dim=1) / nr,
+            ad_max,
+        ],
+        dim=1,
+    ).tolist()
+    above = m & (ad > thresh)
+    has = above.any(dim=1)
+    first = torch.where(has, above.float().argmax(dim=1), torch.full_like(n_row, -1, dtype=torch.long))
+    firsts = [None if f < 0 else int(f) for f in first.tolist()]
+    per: list[Figures] = []
+    for r in rows:
+        n = int(r[0])
+        if n == 0:
+            per.append(Figures(tokens=0))
+            continue
+        per.append(
+            Figures(
+                tokens=n,
+                probs_diff_max=_finite(r[1]),
+                probs_diff_mean=_finite(r[2]),
+                probs_diff_std=_finite(r[3]) if n > 1 else None,
+                pearson_corr=_finite(r[4]) if n > 1 else None,
+                abs_diff=_finite(r[5]),
+                token_mult_prob_error=_finite(r[6]),
+                kl=_finite(r[7]),
+                k3_kl=_finite(r[8]),
+                max_abs_diff=_finite(r[9]),
+            )
+        )
+    per_pos = torch.where(m, ad, torch.tensor(float("nan")))
+    return batch, per, firsts, per_pos
+
+
+class _Writer:
+    """The run's three files, opened once per process, appended to, flushed per batch."""
+
+    def __init__(self, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.tokens: IO[bytes] = (run_dir / TOKEN_LOG).open("ab")
+        self.steps: IO[bytes] = (run_dir / STEP_LOG).open("ab")
+        self.side: IO[bytes] = (run_dir / SIDE_FILE).open("ab")
+
+    def close(self) -> None:
+        for fh in (self.tokens, self.steps, self.side):
+            fh.close()
+
+
+_WRITER: tuple[int, str, _Writer] | None = None
+
+
+def _writer(run_dir: Path) -> _Writer:
+    global _WRITER
+    key = (os.getpid(), str(run_dir))
+    if _WRITER is None or (_WRITER[0], _WRITER[1]) != key:
+        _WRITER = (key[0], key[1], _Writer(run_dir))
+    return _WRITER[2]
+
+
+def reset_for_tests() -> None:
+    global _WRITER
+    if _WRITER is not None:
+        _WRITER[2].close()
+    _WRITER = None
+
+
+def _column(non_tensor: Mapping[str, Any], key: str, n: int) -> list[Any]:
+    value = non_tensor.get(key)
+    if value is None:
+        return [None] * n
+    out = value.tolist() if hasattr(value, "tolist") else list(value)
+    return [x.item() if hasattr(x, "item") else x for x in out]
+
+
+def _response_mask(batch: Any) -> Any:
+    """The mask verl's ``calculate_debug_metrics`` uses, sliced the same way."""
+    td = batch.batch
+    resp_len = int(td["responses"].shape[1])
+    # TensorDict refuses `key in td`; its keys() view answers membership
+    if "response_mask" in td.keys():  # noqa: SIM118
+        mask = td["response_mask"]
+    elif "attention_mask" in td.keys():  # noqa: SIM118
+        mask = td["attention_mask"]
+    else:
+        import torch
+
+        mask = torch.ones_like(td["rollout_log_probs"])
+    return mask[:, -resp_len:]
+
+
+def record(
+    batch: Any,
+    *,
+    global_step: int,
+    verl_metrics: Mapping[str, Any] | MutableMapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """The trainers' entry point. Returns how many token records were written (0 when off)."""
+    e = os.environ if environ is None else environ
+    if not enabled(e):
+        return 0
+    td = batch.batch
+    keys = td.keys()
+    if "rollout_log_probs" not in keys or "old_log_probs" not in keys:
+        return 0
+    import numpy as np
+
+    thresh = threshold(e)
+    mask = _response_mask(batch)
+    figs, per, firsts, per_pos = compute(td["old_log_probs"], td["rollout_log_probs"], mask, thresh=thresh)
+    n = len(per)
+    nt = batch.non_tensor_batch
+    ids, idx, uids = _column(nt, "request_id", n), _column(nt, "index", n), _column(nt, "uid", n)
+
+    run_dir = Path(e[env.RUN_DIR].strip())
+    w = _writer(run_dir)
+    now, pid = records.now(), os.getpid()
+    # position of the last valid token + 1, per row: the span each record keeps
+    import torch
+
+    m = mask.bool()
+    pos = torch.arange(m.shape[1]).expand_as(m)
+    spans = torch.where(m, pos + 1, torch.zeros_like(pos)).amax(dim=1).tolist() if m.shape[1] else [0] * n
+    f16 = per_pos.to(torch.float16).numpy()
+    side_base = w.side.tell() // 2
+    side_chunks: list[bytes] = []
+    lines: list[bytes] = []
+    for i in range(n):
+        span = int(spans[i])
+        rec: dict[str, Any] = {
+            "timestamp": now,
+            "pid": pid,
+            "global_step": int(global_step),
+            "sample": i,
+            "request_id": None if ids[i] is None else str(ids[i]),
+            "index": idx[i],
+            "uid": None if uids[i] is None else str(uids[i]),
+            "response_length": per[i].tokens,
+            "threshold": thresh,
+            "first_above": firsts[i],
+        }
+        rec.update(per[i].model_dump())
+        if span <= INLINE_MAX:
+            row = per_pos[i, :span].tolist()
+            rec["abs_logp_diff"] = [None if math.isnan(x) else round(x, 6) for x in row]
+        else:
+            rec["side_offset"] = side_base
+            rec["side_length"] = span
+            side_chunks.append(np.ascontiguousarray(f16[i, :span]).tobytes())
+            side_base += span
+        lines.append(orjson.dumps(TokenRecord.model_validate(rec).model_dump(mode="json", exclude_none=True)))
+    if side_chunks:
+        w.side.write(b"".join(side_chunks))
+        w.side.flush()
+    w.tokens.write(b"\n".join(lines) + b"\n" if lines else b"")
+    w.tokens.flush()
+    verl_values: dict[str, float | int | None] = {}
+    for key in VERL_KEYS:
+        if verl_metrics is not None and key in verl_metrics:
+            v = verl_metrics[key]
+            v = float(v) if not isinstance(v, int) else v
+            verl_values[key] = v if not (isinstance(v, float) and math.isnan(v)) else None
+    step = StepRecord(
+        timestamp=now,
+        pid=pid,
+        global_step=int(global_step),
+        responses=n,
+        threshold=thresh,
+        verl=verl_values,
+        **figs.model_dump(),
+    )
+    w.steps.write(orjson.dumps(step.model_dump(mode="json", exclude_none=True)) + b"\n")
+    w.steps.flush()
+    return n
+
+
+def read_side(run_dir: Path, rec: TokenRecord) -> list[float | None]:
+    """The per-position ``|Δ log p|`` of one record, inline or from the side file."""
+    if rec.abs_logp_diff is not None:
+        return rec.abs_logp_diff
+    if rec.side_offset is None or rec.side_length is None:
+        return []
+    import numpy as np
+
+    arr = np.fromfile(
+        run_dir / SIDE_FILE, dtype=np.float16, count=rec.side_length, offset=2 * rec.side_offset
+    ).astype(np.float32)
+    return [None if math.isnan(x) else float(x) for x in arr.tolist()]
