@@ -26,9 +26,10 @@ from rich.console import Console
 
 from verl_consistency import dataset, layout
 from verl_consistency import msprobe_config as mscfg
+from verl_consistency.hooks import token_mismatch
 from verl_consistency.hooks.capture import CAPTURE_ENV
 from verl_consistency.hooks.env import DUMP_PHASE, DumpPhase
-from verl_consistency.overrides import Mode, Table
+from verl_consistency.overrides import Mode, RunKind, Table
 from verl_consistency.run_manifest import MsprobeConfigs, RunManifest, now_utc
 from verl_consistency.run_plan import DEFAULT_MODEL, MODEL_ENV, PlanError, RunPlan, build_plan
 
@@ -41,12 +42,15 @@ console = Console(stderr=True)
 
 def format_dry_run(plan: RunPlan) -> str:
     """The exact environment and command, shell-quoted, one item per line."""
+    token_level = plan.kind is RunKind.TOKEN_LEVEL
     lines = [
         f"# verl-consistency run {plan.mode.value} --dry-run: nothing was written or started.",
-        f"# run folder: {plan.run_dir}",
+        f"# run folder: {plan.run_dir}" + (" (--token-level: no msprobe dump)" if token_level else ""),
         f"#   msprobe configs: {plan.paths['rollout_config']}, {plan.paths['actor_config']}",
         f"#   prompt set: {plan.paths['train_data']}, reward: {plan.paths['reward_fn']}",
-        f"#   dumps: {plan.paths['rollout_dir']}/<pid>/, {plan.paths['actor_dir']}/<pid>/",
+        f"#   token records: {token_mismatch.TOKEN_LOG}, {token_mismatch.STEP_LOG}"
+        if token_level
+        else f"#   dumps: {plan.paths['rollout_dir']}/<pid>/, {plan.paths['actor_dir']}/<pid>/",
         f"# then: verl-consistency postprocess {plan.run_dir}",
         "env \\",
     ]
@@ -85,6 +89,7 @@ def prepare_run_dir(plan: RunPlan) -> RunManifest:
         env=plan.env,
         dump_phase=plan.phase.value,
         capture=plan.capture,
+        kind=plan.kind.value,
         msprobe=MsprobeConfigs(rollout=plan.msprobe.rollout.to_json(), actor=plan.msprobe.actor.to_json()),
         paths=plan.paths,
     )
@@ -243,6 +248,14 @@ def run_command(
             f"default ${MODEL_ENV} or {DEFAULT_MODEL}."
         ),
     ] = None,
+    token_level: Annotated[
+        bool,
+        typer.Option(
+            "--token-level",
+            help="A cheap triage run: normal responses (no PROMPTS_ONLY trim), no msprobe dump, one "
+            "token_mismatch.jsonl record per response (vLLM's against the trainer's log-probs).",
+        ),
+    ] = False,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Print the exact environment and command; write and start nothing."),
@@ -274,6 +287,7 @@ def run_command(
             data_mode=data_mode,
             model=model,
             extra_args=ctx.args,
+            token_level=token_level,
         )
     except PlanError as exc:
         for message in exc.messages:
