@@ -137,8 +137,13 @@ def postprocess(
     failed = False
     if compare and result.pairs:
         comparisons, failed = _compare(roots, work, results, result, jobs, hooks, warnings)
+    token = _token_level(roots.run_dir, results, result, comparisons, warnings)
+    if token is not None and compare:
+        comparisons = token[1]
     if compare:
-        failed |= not _report(results, run_id, result, comparisons, warnings)
+        failed |= not _report(
+            results, run_id, result, comparisons, warnings, token[0] if token is not None else None
+        )
 
     for w in warnings:
         hooks.warn(w)
@@ -233,8 +238,30 @@ def _compare(
     return comparisons, bool(failed)
 
 
+def _token_level(
+    run_dir: Path, results: Path, result: PairingResult, comparisons: list[Any], warnings: list[str]
+) -> tuple[Any, list[Any]] | None:
+    """The token-level view (postprocess/token_level.py): output rows of the pairs, the section."""
+    try:
+        from verl_consistency.postprocess import token_level
+
+        compared = token_level.attach_output_rows(run_dir, result.pairs, comparisons)
+        section = token_level.build_section(run_dir, results, result.pairs)
+    except Exception as exc:  # the layer view is still worth writing without it
+        warnings.append(f"token-level view failed: {type(exc).__name__}: {exc}")
+        return None
+    for bad in section.bad_lines:
+        warnings.append(f"{bad.file}:{bad.line}: unreadable token record, skipped ({bad.error})")
+    return section, compared
+
+
 def _report(
-    results: Path, run_id: str, result: PairingResult, comparisons: list[Any], warnings: list[str]
+    results: Path,
+    run_id: str,
+    result: PairingResult,
+    comparisons: list[Any],
+    warnings: list[str],
+    token: Any = None,
 ) -> bool:
     try:
         from verl_consistency.postprocess.report import write_report
@@ -249,6 +276,7 @@ def _report(
             unpaired=result.unpaired,
             comparisons=comparisons,
             unpaired_counts=result.counts,
+            token=token,
         )
     except Exception as exc:  # the bundle is still worth writing without its report
         warnings.append(f"report failed: {type(exc).__name__}: {exc}")

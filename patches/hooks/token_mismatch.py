@@ -422,3 +422,146 @@ def read_side(run_dir: Path, rec: TokenRecord) -> list[float | None]:
         run_dir / SIDE_FILE, dtype=np.float16, count=rec.side_length, offset=2 * rec.side_offset
     ).astype(np.float32)
     return [None if math.isnan(x) else float(x) for x in arr.tolist()]
+
+
+# --------------------------------------------------------------------------------------------
+# The output row: both engines' prediction for the prompt's next token (PROMPTS_ONLY runs)
+# --------------------------------------------------------------------------------------------
+
+NEXT_TOKEN = "vc_next_token"
+"""``non_tensor_batch`` key: vLLM's first response token (sampled at the last prompt position)."""
+NEXT_TOKEN_ROLLOUT_LOG_PROB = "vc_next_token_rollout_log_prob"
+"""``non_tensor_batch`` key: vLLM's log-prob of that token (``rollout_log_probs[:, 0]``)."""
+NEXT_TOKEN_LOG = "next_token.jsonl"
+"""Per dumped training micro batch, in ``actor/<pid>/`` beside ``update_actor_log.jsonl``."""
+
+
+def stash_next_token(batch: Any) -> bool:
+    """PROMPTS_ONLY trim, before it drops the responses: keep vLLM's next-token prediction.
+
+    vLLM's prefill of the prompt ends with the logits at the last prompt position, from which it
+    sampled response token 0; with ``rollout.calculate_log_probs=true`` verl keeps its log-prob in
+    ``rollout_log_probs[:, 0]``. That is the only thing vLLM tells verl about its output
+    distribution (verl asks for the sampled token's log-prob only). Both go into two new
+    ``non_tensor_batch`` keys, which verl's engines carry into every micro batch as they carry
+    ``request_id``. Returns False (nothing stashed) without rollout log-probs. Read-only on tensors.
+    """
+    if not enabled():
+        return False
+    td = batch.batch
+    keys = td.keys()
+    if "rollout_log_probs" not in keys or "responses" not in keys:
+        return False
+    import numpy as np
+
+    tokens = td["responses"][:, 0].tolist()
+    logps = td["rollout_log_probs"][:, 0].float().tolist()
+    valid = td["response_mask"][:, 0].tolist() if "response_mask" in keys else [1] * len(tokens)
+    tok = np.empty(len(tokens), dtype=object)
+    lp = np.empty(len(tokens), dtype=object)
+    tok[:] = [int(t) if v else None for t, v in zip(tokens, valid, strict=True)]
+    lp[:] = [float(x) if v else None for x, v in zip(logps, valid, strict=True)]
+    batch.non_tensor_batch[NEXT_TOKEN] = tok
+    batch.non_tensor_batch[NEXT_TOKEN_ROLLOUT_LOG_PROB] = lp
+    return True
+
+
+class NextTokenRecord(BaseModel):
+    """One dumped training micro batch: both engines on the token vLLM sampled after the prompt."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = records.SCHEMA_VERSION
+    source: Literal["next_token"] = "next_token"
+    timestamp: str
+    pid: int
+    step: int = Field(description="msprobe's step of the same micro batch (update_actor_log.jsonl)")
+    dump_path: str | None = None
+    phase: str
+    request_id: str | None = None
+    token: int = Field(description="vLLM's first response token")
+    rollout_log_prob: float = Field(description="vLLM's log-prob of it (rollout_log_probs[:, 0])")
+    train_log_prob: float = Field(description="the training forward's log-prob of it, same position")
+    abs_diff: float
+    train_argmax: int = Field(description="the training forward's most likely next token")
+    train_argmax_log_prob: float
+    temperature: float = 1.0
+
+
+class NextTokenProbe:
+    """A read-only forward hook on ``lm_head`` for one micro batch: the last position's logits.
+
+    The hook copies one row (``[vocab]``) at hook time, before verl divides the logits by the
+    temperature in place, and returns None, so the forward is unchanged.
+    """
+
+    def __init__(self, handle: Any, token: int, rollout_log_prob: float, temperature: float) -> None:
+        self.handle = handle
+        self.token = token
+        self.rollout_log_prob = rollout_log_prob
+        self.temperature = temperature
+        self.last: Any = None
+
+    @classmethod
+    def attach(cls, micro_batch: Any, model: Any) -> NextTokenProbe | None:
+        if not enabled():
+            return None
+        from verl.utils import tensordict_utils as tu
+
+        tokens = tu.get(micro_batch, key=NEXT_TOKEN, default=None)
+        logps = tu.get(micro_batch, key=NEXT_TOKEN_ROLLOUT_LOG_PROB, default=None)
+        if tokens is None or logps is None:
+            return None
+        tokens = list(tokens.tolist() if hasattr(tokens, "tolist") else tokens)
+        logps = list(logps.tolist() if hasattr(logps, "tolist") else logps)
+        if len(tokens) != 1 or tokens[0] is None or logps[0] is None:
+            return None  # one sample per micro batch (a collection run's rule), or no vLLM value
+        head = getattr(model, "lm_head", None)
+        if head is None and hasattr(model, "get_output_embeddings"):
+            head = model.get_output_embeddings()
+        if head is None:
+            return None
+        temp = tu.get(micro_batch, key="temperature", default=1.0)
+        temp = float(temp.flatten()[0]) if hasattr(temp, "flatten") else float(temp)
+        probe = cls(None, int(tokens[0]), float(logps[0]), temp or 1.0)
+
+        def hook(_module: Any, _inputs: Any, output: Any) -> None:
+            logits = output[0] if isinstance(output, tuple) else output
+            row = logits.reshape(-1, logits.shape[-1])[-1]
+            probe.last = row.detach().float().clone()
+
+        probe.handle = head.register_forward_hook(hook)
+        return probe
+
+    def detach(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+    def write(
+        self, dump_dir: Path, *, step: int, dump_path: str | None, phase: str, request_id: str | None
+    ) -> None:
+        if self.last is None:
+            return
+        import torch
+
+        logp = torch.log_softmax(self.last / self.temperature, dim=-1)
+        top = int(torch.argmax(logp).item())
+        train = float(logp[self.token].item())
+        rec = NextTokenRecord(
+            timestamp=records.now(),
+            pid=os.getpid(),
+            step=step,
+            dump_path=dump_path,
+            phase=phase,
+            request_id=request_id,
+            token=self.token,
+            rollout_log_prob=self.rollout_log_prob,
+            train_log_prob=train,
+            abs_diff=abs(train - self.rollout_log_prob),
+            train_argmax=top,
+            train_argmax_log_prob=float(logp[top].item()),
+            temperature=self.temperature,
+        )
+        with (dump_dir / NEXT_TOKEN_LOG).open("ab") as fh:
+            fh.write(orjson.dumps(rec.model_dump(mode="json", exclude_none=True)) + b"\n")

@@ -20,6 +20,9 @@ Environment: ``VC_TEST_WORK`` (scratch folder), ``VC_TEST_PORT``, ``VC_TEST_TRIM
 (``ours``/``recipe``/``none``), ``VC_TEST_BORROW`` (1: another component created msprobe's
 debugger first), ``VC_TEST_TOKEN_LEVEL`` (1: after the old log-probs, verl's
 ``calculate_debug_metrics`` and our token records, as ``RayPPOTrainer.fit`` does),
+``VC_TEST_NEXT_TOKEN`` (1: response token 0 and its rollout log-prob from a stand-in vLLM),
+``VC_TEST_PERTURB`` (1: the training side's last ``down_proj`` output x1.5),
+``VC_TEST_INIT_RANGE`` (the tiny model's initializer_range; peaked outputs need a large one),
 plus the hooks' own variables (DUMP_ON, DUMP_PHASE, ...).
 """
 
@@ -60,14 +63,17 @@ def _serve_pure_torch_attention_helpers() -> None:
 def _tiny_qwen2(work: Path) -> Path:
     from tests.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
 
-    model_dir = work / "tiny-qwen2"
+    init_range = os.environ.get("VC_TEST_INIT_RANGE")
+    model_dir = work / ("tiny-qwen2" if init_range is None else f"tiny-qwen2-init{init_range}")
     if not (model_dir / "config.json").exists():
+        extra = {} if init_range is None else {"initializer_range": float(init_range)}
         cfg = tiny_qwen2_config(
             vocab_size=128,
             hidden_size=32,
             intermediate_size=64,
             max_position_embeddings=256,
             tie_word_embeddings=False,
+            **extra,
         )
         tiny_qwen2(cfg, seed=0).save_pretrained(model_dir)
     return model_dir
@@ -137,6 +143,26 @@ def _rollout_batch() -> Any:
             "uid": np.array(["a", "a", "b", "b"], dtype=object),
         },
     )
+
+
+def _stand_in_vllm_next_token(batch: Any, model_dir: Path) -> None:
+    """vLLM's side of the output row, from a STAND-IN (vLLM cannot run here): the same weights in
+    plain transformers, fp32, eager. Each sample's response token 0 becomes the stand-in's argmax
+    after the prompt, and ``rollout_log_probs[:, 0]`` its log-prob, as vLLM would report them.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").float().eval()
+    td = batch.batch
+    for i in range(BATCH):
+        prompt = td["prompts"][i, PROMPT_LEN - PROMPT_VALID[i] :]
+        with torch.no_grad():
+            logp = torch.log_softmax(ref(prompt[None]).logits[0, -1].float(), dim=-1)
+        tok = int(torch.argmax(logp))
+        td["responses"][i, 0] = tok
+        td["input_ids"][i, PROMPT_LEN] = tok
+        td["rollout_log_probs"][i, 0] = logp[tok]
 
 
 def _recipe_trim(data: Any) -> Any:
@@ -223,6 +249,13 @@ def main() -> None:
     engine.initialize()
 
     batch = _rollout_batch()
+    if os.environ.get("VC_TEST_NEXT_TOKEN") == "1":
+        _stand_in_vllm_next_token(batch, model_dir)
+    if os.environ.get("VC_TEST_PERTURB") == "1":
+        # training side only: the last layer's MLP output x1.5, i.e. only the scale of what the
+        # final RMSNorm's input receives from it (the issue's planted change, on the other side)
+        target = engine.module.model.layers[-1].mlp.down_proj
+        target.register_forward_hook(lambda _m, _i, out: out * 1.5)
     request_ids = list(batch.non_tensor_batch["request_id"])
     trim = os.environ.get("VC_TEST_TRIM", "ours")
     if trim == "ours":
