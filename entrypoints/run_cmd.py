@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,6 +75,12 @@ def prepare_run_dir(plan: RunPlan) -> RunManifest:
             ]
         )
     mscfg.write(lay, plan.msprobe)
+    if plan.capture_source is not None:
+        from verl_consistency.atomic import atomic_path
+        from verl_consistency.run_plan import CAPTURE_PROMPTS
+
+        with atomic_path(lay.run_dir / CAPTURE_PROMPTS) as tmp:
+            shutil.copyfile(plan.capture_source, tmp)
     dataset.write_parquet(lay.train_data)
     dataset.write_reward_fn(lay.reward_fn)
     lay.rollout_dir.mkdir(parents=True, exist_ok=True)
@@ -238,7 +245,8 @@ def run_command(
         str,
         typer.Option(
             envvar=CAPTURE_ENV,
-            help="Requests to dump: all, or fraction:F (0<F<=1, chosen by a hash of the request id).",
+            help="Requests to dump: all, fraction:F (0<F<=1, chosen by a hash of the request id), or "
+            "prompts:FILE (exactly the prompts FILE lists, e.g. a report's capture-these.txt).",
         ),
     ] = "all",
     model: Annotated[

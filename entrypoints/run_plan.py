@@ -41,6 +41,9 @@ from verl_consistency.msprobe_config import (
 )
 from verl_consistency.overrides import Conflict, EnvConflict, Mode, RunKind
 
+CAPTURE_PROMPTS = "config/capture-prompts.txt"
+"""Run-relative copy of the ``--capture prompts:FILE`` list: every Ray worker reads it from the run folder."""
+
 DEFAULT_MODEL = "/models/Qwen2.5-0.5B-Instruct"
 MODEL_ENV = "VERL_CONSISTENCY_MODEL"
 
@@ -70,6 +73,8 @@ class RunPlan(BaseModel):
     run_dir: str
     phase: DumpPhase
     capture: str
+    capture_source: str | None = None
+    """``--capture prompts:FILE``: the user's FILE, copied to :data:`CAPTURE_PROMPTS` by the run."""
     dump: DumpOptions
     python: str
     module: str
@@ -227,11 +232,15 @@ def build_plan(
         raise PlanError([str(exc)]) from None
     if not Path(dump_root).is_absolute():
         problems.append(f"--dump-root {dump_root!s}: must be an absolute path (every Ray worker reads it)")
+    capture_source: str | None = None
     try:
         rule = capture_mod.parse(capture)
     except ValueError as exc:
         problems.append(f"--capture: {exc}")
         rule = capture_mod.CaptureRule()
+    if rule.prompts is not None and rule.path is not None:
+        capture_source = str(Path(rule.path).resolve())
+        rule = capture_mod.CaptureRule(prompts=rule.prompts, path=str(layout.run_dir / CAPTURE_PROMPTS))
     if task is None:
         task = Task.STATISTICS if rule.is_all else Task.TENSOR
     module_list: list[str] | None = None
@@ -306,7 +315,8 @@ def build_plan(
     if token_level:
         invocation += ["--token-level"]
     else:
-        invocation += collection_options(phase, rule.spec(), dump)
+        shown = f"prompts:{capture_source}" if capture_source else rule.spec()
+        invocation += collection_options(phase, shown, dump)
     if steps:
         invocation += ["--steps", steps]
     if ranks:
@@ -323,6 +333,7 @@ def build_plan(
         run_dir=str(layout.run_dir),
         phase=phase,
         capture=rule.spec(),
+        capture_source=capture_source,
         dump=dump,
         python=python or sys.executable,
         module=mode.module,

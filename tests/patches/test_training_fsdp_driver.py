@@ -23,6 +23,7 @@ debugger first), ``VC_TEST_TOKEN_LEVEL`` (1: after the old log-probs, verl's
 ``VC_TEST_NEXT_TOKEN`` (1: response token 0 and its rollout log-prob from a stand-in vLLM),
 ``VC_TEST_PERTURB`` (1: the training side's last ``down_proj`` output x1.5),
 ``VC_TEST_INIT_RANGE`` (the tiny model's initializer_range; peaked outputs need a large one),
+``VC_TEST_IDS_FROM_AGENT_LOOP`` (1: request ids made as the patched agent loop makes them),
 plus the hooks' own variables (DUMP_ON, DUMP_PHASE, ...).
 """
 
@@ -123,6 +124,8 @@ def _rollout_batch() -> Any:
         rm_scores[i, RESPONSE_VALID[i] - 1] = float(i % 2)
     rng = random.Random(int(os.environ.get("VC_TEST_SEED", "7")))
     ids = [uuid.UUID(int=rng.getrandbits(128)).hex for _ in range(BATCH + 1)]
+    if os.environ.get("VC_TEST_IDS_FROM_AGENT_LOOP") == "1":
+        ids[:BATCH] = _agent_loop_ids(list(range(BATCH)))
     first = ids[:BATCH]
     every = np.empty(BATCH, dtype=object)  # sample 0 was resumed once: two vLLM ids
     every[:] = [[f, ids[BATCH]] if i == 0 else [f] for i, f in enumerate(first)]
@@ -141,6 +144,7 @@ def _rollout_batch() -> Any:
             "request_id": np.array(first, dtype=object),
             "request_ids_all": every,
             "uid": np.array(["a", "a", "b", "b"], dtype=object),
+            "index": np.array(list(range(BATCH)), dtype=object),
         },
     )
 
@@ -163,6 +167,24 @@ def _stand_in_vllm_next_token(batch: Any, model_dir: Path) -> None:
         td["responses"][i, 0] = tok
         td["input_ids"][i, PROMPT_LEN] = tok
         td["rollout_log_probs"][i, 0] = logp[tok]
+
+
+def _agent_loop_ids(indices: list[int]) -> list[str]:
+    """The ids verl's patched agent loop would send to vLLM: one asyncio task per sample, each
+    calling ``capture.enter_prompt(kwargs)`` then ``capture.new_request_id()`` (patch 0006)."""
+    import asyncio
+
+    from verl_consistency.hooks import capture
+
+    async def one(index: int) -> str:
+        capture.enter_prompt({"index": index, "uid": "u"})
+        await asyncio.sleep(0)  # interleave the samples, as verl's concurrent tasks do
+        return capture.new_request_id()
+
+    async def all_of() -> list[str]:
+        return list(await asyncio.gather(*(one(i) for i in indices)))
+
+    return asyncio.run(all_of())
 
 
 def _recipe_trim(data: Any) -> Any:
