@@ -251,16 +251,21 @@ def _position_profile(run_dir: Path, recs: Sequence[tm.TokenRecord], buckets: in
 def capture_these(section: TokenSection) -> str:
     """The file ``--capture prompts:FILE`` reads: one prompt per line, worst first.
 
-    Each line names the prompt by its dataset index (``index:N``, stable across runs of the same
-    prompt set) and, after ``#``, the request that showed it, for people.
+    It lists the prompts of the responses with a token above the threshold (``first_above``), or,
+    when none has one, the largest. Each line names the prompt by its dataset index
+    (``index:N``, stable across runs of the same prompt set) and, after ``#``, the request that
+    showed it, for people.
     """
     lines = [
         "# verl-consistency capture file: the prompts of the most drifting requests, worst first.",
         "# Use: verl-consistency run <mode> --capture prompts:<this file> ...",
         "# One prompt per line: index:<dataset index> or uid:<verl uid>; text after # is ignored.",
     ]
+    drifted = [t for t in section.top if t.first_above is not None]
+    if not drifted:
+        lines.append(f"# no response has a token above |dlogp| {section.threshold:g}; the largest follow")
     seen: set[str] = set()
-    for t in section.top:
+    for t in drifted or section.top:
         if t.index is not None:
             key = f"index:{t.index}"
         elif t.uid is not None:
