@@ -163,44 +163,43 @@ def compute(
 ) -> tuple[Figures, list[Figures], list[int | None], Any]:
     """The batch figures, the per-response figures, the first position above ``thresh``, and
     the per-position ``|Δ log p|`` matrix (float32, NaN where masked). Pure: never writes to its inputs.
+
+    Works on the valid tokens only, packed row-major: exactly the vector verl's
+    ``torch.masked_select`` builds, so the batch figures are verl's own ops on verl's own values,
+    and the per-response figures are segment reductions over the same vector.
     """
     import torch
 
     old = old_log_probs.detach().float()
     roll = rollout_log_probs.detach().float()
     m = mask.detach().bool()
-    mf = m.float()
-    n_row = mf.sum(dim=1)
-    n_all = int(n_row.sum().item()) if m.numel() else 0
-
-    p_old, p_roll = torch.exp(old), torch.exp(roll)
-    pdiff = torch.abs(p_old - p_roll)
-    d = old - roll
+    n_rows = int(m.shape[0])
+    rows, cols = m.nonzero(as_tuple=True)
+    counts = torch.bincount(rows, minlength=n_rows) if rows.numel() else torch.zeros(n_rows, dtype=torch.long)
+    o, r = old[rows, cols], roll[rows, cols]
+    po, pr = torch.exp(o), torch.exp(r)
+    pd = torch.abs(po - pr)
+    d = o - r
     ad = torch.abs(d)
     k3 = torch.exp(d) - d - 1
     mult = torch.exp(ad)
+    n_all = int(o.numel())
 
-    # -- the batch, with the very ops verl uses
+    # -- the batch, with the very ops verl uses on the same masked_select vector
     batch = Figures(tokens=n_all)
     if n_all:
-        sel = torch.masked_select(pdiff, m)
-        mt1 = torch.masked_select(p_old, m)
-        mt2 = torch.masked_select(p_roll, m)
         stats = torch.stack(
             [
-                sel.max(),
-                sel.mean(),
-                sel.std(),
-                torch.corrcoef(torch.stack([mt1, mt2], dim=0))[0][1],
-                torch.masked_select(ad, m).max(),
-                (mult * mf).sum() / n_all,
-                ((-d) * mf).sum() / n_all,
-                (k3 * mf).sum() / n_all,
+                pd.max(),
+                pd.mean(),
+                pd.std(),
+                torch.corrcoef(torch.stack([po, pr], dim=0))[0][1],
+                ad.max(),
+                mult.mean(),
+                (-d).mean(),
+                k3.mean(),
             ]
         ).tolist()
-        row_mean_ad = (ad * mf).sum(dim=1) / n_row.clamp(min=1)
-        valid_rows = n_row > 0
-        slime = float(row_mean_ad[valid_rows].mean().item())
         batch = Figures(
             tokens=n_all,
             probs_diff_max=_finite(stats[0]),
@@ -211,61 +210,81 @@ def compute(
             token_mult_prob_error=_finite(stats[5]),
             kl=_finite(stats[6]),
             k3_kl=_finite(stats[7]),
-            abs_diff=_finite(slime),
         )
 
-    # -- per response, vectorised over rows
-    nr = n_row.clamp(min=1)
-    neg_inf = torch.tensor(float("-inf"))
-    pd_mean = (pdiff * mf).sum(dim=1) / nr
-    pd_max = torch.where(m, pdiff, neg_inf).amax(dim=1) if m.shape[1] else torch.zeros(m.shape[0])
-    pd_var = (((pdiff - pd_mean[:, None]) ** 2) * mf).sum(dim=1) / (n_row - 1)
-    mo = (p_old * mf).sum(dim=1) / nr
-    mr = (p_roll * mf).sum(dim=1) / nr
-    xo, xr = (p_old - mo[:, None]) * mf, (p_roll - mr[:, None]) * mf
-    corr = (xo * xr).sum(dim=1) / torch.sqrt((xo * xo).sum(dim=1) * (xr * xr).sum(dim=1))
-    ad_max = torch.where(m, ad, neg_inf).amax(dim=1) if m.shape[1] else torch.zeros(m.shape[0])
-    rows = torch.stack(
+    # -- per response: segment reductions over the packed vector (rows are contiguous)
+    def seg(x: Any, how: str = "sum") -> Any:
+        if not n_all:
+            return torch.zeros(n_rows)
+        return torch.segment_reduce(x, how, lengths=counts)
+
+    nr = counts.clamp(min=1).float()
+    pd_mean = seg(pd) / nr
+    mo, mr = seg(po) / nr, seg(pr) / nr
+    xo, xr = po - mo[rows], pr - mr[rows]
+    corr = seg(xo * xr) / torch.sqrt(seg(xo * xo) * seg(xr * xr))
+    pd_var = seg((pd - pd_mean[rows]) ** 2) / (counts - 1).float()
+    row_ad = seg(ad) / nr
+    if n_all:
+        batch.abs_diff = _finite(float(row_ad[counts > 0].mean().item()))
+    per_rows = torch.stack(
         [
-            n_row,
-            pd_max,
+            counts.float(),
+            seg(pd, "max"),
             pd_mean,
             torch.sqrt(pd_var),
             corr,
-            (ad * mf).sum(dim=1) / nr,
-            (mult * mf).sum(dim=1) / nr,
-            ((-d) * mf).sum(dim=1) / nr,
-            (k3 * mf).sum(dim=1) / nr,
-            ad_max,
+            row_ad,
+            seg(mult) / nr,
+            seg(-d) / nr,
+            seg(k3) / nr,
+            seg(ad, "max"),
         ],
         dim=1,
     ).tolist()
-    above = m & (ad > thresh)
-    has = above.any(dim=1)
-    first = torch.where(has, above.float().argmax(dim=1), torch.full_like(n_row, -1, dtype=torch.long))
+    above = ad > thresh
+    first = torch.full((n_rows,), -1, dtype=torch.long)
+    if bool(above.any()):
+        big = torch.full((n_rows,), int(m.shape[1]), dtype=torch.long)
+        big.scatter_reduce_(0, rows[above], cols[above], reduce="amin")
+        first = torch.where(big < int(m.shape[1]), big, first)
     firsts = [None if f < 0 else int(f) for f in first.tolist()]
     per: list[Figures] = []
-    for r in rows:
-        n = int(r[0])
+    for row in per_rows:
+        n = int(row[0])
         if n == 0:
             per.append(Figures(tokens=0))
             continue
         per.append(
             Figures(
                 tokens=n,
-                probs_diff_max=_finite(r[1]),
-                probs_diff_mean=_finite(r[2]),
-                probs_diff_std=_finite(r[3]) if n > 1 else None,
-                pearson_corr=_finite(r[4]) if n > 1 else None,
-                abs_diff=_finite(r[5]),
-                token_mult_prob_error=_finite(r[6]),
-                kl=_finite(r[7]),
-                k3_kl=_finite(r[8]),
-                max_abs_diff=_finite(r[9]),
+                probs_diff_max=_finite(row[1]),
+                probs_diff_mean=_finite(row[2]),
+                probs_diff_std=_finite(row[3]) if n > 1 else None,
+                pearson_corr=_finite(row[4]) if n > 1 else None,
+                abs_diff=_finite(row[5]),
+                token_mult_prob_error=_finite(row[6]),
+                kl=_finite(row[7]),
+                k3_kl=_finite(row[8]),
+                max_abs_diff=_finite(row[9]),
             )
         )
-    per_pos = torch.where(m, ad, torch.tensor(float("nan")))
+    per_pos = torch.full(tuple(m.shape), float("nan"))
+    per_pos[rows, cols] = ad
     return batch, per, firsts, per_pos
+
+
+def spans(mask: Any) -> list[int]:
+    """Per row, the last valid position + 1: the span of ``|Δ log p|`` a record keeps."""
+    import torch
+
+    m = mask.detach().bool()
+    if not m.numel():
+        return [0] * int(m.shape[0])
+    rows, cols = m.nonzero(as_tuple=True)
+    out = torch.zeros(int(m.shape[0]), dtype=torch.long)
+    out.scatter_reduce_(0, rows, cols + 1, reduce="amax")
+    return [int(x) for x in out.tolist()]
 
 
 class _Writer:
@@ -351,18 +370,15 @@ def record(
     run_dir = Path(e[env.RUN_DIR].strip())
     w = _writer(run_dir)
     now, pid = records.now(), os.getpid()
-    # position of the last valid token + 1, per row: the span each record keeps
     import torch
 
-    m = mask.bool()
-    pos = torch.arange(m.shape[1]).expand_as(m)
-    spans = torch.where(m, pos + 1, torch.zeros_like(pos)).amax(dim=1).tolist() if m.shape[1] else [0] * n
+    row_spans = spans(mask)
     f16 = per_pos.to(torch.float16).numpy()
     side_base = w.side.tell() // 2
     side_chunks: list[bytes] = []
     lines: list[bytes] = []
     for i in range(n):
-        span = int(spans[i])
+        span = row_spans[i]
         rec: dict[str, Any] = {
             "timestamp": now,
             "pid": pid,
