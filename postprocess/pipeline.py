@@ -125,7 +125,17 @@ def postprocess(
         raise discover.BadInput(
             f"--out {out_dir} lies inside the run or a dump folder; choose a folder outside the inputs"
         )
-    result = pair_run(roots, default_backend=backend, progress=hooks.stage)
+    triage = bool(run_json and run_json.get("kind") == "token-level")
+    try:
+        result = pair_run(roots, default_backend=backend, progress=hooks.stage)
+    except discover.BadInput:
+        # a --token-level run dumps nothing with msprobe: bundle its token view alone
+        if not _has_token_records(roots.run_dir):
+            raise
+        warnings.append("no msprobe logs: only the token-level view is bundled (a --token-level run)")
+        result = PairingResult(
+            roots=roots, pairs=[], unpaired=[], counts={}, logs=[], dispatch_records=0, actor_records=0
+        )
 
     work = out_dir / f"work-{run_id}"
     if work.exists():
@@ -178,13 +188,21 @@ def postprocess(
     manifest = bundle_mod.write_bundle(
         dest, items, make_manifest, level=level, progress=lambda d, t: hooks.stage("bundle", d, t)
     )
-    if not result.pairs:
+    if not result.pairs and triage and token is not None and not token[0].empty:
+        code = Exit.OK  # a triage run has nothing to pair by design
+    elif not result.pairs:
         code = Exit.NOTHING_PAIRED
     elif failed:
         code = Exit.COMPARE_FAILED
     else:
         code = Exit.OK
     return Outcome(code, result, dest, manifest, warnings)
+
+
+def _has_token_records(run_dir: Path) -> bool:
+    from verl_consistency.hooks import token_mismatch
+
+    return any((run_dir / n).is_file() for n in (token_mismatch.TOKEN_LOG, token_mismatch.STEP_LOG))
 
 
 def _inside(path: Path, root: Path) -> bool:

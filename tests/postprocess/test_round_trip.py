@@ -63,6 +63,13 @@ def test_triage_capture_these_localise(root: Path, tmp_path: Path) -> None:
     assert keys == ["index:2"]
     assert "index:2" in (out1 / "token.md").read_text() or "| 2 |" in (out1 / "token.md").read_text()
 
+    # the same through the postprocess: a triage run bundles its token view alone, exit 0
+    triaged = pipeline.postprocess(run1, out=tmp_path / "bundles")
+    assert triaged.code == pipeline.Exit.OK
+    files = {f.path for f in triaged.manifest.files}
+    assert "results/capture-these.txt" in files
+    assert "results/token/token_mismatch.jsonl" in files
+
     # 3. localise
     loc = build_plan(
         Mode.HYBRID,
