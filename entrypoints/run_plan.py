@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from verl_consistency import overrides as table
 from verl_consistency.hooks import capture as capture_mod
+from verl_consistency.hooks import token_mismatch
 from verl_consistency.hooks.env import DUMP_PHASE, DumpPhase
 from verl_consistency.layout import (
     ACTOR_CONFIG,
@@ -281,6 +282,11 @@ def build_plan(
     caller_env = {k: v for k, v in environ.items() if k not in option_sources}
     env_conflicts: list[EnvConflict] = table.find_env_conflicts(caller_env, mode, phase, run, kind)
     problems += [c.message for c in conflicts] + [c.message for c in env_conflicts]
+    if environ.get(token_mismatch.THRESHOLD_ENV):
+        try:
+            token_mismatch.threshold(environ)
+        except ValueError as exc:
+            problems.append(str(exc))
     if problems:
         raise PlanError(problems)
 

@@ -173,6 +173,11 @@ def compute(
     old = old_log_probs.detach().float()
     roll = rollout_log_probs.detach().float()
     m = mask.detach().bool()
+    if not (old.shape == roll.shape == m.shape):
+        raise ValueError(
+            f"old_log_probs {tuple(old.shape)}, rollout_log_probs {tuple(roll.shape)} and the response "
+            f"mask {tuple(m.shape)} must have one shape"
+        )
     n_rows = int(m.shape[0])
     rows, cols = m.nonzero(as_tuple=True)
     counts = torch.bincount(rows, minlength=n_rows) if rows.numel() else torch.zeros(n_rows, dtype=torch.long)
@@ -350,10 +355,34 @@ def record(
     verl_metrics: Mapping[str, Any] | MutableMapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> int:
-    """The trainers' entry point. Returns how many token records were written (0 when off)."""
+    """The trainers' entry point. Returns how many token records were written (0 when off).
+
+    A failure here is reported on stderr and skipped, never raised: a diagnostic must not stop a
+    training run (a bad ``VERL_CONSISTENCY_TOKEN_THRESHOLD`` is refused by ``verl-consistency run``).
+    """
     e = os.environ if environ is None else environ
     if not enabled(e):
         return 0
+    try:
+        return _record(batch, global_step=global_step, verl_metrics=verl_metrics, e=e)
+    except Exception as exc:
+        _warn(f"token records of step {global_step} skipped: {type(exc).__name__}: {exc}")
+        return 0
+
+
+def _warn(message: str) -> None:
+    import sys
+
+    print(f"[verl-consistency] {message}", file=sys.stderr, flush=True)
+
+
+def _record(
+    batch: Any,
+    *,
+    global_step: int,
+    verl_metrics: Mapping[str, Any] | MutableMapping[str, Any] | None,
+    e: Mapping[str, str],
+) -> int:
     td = batch.batch
     keys = td.keys()
     if "rollout_log_probs" not in keys or "old_log_probs" not in keys:
@@ -542,9 +571,12 @@ class NextTokenProbe:
         probe = cls(None, int(tokens[0]), float(logps[0]), temp or 1.0)
 
         def hook(_module: Any, _inputs: Any, output: Any) -> None:
-            logits = output[0] if isinstance(output, tuple) else output
-            row = logits.reshape(-1, logits.shape[-1])[-1]
-            probe.last = row.detach().float().clone()
+            try:
+                logits = output[0] if isinstance(output, tuple) else output
+                row = logits.reshape(-1, logits.shape[-1])[-1]
+                probe.last = row.detach().float().clone()
+            except Exception as exc:  # never break the forward
+                _warn(f"next-token probe skipped: {type(exc).__name__}: {exc}")
 
         probe.handle = head.register_forward_hook(hook)
         return probe
@@ -559,6 +591,14 @@ class NextTokenProbe:
     ) -> None:
         if self.last is None:
             return
+        try:
+            self._write(dump_dir, step=step, dump_path=dump_path, phase=phase, request_id=request_id)
+        except Exception as exc:
+            _warn(f"next-token record of step {step} skipped: {type(exc).__name__}: {exc}")
+
+    def _write(
+        self, dump_dir: Path, *, step: int, dump_path: str | None, phase: str, request_id: str | None
+    ) -> None:
         import torch
 
         logp = torch.log_softmax(self.last / self.temperature, dim=-1)

@@ -214,3 +214,31 @@ def test_hook_on_the_real_fsdp_engines_log_probs(root: Path, tmp_path: Path) -> 
     (step,) = [tm.StepRecord.model_validate(x) for x in _lines(run_dir / tm.STEP_LOG)]
     for vk, ours in VERL_VS_OURS.items():
         assert _close(getattr(step, ours), report["verl_metrics"][vk], rel=1e-4), vk
+
+
+def test_a_failure_never_stops_training(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    bad = SimpleNamespace(
+        batch={
+            "responses": torch.ones(2, 3, dtype=torch.long),
+            "response_mask": torch.ones(2, 5, dtype=torch.long),  # wrong shape
+            "old_log_probs": torch.zeros(2, 3),
+            "rollout_log_probs": torch.zeros(2, 4),
+        },
+        non_tensor_batch={},
+    )
+    environ = {"VERL_CONSISTENCY_TOKEN_LEVEL": "1", "VERL_CONSISTENCY_RUN_DIR": str(tmp_path)}
+    assert tm.record(bad, global_step=3, environ=environ) == 0
+    assert "token records of step 3 skipped" in capsys.readouterr().err
+
+
+def test_run_refuses_a_bad_threshold() -> None:
+    from verl_consistency.overrides import Mode
+    from verl_consistency.run_plan import PlanError, build_plan
+
+    with pytest.raises(PlanError, match="VERL_CONSISTENCY_TOKEN_THRESHOLD"):
+        build_plan(
+            Mode.HYBRID, dump_root="/d", run_id="r", environ={tm.THRESHOLD_ENV: "-2"}, token_level=True
+        )
