@@ -146,6 +146,8 @@ class TopRequest(BaseModel):
     k3_kl: float | None
     first_above: int | None
     pair_id: str | None = None
+    prompt: str | None = None
+    """The prompt's text, from the run's prompt set (``data/train.parquet``) by its index."""
 
 
 class TokenSection(BaseModel):
@@ -194,6 +196,7 @@ def build_section(
         section.over_threshold = sum(r.first_above is not None for r in recs)
         section.position_mean = _position_profile(run_dir, recs, buckets)
         pair_of = {p.request_id: p.pair_id for p in pairs}
+        texts = prompt_texts(run_dir)
         worst = sorted(recs, key=lambda r: -(r.max_abs_diff or 0.0))[:TOP_N]
         section.top = [
             TopRequest(
@@ -208,6 +211,7 @@ def build_section(
                 k3_kl=r.k3_kl,
                 first_above=r.first_above,
                 pair_id=pair_of.get(r.request_id or ""),
+                prompt=texts.get(str(r.index)) if r.index is not None else None,
             )
             for r in worst
         ]
@@ -223,6 +227,33 @@ def build_section(
             write_text_atomic(results / CAPTURE_THESE, capture_these(section))
             section.capture_file = CAPTURE_THESE
     return section
+
+
+def prompt_texts(run_dir: Path, limit: int = 160) -> dict[str, str]:
+    """Index -> the prompt's text, when the run folder holds its prompt set (the generated one does).
+
+    The token records carry no token ids, so no tokenizer is needed: the text is the dataset's own
+    (``extra_info.question``, else the last chat message). Empty when unreadable.
+    """
+    path = run_dir / "data" / "train.parquet"
+    if not path.is_file():
+        return {}
+    try:
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(str(path), columns=["prompt", "extra_info"]).to_pylist()
+    except Exception:
+        return {}
+    out: dict[str, str] = {}
+    for n, row in enumerate(rows):
+        extra = row.get("extra_info") or {}
+        text = extra.get("question")
+        if not text and row.get("prompt"):
+            text = str(row["prompt"][-1].get("content", ""))
+        index = extra.get("index", n)
+        if text:
+            out[str(index)] = text if len(text) <= limit else text[: limit - 1] + "…"
+    return out
 
 
 def _position_profile(run_dir: Path, recs: Sequence[tm.TokenRecord], buckets: int) -> list[tuple[int, float]]:

@@ -58,6 +58,11 @@ def test_triage_capture_these_localise(root: Path, tmp_path: Path) -> None:
     out1 = tmp_path / "triage-report"
     section = token_level.token_report(run1, out1)
     assert section.top[0].index == 2
+    from verl_consistency import dataset
+
+    question = dataset.make_rows()[2]["extra_info"]["question"]
+    assert section.top[0].prompt is not None
+    assert question.startswith(section.top[0].prompt.rstrip("…")), "the prompt's text, by its index"
     capture_file = out1 / token_level.CAPTURE_THESE
     keys = [ln.split()[0] for ln in capture_file.read_text().splitlines() if not ln.startswith("#")]
     assert keys == ["index:2"]
