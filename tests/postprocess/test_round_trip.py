@@ -74,6 +74,16 @@ def test_triage_capture_these_localise(root: Path, tmp_path: Path) -> None:
     files = {f.path for f in triaged.manifest.files}
     assert "results/capture-these.txt" in files
     assert "results/token/token_mismatch.jsonl" in files
+    # the bundle's batch figures sit next to verl's own values for the same batch, and match them
+    (step,) = section.steps
+    for ours, verls in (
+        ("probs_diff_max", "training/rollout_probs_diff_max"),
+        ("probs_diff_mean", "training/rollout_probs_diff_mean"),
+        ("pearson_corr", "training/rollout_actor_probs_pearson_corr"),
+    ):
+        assert getattr(step, ours) == pytest.approx(step.verl[verls], rel=1e-5), ours
+    page = (tmp_path / "bundles" / "work-triage-1" / "results" / "report.html").read_text()
+    assert 'id="token-steps"' in page
 
     # 3. localise
     loc = build_plan(
