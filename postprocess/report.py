@@ -251,6 +251,32 @@ def position_svg(points: Sequence[tuple[int, float]], width: int = 560, height: 
     )
 
 
+def histogram_svg(bins: Sequence[tuple[str, int]], width: int = 560, height: int = 150) -> str:
+    """Responses per decade of their mean |Δ log p| (a bar per decade, labelled by its lower edge)."""
+    if not bins or not any(n for _, n in bins):
+        return ""
+    top, bottom = 14, 24
+    peak = max(n for _, n in bins)
+    bw = (width - 16) / len(bins)
+    h = height - top - bottom
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="hist" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="per-request mismatch histogram">'
+    ]
+    for i, (label, n) in enumerate(bins):
+        bh = h * n / peak
+        x = 8 + i * bw
+        parts.append(
+            f'<rect x="{x + 2:.1f}" y="{top + h - bh:.1f}" width="{bw - 4:.1f}" height="{bh:.1f}" '
+            f'fill="#60a5fa"><title>{n} responses with mean |Δ log p| in [{label}, ×10)</title></rect>'
+            f'<text x="{x + bw / 2:.1f}" y="{height - 8}" text-anchor="middle" class="ax">{label}</text>'
+            f'<text x="{x + bw / 2:.1f}" y="{top + h - bh - 2:.1f}" text-anchor="middle" '
+            f'class="cell">{n}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def render_token_md(section: object) -> str:
     """The token-level section as Markdown (also ``token.md`` of a bare triage run)."""
     return _env().get_template("token.md.j2").render(token=section, fmt=_fmt)
@@ -277,6 +303,7 @@ def write_report(
     ctx = _context(run_id, pairs, unpaired, comparisons, unpaired_counts)
     ctx["token"] = token if token is not None and not getattr(token, "empty", True) else None
     ctx["position_svg"] = position_svg(getattr(token, "position_mean", [])) if ctx["token"] else ""
+    ctx["histogram_svg"] = histogram_svg(getattr(token, "histogram", [])) if ctx["token"] else ""
     html, md = out_dir / REPORT_HTML, out_dir / SUMMARY_MD
     write_text_atomic(html, env.get_template("report.html.j2").render(**ctx))
     write_text_atomic(md, env.get_template("summary.md.j2").render(**ctx))

@@ -158,6 +158,8 @@ class TokenSection(BaseModel):
     steps: list[tm.StepRecord] = []
     quantiles: dict[str, float] = {}
     """Distribution of the per-response mean |Δ log p| (slime's figure per response)."""
+    histogram: list[tuple[str, int]] = []
+    """Per-response mean |Δ log p| in decades: (label, responses)."""
     over_threshold: int = 0
     threshold: float = tm.DEFAULT_THRESHOLD
     position_mean: list[tuple[int, float]] = []
@@ -170,6 +172,15 @@ class TokenSection(BaseModel):
     @property
     def empty(self) -> bool:
         return not self.responses and not self.next_tokens
+
+
+def decades(values: Sequence[float], low: int = -6, high: int = 1) -> list[tuple[str, int]]:
+    """Counts per decade of ``values`` (≤1e-6 and ≥10 folded into the ends)."""
+    counts = [0] * (high - low)
+    for v in values:
+        e = math.floor(math.log10(v)) if v > 0 else low
+        counts[min(max(e, low), high - 1) - low] += 1
+    return [(f"1e{low + i}", n) for i, n in enumerate(counts)]
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -193,6 +204,7 @@ def build_section(
             section.quantiles = {
                 q: _quantile(means, v) for q, v in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
             }
+        section.histogram = decades(means)
         section.over_threshold = sum(r.first_above is not None for r in recs)
         section.position_mean = _position_profile(run_dir, recs, buckets)
         pair_of = {p.request_id: p.pair_id for p in pairs}

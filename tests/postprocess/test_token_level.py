@@ -150,6 +150,8 @@ def test_section_top_requests_position_profile_and_capture_file(tmp_path: Path) 
     assert [t.request_id for t in section.top[:2]] == ["r4", "r1"]
     assert section.top[0].first_above == 50
     assert section.over_threshold == 2
+    assert sum(n for _, n in section.histogram) == 12
+    assert dict(section.histogram)["1e-1"] == 2, "the two drifted responses' mean |dlogp| (0.15, 0.4)"
     # the drift starts half-way along the response: the profile is flat zero, then positive
     profile = dict(section.position_mean)
     assert profile[0] == pytest.approx(0.0, abs=1e-6)
