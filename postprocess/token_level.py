@@ -180,7 +180,9 @@ def decades(values: Sequence[float], low: int = -6, high: int = 1) -> list[tuple
     for v in values:
         e = math.floor(math.log10(v)) if v > 0 else low
         counts[min(max(e, low), high - 1) - low] += 1
-    return [(f"1e{low + i}", n) for i, n in enumerate(counts)]
+    labels = [f"1e{low + i}" for i in range(len(counts))]
+    labels[0] = f"≤1e{low + 1}"
+    return list(zip(labels, counts, strict=True))
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
