@@ -181,7 +181,7 @@ def decades(values: Sequence[float], low: int = -6, high: int = 1) -> list[tuple
         e = math.floor(math.log10(v)) if v > 0 else low
         counts[min(max(e, low), high - 1) - low] += 1
     labels = [f"1e{low + i}" for i in range(len(counts))]
-    labels[0] = f"≤1e{low + 1}"
+    labels[0] = f"<1e{low + 1}"
     return list(zip(labels, counts, strict=True))
 
 
