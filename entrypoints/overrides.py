@@ -51,8 +51,19 @@ _MODULES = {
     Mode.FULLY_ASYNC: "verl.experimental.fully_async_policy.fully_async_main",
 }
 
+
+class RunKind(StrEnum):
+    """What a run is for: a msprobe collection run, or a cheap token-level triage run (``--token-level``)."""
+
+    COLLECTION = "collection"
+    TOKEN_LEVEL = "token-level"
+
+
 ALL_MODES: frozenset[Mode] = frozenset(Mode)
 ALL_PHASES: frozenset[DumpPhase] = frozenset(DumpPhase)
+COLLECTION_ONLY: frozenset[RunKind] = frozenset({RunKind.COLLECTION})
+TOKEN_LEVEL_ONLY: frozenset[RunKind] = frozenset({RunKind.TOKEN_LEVEL})
+ALL_KINDS: frozenset[RunKind] = frozenset(RunKind)
 
 RUNTIME_ENV_PREFIX = "ray_kwargs.ray_init.runtime_env.env_vars"
 """Where verl 0.8.0 takes the Ray job's env vars from (``verl/trainer/main_ppo.py`` ``run_ppo``)."""
@@ -81,10 +92,12 @@ class _Row(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     modes: frozenset[Mode] = ALL_MODES
     phases: frozenset[DumpPhase] = ALL_PHASES
+    kinds: frozenset[RunKind] = COLLECTION_ONLY
+    """Run kinds the row applies to; a collection run's rows do not apply to a triage run."""
     why: str
 
-    def applies(self, mode: Mode, phase: DumpPhase) -> bool:
-        return mode in self.modes and phase in self.phases
+    def applies(self, mode: Mode, phase: DumpPhase, kind: RunKind = RunKind.COLLECTION) -> bool:
+        return mode in self.modes and phase in self.phases and kind in self.kinds
 
 
 class EnvVar(_Row):
@@ -135,7 +148,28 @@ ENV: tuple[EnvVar, ...] = (
     EnvVar(
         name=hook_env.RUN_DIR,
         value=FromRun(run="run_dir"),
+        kinds=ALL_KINDS,
         why="the run folder, so that the hooks write paths relative to it",
+    ),
+    EnvVar(
+        name=hook_env.TOKEN_LEVEL,
+        value="1",
+        kinds=ALL_KINDS,
+        why="one token_mismatch.jsonl record per response where verl has both vLLM's and its own "
+        "log-probs (patches/verl/0005-token-records); in a PROMPTS_ONLY collection run, the "
+        "one-token next-token records of the output row",
+    ),
+    EnvVar(
+        name=hook_env.DUMP_ON,
+        value="0",
+        kinds=TOKEN_LEVEL_ONLY,
+        why="a token-level run dumps nothing with msprobe",
+    ),
+    EnvVar(
+        name=hook_env.PROMPTS_ONLY,
+        value="0",
+        kinds=TOKEN_LEVEL_ONLY,
+        why="a token-level run trains on normal responses: their tokens are what it compares",
     ),
     EnvVar(
         name=hook_env.CAPTURE,
@@ -158,6 +192,7 @@ ENV: tuple[EnvVar, ...] = (
         name="RAY_OVERRIDE_JOB_RUNTIME_ENV",
         value="1",
         driver_only=True,
+        kinds=ALL_KINDS,
         why="on a RayJob whose runtimeEnvYAML sets one of these variables too, Ray would refuse to "
         "merge it with ours (ValueError in ray.init); with this set, our values win",
     ),
@@ -244,6 +279,7 @@ REQUIRED: tuple[Override, ...] = (
         key="actor_rollout_ref.hybrid_engine",
         value=False,
         modes=frozenset({Mode.FULLY_ASYNC}),
+        kinds=ALL_KINDS,
         why="fully async runs rollout and training on separate pools; verl asserts "
         "hybrid_engine is False there",
     ),
@@ -260,81 +296,129 @@ REQUIRED: tuple[Override, ...] = (
         modes=frozenset({Mode.FULLY_ASYNC}),
         why="the fully-async rollouter asserts it ('must rollout calculate log_probs')",
     ),
+    Override(
+        key="actor_rollout_ref.rollout.calculate_log_probs",
+        value=True,
+        modes=frozenset({Mode.HYBRID}),
+        why="vLLM's log-probs of the first response token are the vLLM side of the output row "
+        "(the PROMPTS_ONLY trim keeps them for the trainer's next-token record)",
+    ),
+    Override(
+        key="actor_rollout_ref.rollout.calculate_log_probs",
+        value=True,
+        kinds=TOKEN_LEVEL_ONLY,
+        why="vLLM's log-probs of the response tokens are one side of every token record",
+    ),
+    Override(
+        key="algorithm.rollout_correction.bypass_mode",
+        value=False,
+        kinds=TOKEN_LEVEL_ONLY,
+        why="bypass mode (the fully-async default) uses vLLM's log-probs as the old log-probs and "
+        "never recomputes them, so there is nothing to compare them with (verl 0.8.0 computes its own "
+        "training/rollout_probs_diff_* only in decoupled mode too)",
+    ),
 )
 
 DEFAULTS: tuple[Override, ...] = (
     Override(
+        kinds=ALL_KINDS,
         key="data.train_files",
         value=FromRun(run="train_data"),
         why="the generated prompt set, so that a run needs no dataset download",
     ),
     Override(
+        kinds=ALL_KINDS,
         key="data.val_files",
         value=FromRun(run="train_data"),
         why="verl builds a validation set even when it never validates",
     ),
-    Override(key="data.max_prompt_length", value=512, why="the generated prompts are far shorter"),
     Override(
+        kinds=ALL_KINDS, key="data.max_prompt_length", value=512, why="the generated prompts are far shorter"
+    ),
+    Override(
+        kinds=ALL_KINDS,
         key="data.max_response_length",
         value=128,
         why="responses are trimmed before the training forward; short ones keep a run fast",
     ),
     Override(
+        kinds=ALL_KINDS,
         key="reward.custom_reward_function.path",
         value=FromRun(run="reward_fn"),
         why="a rule-based reward for the generated prompt set (no reward model)",
     ),
     Override(
+        kinds=ALL_KINDS,
         key="reward.custom_reward_function.name",
         value="compute_score",
         why="the function in the generated reward file",
     ),
-    Override(key="algorithm.adv_estimator", value="grpo", why="GRPO needs no critic model"),
+    Override(kinds=ALL_KINDS, key="algorithm.adv_estimator", value="grpo", why="GRPO needs no critic model"),
     Override(
+        kinds=ALL_KINDS,
         key="trainer.logger",
         value=["console"],
         why="verl's default also logs to wandb, which needs network access and a key",
     ),
-    Override(key="trainer.project_name", value="verl-consistency", why="names the run in verl's logs"),
-    Override(key="trainer.experiment_name", value=FromRun(run="run_id"), why="names the run in verl's logs"),
-    Override(key="trainer.total_epochs", value=1, why="one pass over the prompt set is enough"),
-    Override(key="trainer.save_freq", value=-1, why="a collection run needs no checkpoints"),
     Override(
+        kinds=ALL_KINDS,
+        key="trainer.project_name",
+        value="verl-consistency",
+        why="names the run in verl's logs",
+    ),
+    Override(
+        kinds=ALL_KINDS,
+        key="trainer.experiment_name",
+        value=FromRun(run="run_id"),
+        why="names the run in verl's logs",
+    ),
+    Override(
+        kinds=ALL_KINDS, key="trainer.total_epochs", value=1, why="one pass over the prompt set is enough"
+    ),
+    Override(kinds=ALL_KINDS, key="trainer.save_freq", value=-1, why="a collection run needs no checkpoints"),
+    Override(
+        kinds=ALL_KINDS,
         key="actor_rollout_ref.actor.ppo_mini_batch_size",
         value=8,
         why="verl's default (256) exceeds the generated prompt set",
     ),
     Override(
+        kinds=ALL_KINDS,
         key="data.train_batch_size",
         value=8,
         modes=frozenset({Mode.HYBRID}),
         why="verl's default (1024) exceeds the generated prompt set",
     ),
     Override(
+        kinds=ALL_KINDS,
         key="actor_rollout_ref.rollout.n",
         value=2,
         modes=frozenset({Mode.HYBRID}),
         why="GRPO needs more than one response per prompt",
     ),
     Override(
+        kinds=ALL_KINDS,
         key="data.train_batch_size",
         value=0,
         modes=frozenset({Mode.FULLY_ASYNC}),
         why="fully async draws prompts one by one (data.gen_batch_size=1); recipe setting",
     ),
     Override(
+        kinds=ALL_KINDS,
         key="trainer.n_gpus_per_node",
         value=4,
         modes=frozenset({Mode.FULLY_ASYNC}),
         why="one 8-NPU node: 4 NPUs train...",
     ),
     Override(
+        kinds=ALL_KINDS,
         key="rollout.n_gpus_per_node",
         value=4,
         modes=frozenset({Mode.FULLY_ASYNC}),
         why="...and 4 NPUs roll out",
     ),
     Override(
+        kinds=ALL_KINDS,
         key="rollout.total_rollout_steps",
         value=64,
         modes=frozenset({Mode.FULLY_ASYNC}),
@@ -375,6 +459,7 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal(
         key="actor_rollout_ref.rollout.mode",
         bad=("sync",),
+        kinds=ALL_KINDS,
         why="the request-id patches hook verl's async LLM server client",
     ),
     Refusal(
@@ -438,14 +523,17 @@ def resolve(value: Value, run: Mapping[str, str]) -> Any:
     return value
 
 
-def env_rows(mode: Mode, phase: DumpPhase) -> list[EnvVar]:
-    return [row for row in ENV if row.applies(mode, phase)]
+_C = RunKind.COLLECTION
 
 
-def required_rows(mode: Mode, phase: DumpPhase) -> list[Override]:
+def env_rows(mode: Mode, phase: DumpPhase, kind: RunKind = _C) -> list[EnvVar]:
+    return [row for row in ENV if row.applies(mode, phase, kind)]
+
+
+def required_rows(mode: Mode, phase: DumpPhase, kind: RunKind = _C) -> list[Override]:
     """REQUIRED rows for this run, plus one ``+ray_kwargs...env_vars.<NAME>`` row per Ray env var."""
-    rows = [row for row in REQUIRED if row.applies(mode, phase)]
-    for var in env_rows(mode, phase):
+    rows = [row for row in REQUIRED if row.applies(mode, phase, kind)]
+    for var in env_rows(mode, phase, kind):
         if not var.driver_only:
             rows.append(
                 Override(
@@ -454,26 +542,27 @@ def required_rows(mode: Mode, phase: DumpPhase) -> list[Override]:
                     add=True,
                     modes=var.modes,
                     phases=var.phases,
+                    kinds=var.kinds,
                     why=f"environment variable {var.name} must reach the Ray workers: {var.why}",
                 )
             )
     return rows
 
 
-def default_rows(mode: Mode, phase: DumpPhase) -> list[Override]:
-    return [row for row in DEFAULTS if row.applies(mode, phase)]
+def default_rows(mode: Mode, phase: DumpPhase, kind: RunKind = _C) -> list[Override]:
+    return [row for row in DEFAULTS if row.applies(mode, phase, kind)]
 
 
-def refusal_rows(mode: Mode, phase: DumpPhase) -> list[Refusal]:
-    return [row for row in REFUSALS if row.applies(mode, phase)]
+def refusal_rows(mode: Mode, phase: DumpPhase, kind: RunKind = _C) -> list[Refusal]:
+    return [row for row in REFUSALS if row.applies(mode, phase, kind)]
 
 
 def spell(row: Override, run: Mapping[str, str]) -> str:
     return f"{'+' if row.add else ''}{row.key}={hydra_value(resolve(row.value, run))}"
 
 
-def environment(mode: Mode, phase: DumpPhase, run: Mapping[str, str]) -> dict[str, str]:
-    return {row.name: str(resolve(row.value, run)) for row in env_rows(mode, phase)}
+def environment(mode: Mode, phase: DumpPhase, run: Mapping[str, str], kind: RunKind = _C) -> dict[str, str]:
+    return {row.name: str(resolve(row.value, run)) for row in env_rows(mode, phase, kind)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -527,13 +616,18 @@ def _under(key: str, prefix: str) -> bool:
 
 
 def find_conflicts(
-    user: Iterable[UserOverride], mode: Mode, phase: DumpPhase, run: Mapping[str, str]
+    user: Iterable[UserOverride],
+    mode: Mode,
+    phase: DumpPhase,
+    run: Mapping[str, str],
+    kind: RunKind = _C,
 ) -> list[Conflict]:
     """Every user override that would spoil the data, each with a message naming it and why."""
     conflicts: list[Conflict] = []
-    required = required_rows(mode, phase)
+    required = required_rows(mode, phase, kind)
+    refusals = refusal_rows(mode, phase, kind)
     for ov in user:
-        message = _conflict_with_required(ov, required, run) or _refused(ov, refusal_rows(mode, phase))
+        message = _conflict_with_required(ov, required, run) or _refused(ov, refusals)
         if message is not None:
             conflicts.append(Conflict(override=ov.text, message=f"refused `{ov.text}`: {message}"))
     return conflicts
@@ -583,11 +677,15 @@ class EnvConflict(BaseModel):
 
 
 def find_env_conflicts(
-    environ: Mapping[str, str], mode: Mode, phase: DumpPhase, run: Mapping[str, str]
+    environ: Mapping[str, str],
+    mode: Mode,
+    phase: DumpPhase,
+    run: Mapping[str, str],
+    kind: RunKind = _C,
 ) -> list[EnvConflict]:
     """Variables in the caller's environment that disagree with what the run sets."""
     out = []
-    for row in env_rows(mode, phase):
+    for row in env_rows(mode, phase, kind):
         want = str(resolve(row.value, run))
         have = environ.get(row.name)
         if have is not None and have != want:

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,11 +27,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from verl_consistency.entrypoints import msprobe_config as mscfg
-from verl_consistency.entrypoints.overrides import Mode, Table
+from verl_consistency.entrypoints.overrides import Mode, RunKind, Table
 from verl_consistency.entrypoints.run_plan import DEFAULT_MODEL, PlanError, RunPlan, build_plan
 from verl_consistency.patches.contracts import dataset, env, layout
 from verl_consistency.patches.contracts.env import DUMP_PHASE, DumpPhase
 from verl_consistency.patches.contracts.run_manifest import MsprobeConfigs, RunManifest, now_utc
+from verl_consistency.patches.hooks import token_mismatch
 
 EXIT_REFUSED = 2
 _STEP_LINE = re.compile(r"\bstep:(\d+)\b")
@@ -40,12 +42,15 @@ console = Console(stderr=True)
 
 def format_dry_run(plan: RunPlan) -> str:
     """The exact environment and command, shell-quoted, one item per line."""
+    token_level = plan.kind is RunKind.TOKEN_LEVEL
     lines = [
         f"# verl-consistency run {plan.mode.value} --dry-run: nothing was written or started.",
-        f"# run folder: {plan.run_dir}",
+        f"# run folder: {plan.run_dir}" + (" (--token-level: no msprobe dump)" if token_level else ""),
         f"#   msprobe configs: {plan.paths['rollout_config']}, {plan.paths['actor_config']}",
         f"#   prompt set: {plan.paths['train_data']}, reward: {plan.paths['reward_fn']}",
-        f"#   dumps: {plan.paths['rollout_dir']}/<pid>/, {plan.paths['actor_dir']}/<pid>/",
+        f"#   token records: {token_mismatch.TOKEN_LOG}, {token_mismatch.STEP_LOG}"
+        if token_level
+        else f"#   dumps: {plan.paths['rollout_dir']}/<pid>/, {plan.paths['actor_dir']}/<pid>/",
         f"# then: verl-consistency postprocess {plan.run_dir}",
         "env \\",
     ]
@@ -69,6 +74,12 @@ def prepare_run_dir(plan: RunPlan) -> RunManifest:
             ]
         )
     mscfg.write(lay, plan.msprobe)
+    if plan.capture_source is not None:
+        from verl_consistency.entrypoints.run_plan import CAPTURE_PROMPTS
+        from verl_consistency.patches.contracts.atomic import atomic_path
+
+        with atomic_path(lay.run_dir / CAPTURE_PROMPTS) as tmp:
+            shutil.copyfile(plan.capture_source, tmp)
     dataset.write_parquet(lay.train_data)
     dataset.write_reward_fn(lay.reward_fn)
     lay.rollout_dir.mkdir(parents=True, exist_ok=True)
@@ -84,6 +95,7 @@ def prepare_run_dir(plan: RunPlan) -> RunManifest:
         env=plan.env,
         dump_phase=plan.phase.value,
         capture=plan.capture,
+        kind=plan.kind.value,
         msprobe=MsprobeConfigs(rollout=plan.msprobe.rollout.to_json(), actor=plan.msprobe.actor.to_json()),
         paths=plan.paths,
     )
@@ -232,7 +244,8 @@ def run_command(
         str,
         typer.Option(
             envvar=env.CAPTURE,
-            help="Requests to dump: all, or fraction:F (0<F<=1, chosen by a hash of the request id).",
+            help="Requests to dump: all, fraction:F (0<F<=1, chosen by a hash of the request id), or "
+            "prompts:FILE (exactly the prompts FILE lists, e.g. a report's capture-these.txt).",
         ),
     ] = "all",
     model: Annotated[
@@ -242,6 +255,14 @@ def run_command(
             f"default ${env.MODEL} or {DEFAULT_MODEL}."
         ),
     ] = None,
+    token_level: Annotated[
+        bool,
+        typer.Option(
+            "--token-level",
+            help="A cheap triage run: normal responses (no PROMPTS_ONLY trim), no msprobe dump, one "
+            "token_mismatch.jsonl record per response (vLLM's against the trainer's log-probs).",
+        ),
+    ] = False,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Print the exact environment and command; write and start nothing."),
@@ -273,6 +294,7 @@ def run_command(
             data_mode=data_mode,
             model=model,
             extra_args=ctx.args,
+            token_level=token_level,
         )
     except PlanError as exc:
         for message in exc.messages:

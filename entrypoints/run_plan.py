@@ -27,7 +27,7 @@ from verl_consistency.entrypoints.msprobe_config import (
     parse_modules,
     parse_selection,
 )
-from verl_consistency.entrypoints.overrides import Conflict, EnvConflict, Mode
+from verl_consistency.entrypoints.overrides import Conflict, EnvConflict, Mode, RunKind
 from verl_consistency.patches.contracts import capture as capture_mod
 from verl_consistency.patches.contracts import env
 from verl_consistency.patches.contracts.env import DUMP_PHASE, DumpPhase
@@ -41,6 +41,10 @@ from verl_consistency.patches.contracts.layout import (
     TRAIN_DATA,
     RunLayout,
 )
+from verl_consistency.patches.hooks import token_mismatch
+
+CAPTURE_PROMPTS = "config/capture-prompts.txt"
+"""Run-relative copy of the ``--capture prompts:FILE`` list: every Ray worker reads it from the run folder."""
 
 DEFAULT_MODEL = "/models/Qwen2.5-0.5B-Instruct"
 
@@ -64,11 +68,14 @@ class RunPlan(BaseModel):
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     mode: Mode
+    kind: RunKind = RunKind.COLLECTION
     run_id: str
     dump_root: str
     run_dir: str
     phase: DumpPhase
     capture: str
+    capture_source: str | None = None
+    """``--capture prompts:FILE``: the user's FILE, copied to :data:`CAPTURE_PROMPTS` by the run."""
     dump: DumpOptions
     python: str
     module: str
@@ -95,6 +102,7 @@ class RunPlan(BaseModel):
     def as_json(self) -> dict[str, object]:
         return {
             "mode": self.mode.value,
+            "kind": self.kind.value,
             "run_id": self.run_id,
             "dump_root": self.dump_root,
             "run_dir": self.run_dir,
@@ -192,21 +200,48 @@ def build_plan(
     extra_args: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
     python: str | None = None,
+    token_level: bool = False,
 ) -> RunPlan:
-    """Check everything and return the plan, or raise :class:`PlanError` listing every problem."""
+    """Check everything and return the plan, or raise :class:`PlanError` listing every problem.
+
+    ``token_level``: a triage run (``--token-level``): normal responses, no msprobe dump, one
+    token record per response; the msprobe options of a collection run are refused with it.
+    """
     environ = os.environ if environ is None else environ
     problems: list[str] = []
+    kind = RunKind.TOKEN_LEVEL if token_level else RunKind.COLLECTION
+    if token_level:
+        given = {
+            "--capture": capture != "all",
+            "--phase": phase is not DumpPhase.LOG_PROB,
+            "--task": task is not None,
+            "--level": level is not Level.L0,
+            "--steps": steps is not None,
+            "--ranks": ranks is not None,
+            "--modules": modules is not None,
+            "--data-mode": data_mode is not None,
+        }
+        problems += [
+            f"{name} chooses what a collection run dumps with msprobe; a --token-level run dumps "
+            "nothing (leave it out, or drop --token-level)"
+            for name, on in given.items()
+            if on
+        ]
     try:
         layout = RunLayout(Path(dump_root), run_id)
     except ValueError as exc:
         raise PlanError([str(exc)]) from None
     if not Path(dump_root).is_absolute():
         problems.append(f"--dump-root {dump_root!s}: must be an absolute path (every Ray worker reads it)")
+    capture_source: str | None = None
     try:
         rule = capture_mod.parse(capture)
     except ValueError as exc:
         problems.append(f"--capture: {exc}")
         rule = capture_mod.CaptureRule()
+    if rule.prompts is not None and rule.path is not None:
+        capture_source = str(Path(rule.path).resolve())
+        rule = capture_mod.CaptureRule(prompts=rule.prompts, path=str(layout.run_dir / CAPTURE_PROMPTS))
     if task is None:
         task = Task.STATISTICS if rule.is_all else Task.TENSOR
     module_list: list[str] | None = None
@@ -241,12 +276,17 @@ def build_plan(
     except ValueError as exc:
         raise PlanError([*problems, str(exc)]) from None
 
-    conflicts: list[Conflict] = table.find_conflicts(parsed, mode, phase, run)
+    conflicts: list[Conflict] = table.find_conflicts(parsed, mode, phase, run, kind)
     # DUMP_PHASE and VERL_CONSISTENCY_CAPTURE are the sources of --phase and --capture: the option wins.
     option_sources = {DUMP_PHASE, env.CAPTURE}
     caller_env = {k: v for k, v in environ.items() if k not in option_sources}
-    env_conflicts: list[EnvConflict] = table.find_env_conflicts(caller_env, mode, phase, run)
+    env_conflicts: list[EnvConflict] = table.find_env_conflicts(caller_env, mode, phase, run, kind)
     problems += [c.message for c in conflicts] + [c.message for c in env_conflicts]
+    if environ.get(env.TOKEN_THRESHOLD):
+        try:
+            token_mismatch.threshold(environ)
+        except ValueError as exc:
+            problems.append(str(exc))
     if problems:
         raise PlanError(problems)
 
@@ -260,11 +300,12 @@ def build_plan(
 
     defaults = [
         table.spell(row, run)
-        for row in table.default_rows(mode, phase)
+        for row in table.default_rows(mode, phase, kind)
         if not any(_touches(row.key, k) for k in user_keys)
     ]
-    required_keys = {row.key for row in table.required_rows(mode, phase)}
-    required = [table.spell(row, run) for row in table.required_rows(mode, phase)]
+    required_rows = table.required_rows(mode, phase, kind)
+    required_keys = {row.key for row in required_rows}
+    required = [table.spell(row, run) for row in required_rows]
     # A user override that equals a required one is already in `required`: drop the repeat.
     user_kept = [ov.text for ov in parsed if ov.key not in required_keys]
 
@@ -276,19 +317,12 @@ def build_plan(
         str(dump_root),
         "--run-id",
         run_id,
-        "--phase",
-        phase.value,
-        "--capture",
-        rule.spec(),
-        "--task",
-        dump.task.value,
-        "--level",
-        dump.level.value,
-        "--modules",
-        ",".join(dump.modules) or "all",
-        "--data-mode",
-        ",".join(dump.data_mode),
     ]
+    if token_level:
+        invocation += ["--token-level"]
+    else:
+        shown = f"prompts:{capture_source}" if capture_source else rule.spec()
+        invocation += collection_options(phase, shown, dump)
     if steps:
         invocation += ["--steps", steps]
     if ranks:
@@ -299,15 +333,17 @@ def build_plan(
 
     return RunPlan(
         mode=mode,
+        kind=kind,
         run_id=run_id,
         dump_root=str(dump_root),
         run_dir=str(layout.run_dir),
         phase=phase,
         capture=rule.spec(),
+        capture_source=capture_source,
         dump=dump,
         python=python or sys.executable,
         module=mode.module,
-        env=table.environment(mode, phase, run),
+        env=table.environment(mode, phase, run, kind),
         overrides=[*model_rows, *defaults, *required, *user_kept],
         user_overrides=user_texts,
         hydra_flags=flags,
@@ -323,3 +359,21 @@ def build_plan(
             "actor_dir": ACTOR_DIR,
         },
     )
+
+
+def collection_options(phase: DumpPhase, capture: str, dump: DumpOptions) -> list[str]:
+    """The msprobe options of a collection run, as ``--option value`` words."""
+    return [
+        "--phase",
+        phase.value,
+        "--capture",
+        capture,
+        "--task",
+        dump.task.value,
+        "--level",
+        dump.level.value,
+        "--modules",
+        ",".join(dump.modules) or "all",
+        "--data-mode",
+        ",".join(dump.data_mode),
+    ]

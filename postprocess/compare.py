@@ -126,6 +126,26 @@ class LayerError(_Model):
     module: str | None = None
 
 
+class OutputRow(_Model):
+    """The last row of a pair: both engines' prediction for the prompt's next token.
+
+    msprobe never compares logits (vLLM's ``logits_processor`` sees the last position only, HF's
+    ``lm_head`` every position, and neither name matches), and RMSNorm hides a scale upstream, so a
+    change can stay green in every module row and still change the output. vLLM reports the
+    log-prob of the token it sampled after the prompt (``rollout_log_probs[:, 0]``); the training
+    forward of the same prompt gives its log-prob of that token at the same position
+    (``hooks/token_mismatch.NextTokenProbe``). See ``postprocess/token_level.py``.
+    """
+
+    token: int
+    rollout_log_prob: float
+    train_log_prob: float
+    abs_diff: float
+    train_argmax: int
+    status: RowStatus
+    note: str = ""
+
+
 class PairComparison(_Model):
     pair_id: str
     request_id: str = ""
@@ -164,6 +184,8 @@ class PairComparison(_Model):
     min_cosine: float | None = None
     max_abs_err: float | None = None
     seconds: float = 0.0
+    output: OutputRow | None = None
+    """The output row (next-token prediction), when the run recorded one for this pair."""
 
 
 def compare_pairs(

@@ -117,7 +117,17 @@ def postprocess(
         raise discover.BadInput(
             f"--out {out_dir} lies inside the run or a dump folder; choose a folder outside the inputs"
         )
-    result = pair_run(roots, default_backend=backend, progress=hooks.stage)
+    triage = bool(run_json and run_json.get("kind") == "token-level")
+    try:
+        result = pair_run(roots, default_backend=backend, progress=hooks.stage)
+    except discover.BadInput:
+        # a --token-level run dumps nothing with msprobe: bundle its token view alone
+        if not _has_token_records(roots.run_dir):
+            raise
+        warnings.append("no msprobe logs: only the token-level view is bundled (a --token-level run)")
+        result = PairingResult(
+            roots=roots, pairs=[], unpaired=[], counts={}, logs=[], dispatch_records=0, actor_records=0
+        )
 
     work = out_dir / f"work-{run_id}"
     if work.exists():
@@ -129,8 +139,13 @@ def postprocess(
     failed = False
     if compare and result.pairs:
         comparisons, failed = _compare(roots, work, results, result, jobs, hooks, warnings)
+    token = _token_level(roots.run_dir, results, result, comparisons, warnings)
+    if token is not None and compare:
+        comparisons = token[1]
     if compare:
-        failed |= not _report(results, run_id, result, comparisons, warnings)
+        failed |= not _report(
+            results, run_id, result, comparisons, warnings, token[0] if token is not None else None
+        )
 
     for w in warnings:
         hooks.warn(w)
@@ -165,13 +180,21 @@ def postprocess(
     manifest = bundle_mod.write_bundle(
         dest, items, make_manifest, level=level, progress=lambda d, t: hooks.stage("bundle", d, t)
     )
-    if not result.pairs:
+    if not result.pairs and triage and token is not None and not token[0].empty:
+        code = Exit.OK  # a triage run has nothing to pair by design
+    elif not result.pairs:
         code = Exit.NOTHING_PAIRED
     elif failed:
         code = Exit.COMPARE_FAILED
     else:
         code = Exit.OK
     return Outcome(code, result, dest, manifest, warnings)
+
+
+def _has_token_records(run_dir: Path) -> bool:
+    from verl_consistency.patches.contracts import token_records as token_mismatch
+
+    return any((run_dir / n).is_file() for n in (token_mismatch.TOKEN_LOG, token_mismatch.STEP_LOG))
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -225,8 +248,30 @@ def _compare(
     return comparisons, bool(failed)
 
 
+def _token_level(
+    run_dir: Path, results: Path, result: PairingResult, comparisons: list[Any], warnings: list[str]
+) -> tuple[Any, list[Any]] | None:
+    """The token-level view (postprocess/token_level.py): output rows of the pairs, the section."""
+    try:
+        from verl_consistency.postprocess import token_level
+
+        compared = token_level.attach_output_rows(run_dir, result.pairs, comparisons)
+        section = token_level.build_section(run_dir, results, result.pairs)
+    except Exception as exc:  # the layer view is still worth writing without it
+        warnings.append(f"token-level view failed: {type(exc).__name__}: {exc}")
+        return None
+    for bad in section.bad_lines:
+        warnings.append(f"{bad.file}:{bad.line}: unreadable token record, skipped ({bad.error})")
+    return section, compared
+
+
 def _report(
-    results: Path, run_id: str, result: PairingResult, comparisons: list[Any], warnings: list[str]
+    results: Path,
+    run_id: str,
+    result: PairingResult,
+    comparisons: list[Any],
+    warnings: list[str],
+    token: Any = None,
 ) -> bool:
     try:
         from verl_consistency.postprocess.report import write_report
@@ -241,6 +286,7 @@ def _report(
             unpaired=result.unpaired,
             comparisons=comparisons,
             unpaired_counts=result.counts,
+            token=token,
         )
     except Exception as exc:  # the bundle is still worth writing without its report
         warnings.append(f"report failed: {type(exc).__name__}: {exc}")

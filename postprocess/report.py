@@ -226,6 +226,62 @@ def _context(
     }
 
 
+def position_svg(points: Sequence[tuple[int, float]], width: int = 560, height: int = 180) -> str:
+    """Mean |Δ log p| against response position (linear axes; mismatch often grows along a response)."""
+    if not points:
+        return "<p>No per-token values.</p>"
+    left, top, bottom = 56, 12, 28
+    xmax = max(p for p, _ in points) or 1
+    ymax = max(v for _, v in points) or 1.0
+    w, h = width - left - 8, height - top - bottom
+
+    def xy(p: int, v: float) -> str:
+        return f"{left + w * p / xmax:.1f},{top + h * (1 - v / ymax):.1f}"
+
+    line = " ".join(xy(p, v) for p, v in points)
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="pos" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="mismatch by position">'
+        f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#9ca3af"/>'
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#9ca3af"/>'
+        f'<text x="{left - 4}" y="{top + 8}" text-anchor="end" class="ax">{_fmt(ymax)}</text>'
+        f'<text x="{left - 4}" y="{top + h}" text-anchor="end" class="ax">0</text>'
+        f'<text x="{left + w}" y="{height - 8}" text-anchor="end" class="ax">position {xmax}</text>'
+        f'<polyline fill="none" stroke="#2563eb" stroke-width="1.5" points="{line}"/></svg>'
+    )
+
+
+def histogram_svg(bins: Sequence[tuple[str, int]], width: int = 560, height: int = 150) -> str:
+    """Responses per decade of their mean |Δ log p| (a bar per decade, labelled by its lower edge)."""
+    if not bins or not any(n for _, n in bins):
+        return ""
+    top, bottom = 14, 24
+    peak = max(n for _, n in bins)
+    bw = (width - 16) / len(bins)
+    h = height - top - bottom
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="hist" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="per-request mismatch histogram">'
+    ]
+    for i, (label, n) in enumerate(bins):
+        bh = h * n / peak
+        x = 8 + i * bw
+        parts.append(
+            f'<rect x="{x + 2:.1f}" y="{top + h - bh:.1f}" width="{bw - 4:.1f}" height="{bh:.1f}" '
+            f'fill="#60a5fa"><title>{n} responses with mean |Δ log p| in [{label}, ×10)</title></rect>'
+            f'<text x="{x + bw / 2:.1f}" y="{height - 8}" text-anchor="middle" class="ax">{label}</text>'
+            f'<text x="{x + bw / 2:.1f}" y="{top + h - bh - 2:.1f}" text-anchor="middle" '
+            f'class="cell">{n}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def render_token_md(section: object) -> str:
+    """The token-level section as Markdown (also ``token.md`` of a bare triage run)."""
+    return _env().get_template("token.md.j2").render(token=section, fmt=_fmt)
+
+
 def write_report(
     out_dir: Path,
     *,
@@ -234,6 +290,7 @@ def write_report(
     unpaired: Sequence[Unpaired],
     comparisons: Sequence[PairComparison],
     unpaired_counts: Mapping[str, Mapping[str, int]] | None = None,
+    token: object | None = None,
 ) -> tuple[Path, Path]:
     """Write ``report.html`` and ``summary.md`` into ``out_dir`` (atomically; reruns overwrite).
 
@@ -244,6 +301,9 @@ def write_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     env = _env()
     ctx = _context(run_id, pairs, unpaired, comparisons, unpaired_counts)
+    ctx["token"] = token if token is not None and not getattr(token, "empty", True) else None
+    ctx["position_svg"] = position_svg(getattr(token, "position_mean", [])) if ctx["token"] else ""
+    ctx["histogram_svg"] = histogram_svg(getattr(token, "histogram", [])) if ctx["token"] else ""
     html, md = out_dir / REPORT_HTML, out_dir / SUMMARY_MD
     write_text_atomic(html, env.get_template("report.html.j2").render(**ctx))
     write_text_atomic(md, env.get_template("summary.md.j2").render(**ctx))

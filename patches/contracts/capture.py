@@ -10,34 +10,103 @@ Spelled in ``$VERL_CONSISTENCY_CAPTURE``:
     The recipe's behaviour: every step is dumped.
 ``fraction:F``
     A request is captured when ``blake2b(id) / 2**64 < F`` (0 < F <= 1).
+``prompts:FILE``
+    Exactly the prompts FILE lists (``capture-these.txt`` of a report: ``index:N`` or ``uid:U`` per
+    line, ``#`` starts a comment; a bare integer is an index). Neither the vLLM worker nor the
+    trainer knows a request's prompt index, but verl's agent loop does: the patched
+    ``AgentLoopWorker._run_agent_loop`` calls :func:`enter_prompt` with the sample's fields, and
+    the patched ``LLMServerClient.generate`` asks :func:`new_request_id` for the id it sends to
+    vLLM, which starts with :data:`CAPTURED_PREFIX` when that prompt is listed. Both sides then
+    decide on the id alone, as in the other modes (``patches/verl/0006-capture-prompts``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import os
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from verl_consistency.patches.contracts.env import CAPTURE
+
+CAPTURED_PREFIX = "vccap"
+"""A vLLM request id that starts with this belongs to a listed prompt (``prompts:FILE`` mode)."""
+
+
+class CaptureFileError(ValueError):
+    """The prompts file cannot be read; the message names the file and line."""
 
 
 @dataclass(frozen=True)
 class CaptureRule:
     fraction: float | None = None
-    """None means 'all': the recipe's dump-everything behaviour."""
+    """None (and no ``prompts``) means 'all': the recipe's dump-everything behaviour."""
+    prompts: frozenset[str] | None = None
+    """``prompts:FILE`` mode: the listed keys (``index:N``, ``uid:U``)."""
+    path: str | None = None
 
     @property
     def is_all(self) -> bool:
-        return self.fraction is None
+        return self.fraction is None and self.prompts is None
 
     def spec(self) -> str:
+        if self.prompts is not None:
+            return f"prompts:{self.path}"
         return "all" if self.fraction is None else f"fraction:{self.fraction:g}"
 
     def captures(self, base_id: str) -> bool:
+        if self.prompts is not None:
+            return base_id.startswith(CAPTURED_PREFIX)
         if self.fraction is None:
             return True
         digest = hashlib.blake2b(base_id.encode(), digest_size=8).digest()
         return int.from_bytes(digest, "big") < self.fraction * 2**64
+
+    def lists(self, sample: Mapping[str, Any]) -> bool:
+        """``prompts`` mode: is this sample's prompt (its ``index`` or ``uid``) in the file?"""
+        if self.prompts is None:
+            return False
+        for key in ("index", "uid"):
+            value = sample.get(key)
+            if value is not None and f"{key}:{_plain(value)}" in self.prompts:
+                return True
+        return False
+
+
+def _plain(value: Any) -> str:
+    value = value.item() if hasattr(value, "item") else value
+    return str(value)
+
+
+def read_prompts(path: str | os.PathLike[str]) -> frozenset[str]:
+    """Parse a prompts file; a bad line is an error naming ``file:line`` and what to write."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise CaptureFileError(f"{CAPTURE}=prompts:{p}: cannot read it ({exc.strerror})") from None
+    keys: set[str] = set()
+    for n, line in enumerate(text.splitlines(), 1):
+        body = line.split("#", 1)[0].strip()
+        if not body:
+            continue
+        word = body.split()[0]
+        if word.isdigit():
+            word = f"index:{word}"
+        kind, _, value = word.partition(":")
+        if kind not in ("index", "uid") or not value:
+            raise CaptureFileError(
+                f"{p}:{n}: {word!r} is not a prompt key; write index:<dataset index> or uid:<verl uid> "
+                "(as the report's capture-these.txt does)"
+            )
+        keys.add(f"{kind}:{value}")
+    if not keys:
+        raise CaptureFileError(f"{p}: lists no prompt; write one index:<N> or uid:<U> per line")
+    return frozenset(keys)
 
 
 def parse(spec: str) -> CaptureRule:
@@ -45,6 +114,8 @@ def parse(spec: str) -> CaptureRule:
     if text in ("", "all"):
         return CaptureRule()
     kind, _, value = text.partition(":")
+    if kind == "prompts" and value:
+        return CaptureRule(prompts=read_prompts(value), path=value)
     if kind == "fraction":
         try:
             frac = float(value)
@@ -52,9 +123,38 @@ def parse(spec: str) -> CaptureRule:
             frac = -1.0
         if 0.0 < frac <= 1.0:
             return CaptureRule(fraction=frac)
-    raise ValueError(f"{CAPTURE}={spec!r}: expected 'all' or 'fraction:F' with 0 < F <= 1")
+    raise ValueError(f"{CAPTURE}={spec!r}: expected 'all', 'fraction:F' with 0 < F <= 1, or 'prompts:FILE'")
 
 
 def from_env(environ: dict[str, str] | None = None) -> CaptureRule:
     env = os.environ if environ is None else environ
     return parse(env.get(CAPTURE, "all"))
+
+
+_PROMPT: contextvars.ContextVar[bool] = contextvars.ContextVar("vc_prompt_listed", default=False)
+_RULE: tuple[str, CaptureRule] | None = None
+
+
+def _cached_rule() -> CaptureRule:
+    global _RULE
+    spec = os.environ.get(CAPTURE, "all")
+    if _RULE is None or _RULE[0] != spec:
+        _RULE = (spec, parse(spec))
+    return _RULE[1]
+
+
+def enter_prompt(sample: Mapping[str, Any]) -> None:
+    """verl's ``_run_agent_loop`` (one asyncio task per sample): note whether this prompt is listed.
+
+    A context variable is task-local, so concurrent samples never see each other's answer.
+    """
+    rule = _cached_rule()
+    _PROMPT.set(rule.prompts is not None and rule.lists(sample))
+
+
+def new_request_id() -> str:
+    """The id ``LLMServerClient.generate`` sends to vLLM: verl's ``uuid4().hex``, marked when listed."""
+    rid = uuid.uuid4().hex
+    if _PROMPT.get():
+        return CAPTURED_PREFIX + rid[len(CAPTURED_PREFIX) :]
+    return rid

@@ -38,6 +38,12 @@ MODEL = "VERL_CONSISTENCY_MODEL"
 CAPTURE = "VERL_CONSISTENCY_CAPTURE"
 """Which requests are captured: ``all`` or ``fraction:F`` (see ``contracts.capture``)."""
 
+TOKEN_LEVEL = "VERL_CONSISTENCY_TOKEN_LEVEL"
+"""``1`` turns the token records on (``verl-consistency run --token-level`` sets it)."""
+
+TOKEN_THRESHOLD = "VERL_CONSISTENCY_TOKEN_THRESHOLD"
+"""``|Δ log p|`` above which a token counts as drifted (``first_above``; ``patches.hooks.token_mismatch``)."""
+
 POOL_RESOURCES = "VERL_CONSISTENCY_POOL_RESOURCES"
 """``pool_prefix=resource`` pairs for the Ray placement hook (``patches.hooks.placement``)."""
 

@@ -72,6 +72,8 @@ class RunManifest(BaseModel):
     """The variables this tool set (not the whole environment: it may hold secrets)."""
     dump_phase: str
     capture: str
+    kind: str = "collection"
+    """``collection`` (msprobe dumps) or ``token-level`` (``--token-level``: token records only)."""
     msprobe: MsprobeConfigs
     paths: dict[str, str]
     """Run-folder-relative paths of what the run wrote (configs, data, dump folders)."""

@@ -13,6 +13,9 @@ after it) but re-splits it: the prompt's **last token becomes a one-token respon
 * the training forward sees exactly the tokens vLLM prefilled: the dumps stay comparable;
 * every loss has one valid token, so log-prob, entropy and PPO losses are finite and verl's
   checks pass: a collection run finishes cleanly in both trainers;
+* vLLM's first response token and its log-prob (``rollout_log_probs[:, 0]``, the prediction at
+  the last prompt position) are kept in ``non_tensor_batch`` (``token_mismatch.stash_next_token``)
+  before the trim drops them, for the output row of the layer view;
 * the reward of that token is set to zero (``rm_scores``), so reward-only advantage estimators
   (GRPO, RLOO, REINFORCE++) give zero advantages and the policy-gradient term is exactly zero.
   The update still runs a real forward and backward (what ``DUMP_PHASE=update_actor`` dumps),
@@ -94,6 +97,9 @@ def trim(batch: Any, *, bypass_mode: bool = False) -> Any:
             "(distillation and other extensions are not supported in a collection run)"
         )
 
+    from verl_consistency.patches.hooks import token_mismatch
+
+    token_mismatch.stash_next_token(batch)
     prompts = td["prompts"]
     for key in _FULL_SEQUENCE:
         td[key] = td[key][:, :prompt_len]

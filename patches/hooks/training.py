@@ -41,6 +41,7 @@ from typing import Any, Literal
 import orjson
 
 from verl_consistency.patches.contracts import capture, env, layout, records
+from verl_consistency.patches.hooks import token_mismatch
 
 Backend = Literal["fsdp", "megatron"]
 Phase = Literal["log_prob", "update_actor"]
@@ -202,6 +203,7 @@ class BatchDumper:
         self.phase = phase
         self.rank = rank
         self._active: tuple[int, list[str], list[Any]] | None = None
+        self._next: token_mismatch.NextTokenProbe | None = None
 
     def _wanted(self, ids: list[str]) -> bool:
         rule = self.session.capture
@@ -218,21 +220,33 @@ class BatchDumper:
         self.session.debugger.start(model=model)
         step = int(self.session.service.current_iter)
         self._active = (step, ids, request_ids_of(micro_batch, "request_ids_all"))
+        self._next = token_mismatch.NextTokenProbe.attach(micro_batch, model)
 
     def stop(self, micro_batch: Any) -> None:
         if self._active is None:
             return
         step, ids, ids_all = self._active
         self._active = None
+        probe, self._next = self._next, None
         try:
             self.session.debugger.stop()
             self.session.debugger.step()
         finally:
             self.session.leave()
+            if probe is not None:
+                probe.detach()
         # msprobe decides on its own whether a step is written (config step/rank lists, its
         # end of service, dump_enable); log exactly the steps that exist on disk.
         if not (self.session.dump_dir / f"step{step}").is_dir():
             return
+        if probe is not None:
+            probe.write(
+                self.session.dump_dir,
+                step=step,
+                dump_path=self.session.rel_dump_path,
+                phase=self.phase,
+                request_id=ids[0] if ids else None,
+            )
         extra: dict[str, Any] = {}
         if ids_all:
             extra["request_ids_all"] = [[str(i) for i in (x or [])] for x in ids_all]

@@ -43,6 +43,7 @@ def test_json_plan_command_env_and_paths() -> None:
         "DUMP_ON": "1",
         "PROMPTS_ONLY": "1",
         "DUMP_PHASE": "log_prob",
+        "VERL_CONSISTENCY_TOKEN_LEVEL": "1",
         "VERL_CONSISTENCY_ACTOR_CONFIG": "/dump/demo/config/msprobe_actor.json",
         "VERL_CONSISTENCY_RUN_DIR": "/dump/demo",
         "VERL_CONSISTENCY_CAPTURE": "all",

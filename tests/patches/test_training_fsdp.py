@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.patches.test_verl_support import patched_verl, run_patched
+from tests.fixtures.verl_support import patched_verl, run_patched
 from verl_consistency.patches.contracts import capture, records
 
 DRIVER = Path(__file__).with_name("test_training_fsdp_driver.py")

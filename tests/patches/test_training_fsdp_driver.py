@@ -1,7 +1,7 @@
 """Subprocess driver for the FSDP engine tests (no tests here; run as a script).
 
 It runs inside a process whose ``sys.path`` starts with a freshly patched verl 0.8.0 (see
-``test_verl_support``), so every verl line executed is the pinned upstream plus our series:
+``tests.fixtures.verl_support``), so every verl line executed is the pinned upstream plus our series:
 
 1. builds the real ``FSDPEngineWithLMHead`` on CPU (fsdp2, eager attention, gloo world size 1)
    over a tiny randomly initialised Qwen2 written with ``save_pretrained`` (no download);
@@ -18,7 +18,13 @@ copies (``verl.utils.npu_flash_attn_utils``) are served in their place.
 
 Environment: ``VC_TEST_WORK`` (scratch folder), ``VC_TEST_PORT``, ``VC_TEST_TRIM``
 (``ours``/``recipe``/``none``), ``VC_TEST_BORROW`` (1: another component created msprobe's
-debugger first), plus the hooks' own variables (DUMP_ON, DUMP_PHASE, ...).
+debugger first), ``VC_TEST_TOKEN_LEVEL`` (1: after the old log-probs, verl's
+``calculate_debug_metrics`` and our token records, as ``RayPPOTrainer.fit`` does),
+``VC_TEST_NEXT_TOKEN`` (1: response token 0 and its rollout log-prob from a stand-in vLLM),
+``VC_TEST_PERTURB`` (1: the training side's last ``down_proj`` output x1.5),
+``VC_TEST_INIT_RANGE`` (the tiny model's initializer_range; peaked outputs need a large one),
+``VC_TEST_IDS_FROM_AGENT_LOOP`` (1: request ids made as the patched agent loop makes them),
+plus the hooks' own variables (DUMP_ON, DUMP_PHASE, ...).
 """
 
 from __future__ import annotations
@@ -58,14 +64,17 @@ def _serve_pure_torch_attention_helpers() -> None:
 def _tiny_qwen2(work: Path) -> Path:
     from tests.fixtures.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
 
-    model_dir = work / "tiny-qwen2"
+    init_range = os.environ.get("VC_TEST_INIT_RANGE")
+    model_dir = work / ("tiny-qwen2" if init_range is None else f"tiny-qwen2-init{init_range}")
     if not (model_dir / "config.json").exists():
+        extra = {} if init_range is None else {"initializer_range": float(init_range)}
         cfg = tiny_qwen2_config(
             vocab_size=128,
             hidden_size=32,
             intermediate_size=64,
             max_position_embeddings=256,
             tie_word_embeddings=False,
+            **extra,
         )
         tiny_qwen2(cfg, seed=0).save_pretrained(model_dir)
     return model_dir
@@ -115,6 +124,8 @@ def _rollout_batch() -> Any:
         rm_scores[i, RESPONSE_VALID[i] - 1] = float(i % 2)
     rng = random.Random(int(os.environ.get("VC_TEST_SEED", "7")))
     ids = [uuid.UUID(int=rng.getrandbits(128)).hex for _ in range(BATCH + 1)]
+    if os.environ.get("VC_TEST_IDS_FROM_AGENT_LOOP") == "1":
+        ids[:BATCH] = _agent_loop_ids(list(range(BATCH)))
     first = ids[:BATCH]
     every = np.empty(BATCH, dtype=object)  # sample 0 was resumed once: two vLLM ids
     every[:] = [[f, ids[BATCH]] if i == 0 else [f] for i, f in enumerate(first)]
@@ -133,8 +144,47 @@ def _rollout_batch() -> Any:
             "request_id": np.array(first, dtype=object),
             "request_ids_all": every,
             "uid": np.array(["a", "a", "b", "b"], dtype=object),
+            "index": np.array(list(range(BATCH)), dtype=object),
         },
     )
+
+
+def _stand_in_vllm_next_token(batch: Any, model_dir: Path) -> None:
+    """vLLM's side of the output row, from a STAND-IN (vLLM cannot run here): the same weights in
+    plain transformers, fp32, eager. Each sample's response token 0 becomes the stand-in's argmax
+    after the prompt, and ``rollout_log_probs[:, 0]`` its log-prob, as vLLM would report them.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").float().eval()
+    td = batch.batch
+    for i in range(BATCH):
+        prompt = td["prompts"][i, PROMPT_LEN - PROMPT_VALID[i] :]
+        with torch.no_grad():
+            logp = torch.log_softmax(ref(prompt[None]).logits[0, -1].float(), dim=-1)
+        tok = int(torch.argmax(logp))
+        td["responses"][i, 0] = tok
+        td["input_ids"][i, PROMPT_LEN] = tok
+        td["rollout_log_probs"][i, 0] = logp[tok]
+
+
+def _agent_loop_ids(indices: list[int]) -> list[str]:
+    """The ids verl's patched agent loop would send to vLLM: one asyncio task per sample, each
+    calling ``capture.enter_prompt(kwargs)`` then ``capture.new_request_id()`` (patch 0006)."""
+    import asyncio
+
+    from verl_consistency.patches.contracts import capture
+
+    async def one(index: int) -> str:
+        capture.enter_prompt({"index": index, "uid": "u"})
+        await asyncio.sleep(0)  # interleave the samples, as verl's concurrent tasks do
+        return capture.new_request_id()
+
+    async def all_of() -> list[str]:
+        return list(await asyncio.gather(*(one(i) for i in indices)))
+
+    return asyncio.run(all_of())
 
 
 def _recipe_trim(data: Any) -> Any:
@@ -221,6 +271,13 @@ def main() -> None:
     engine.initialize()
 
     batch = _rollout_batch()
+    if os.environ.get("VC_TEST_NEXT_TOKEN") == "1":
+        _stand_in_vllm_next_token(batch, model_dir)
+    if os.environ.get("VC_TEST_PERTURB") == "1":
+        # training side only: the last layer's MLP output x1.5, i.e. only the scale of what the
+        # final RMSNorm's input receives from it (the issue's planted change, on the other side)
+        target = engine.module.model.layers[-1].mlp.down_proj
+        target.register_forward_hook(lambda _m, _i, out: out * 1.5)
     request_ids = list(batch.non_tensor_batch["request_id"])
     trim = os.environ.get("VC_TEST_TRIM", "ours")
     if trim == "ours":
@@ -238,6 +295,19 @@ def main() -> None:
         log_probs = no_padding_2_padding(tu.get(out["model_output"], "log_probs"), td)
         batch.batch["old_log_probs"] = log_probs.float()
         report["old_log_probs_finite"] = bool(torch.isfinite(log_probs).all())
+        if os.environ.get("VC_TEST_TOKEN_LEVEL") == "1":
+            # as RayPPOTrainer.fit does next: verl's own debug metrics, then our token records.
+            # vLLM's log-probs are a STAND-IN here (no vLLM): the engine's own, one token drifted.
+            from verl.utils.debug.metrics import calculate_debug_metrics
+
+            from verl_consistency.patches.hooks import token_mismatch
+
+            rollout = batch.batch["old_log_probs"].clone()
+            rollout[2, 1] += 0.5
+            batch.batch["rollout_log_probs"] = rollout
+            verl_metrics = calculate_debug_metrics(batch)
+            token_mismatch.record(batch, global_step=1, verl_metrics=verl_metrics)
+            report["verl_metrics"] = verl_metrics
 
         # advantages: verl's real GRPO estimator over the (possibly zeroed) rewards
         batch.batch["token_level_rewards"] = batch.batch["rm_scores"]

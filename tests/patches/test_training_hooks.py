@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.patches.test_verl_support import patched_verl
+from tests.fixtures.verl_support import patched_verl
 from verl_consistency.patches.hooks import prompts_only, training
 
 torch = pytest.importorskip("torch")

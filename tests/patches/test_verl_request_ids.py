@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.patches.test_verl_support import patched_verl, run_patched
+from tests.fixtures.verl_support import patched_verl, run_patched
 from verl_consistency.patches.hooks import request_ids
 
 DRIVER = Path(__file__).with_name("test_verl_request_id_driver.py")

@@ -1,0 +1,148 @@
+"""The token-level records: what ``patches.hooks.token_mismatch`` writes and the postprocess reads.
+
+* ``<run>/token_mismatch.jsonl``: one :class:`TokenRecord` per response, with its per-token
+  ``|Δ log p|`` inline when short, else a slice of the float16 side file ``token_mismatch.f16``;
+* ``<run>/token_mismatch_steps.jsonl``: one :class:`StepRecord` per batch, next to verl's values;
+* ``actor/<pid>/next_token.jsonl``: one :class:`NextTokenRecord` per dumped training micro batch
+  (the output row of the layer view).
+
+The figures are defined exactly as the peers define them (:data:`FIGURES`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from verl_consistency.patches.contracts import records
+
+DEFAULT_THRESHOLD = 0.1
+"""``|Δ log p|`` above which a token counts as drifted, unless ``env.TOKEN_THRESHOLD`` says."""
+INLINE_MAX = 64
+"""Responses up to this many positions keep their ``|Δ log p|`` inline; longer ones go to the side file."""
+
+TOKEN_LOG = "token_mismatch.jsonl"
+STEP_LOG = "token_mismatch_steps.jsonl"
+SIDE_FILE = "token_mismatch.f16"
+
+VERL_KEYS = (
+    "training/rollout_probs_diff_valid",
+    "training/rollout_probs_diff_max",
+    "training/rollout_probs_diff_mean",
+    "training/rollout_probs_diff_std",
+    "training/rollout_actor_probs_pearson_corr",
+)
+"""What verl 0.8.0's ``calculate_debug_metrics`` logs (``verl/utils/debug/metrics.py``)."""
+
+FIGURES: dict[str, str] = {
+    "probs_diff_max": "verl training/rollout_probs_diff_max: max |exp(old) - exp(rollout)| over valid tokens",
+    "probs_diff_mean": "verl training/rollout_probs_diff_mean: mean of the same",
+    "probs_diff_std": "verl training/rollout_probs_diff_std: torch.std (n-1) of the same",
+    "pearson_corr": "verl training/rollout_actor_probs_pearson_corr: corrcoef of the two probabilities",
+    "abs_diff": "slime train_rollout_logprob_abs_diff: mean |old - rollout| per response "
+    "(sum_of_sample_mean: the batch value is the mean over responses)",
+    "token_mult_prob_error": "NeMo-RL token_mult_prob_error: mean exp(|old - rollout|) over valid tokens "
+    "(about 1.0 is healthy; look above 1.05)",
+    "kl": "verl rollout_corr/kl: mean (rollout - old), KL(pi_rollout || pi_train)",
+    "k3_kl": "verl rollout_corr/k3_kl: mean exp(r) - r - 1 with r = old - rollout",
+    "max_abs_diff": "max |old - rollout| over valid tokens",
+    "first_above": "first response position whose |old - rollout| exceeds the threshold (None: none does)",
+}
+
+NEXT_TOKEN_LOG = "next_token.jsonl"
+"""Per dumped training micro batch, in ``actor/<pid>/`` beside ``update_actor_log.jsonl``."""
+
+
+class Figures(BaseModel):
+    """The peers' figures over one response or one batch. ``None`` where undefined (e.g. std of one token)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    tokens: int = Field(description="valid (response_mask) tokens compared")
+    probs_diff_max: float | None = None
+    probs_diff_mean: float | None = None
+    probs_diff_std: float | None = None
+    pearson_corr: float | None = None
+    abs_diff: float | None = None
+    token_mult_prob_error: float | None = None
+    kl: float | None = None
+    k3_kl: float | None = None
+    max_abs_diff: float | None = None
+
+
+class TokenRecord(Figures):
+    """One response of one training step."""
+
+    schema_version: int = records.SCHEMA_VERSION
+    source: Literal["token_mismatch"] = "token_mismatch"
+    timestamp: str
+    pid: int
+    global_step: int
+    sample: int = Field(description="row of the training batch")
+    request_id: str | None = Field(default=None, description="the first vLLM request id (verl's id)")
+    index: Any = Field(default=None, description="the dataset's prompt index (extra_info.index)")
+    uid: str | None = Field(default=None, description="verl's per-step prompt group uid")
+    response_length: int = Field(description="valid response tokens (response_mask)")
+    threshold: float
+    first_above: int | None = None
+    abs_logp_diff: list[float | None] | None = Field(
+        default=None, description="per position |old - rollout| (None where masked), when short"
+    )
+    side_offset: int | None = Field(default=None, description="float16 element offset in token_mismatch.f16")
+    side_length: int | None = Field(
+        default=None, description="number of float16 elements there (NaN = masked)"
+    )
+
+
+class StepRecord(Figures):
+    """One batch: the same figures over all its valid tokens, next to what verl logged."""
+
+    schema_version: int = records.SCHEMA_VERSION
+    source: Literal["token_mismatch_step"] = "token_mismatch_step"
+    timestamp: str
+    pid: int
+    global_step: int
+    responses: int
+    threshold: float
+    verl: dict[str, float | int | None] = Field(
+        default_factory=dict, description="verl's own values for this batch (training/rollout_*)"
+    )
+
+
+class NextTokenRecord(BaseModel):
+    """One dumped training micro batch: both engines on the token vLLM sampled after the prompt."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = records.SCHEMA_VERSION
+    source: Literal["next_token"] = "next_token"
+    timestamp: str
+    pid: int
+    step: int = Field(description="msprobe's step of the same micro batch (update_actor_log.jsonl)")
+    dump_path: str | None = None
+    phase: str
+    request_id: str | None = None
+    token: int = Field(description="vLLM's first response token")
+    rollout_log_prob: float = Field(description="vLLM's log-prob of it (rollout_log_probs[:, 0])")
+    train_log_prob: float = Field(description="the training forward's log-prob of it, same position")
+    abs_diff: float
+    train_argmax: int = Field(description="the training forward's most likely next token")
+    train_argmax_log_prob: float
+    temperature: float = 1.0
+
+
+def read_side(run_dir: Path, rec: TokenRecord) -> list[float | None]:
+    """The per-position ``|Δ log p|`` of one record, inline or from the side file."""
+    if rec.abs_logp_diff is not None:
+        return rec.abs_logp_diff
+    if rec.side_offset is None or rec.side_length is None:
+        return []
+    import numpy as np
+
+    arr = np.fromfile(
+        run_dir / SIDE_FILE, dtype=np.float16, count=rec.side_length, offset=2 * rec.side_offset
+    ).astype(np.float32)
+    return [None if math.isnan(x) else float(x) for x in arr.tolist()]
