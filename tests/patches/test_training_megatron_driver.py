@@ -22,7 +22,8 @@ Substitutions, each forced by a missing dependency and named here:
   method for the same call with ``use_transformer_engine=False``: megatron-core's own *local*
   layer specs (``ColumnParallelLinear``/``RowParallelLinear``/``DotProductAttention``/WrappedTorchNorm).
 * megatron-core's local ``DotProductAttention`` refuses packed sequences, so the engine runs with
-  ``use_remove_padding=False`` (verl's ``bshd`` data format, a documented engine option).
+  ``use_remove_padding=False`` (verl's ``bshd`` data format, a documented engine option); its
+  attention mask is converted to the local module's convention (:func:`megatron_mask`).
 * flash_attn is absent (its padding helpers are all verl's batch packing uses from it): verl's
   own pure-torch copies are served in their place, as in the FSDP driver.
 * a tiny word-level tokenizer is written next to the model (verl reads ``pad_token_id`` from it).
@@ -117,6 +118,17 @@ def _tiny_qwen2(work: Path) -> Path:
     return model_dir
 
 
+def megatron_mask(valid: Any) -> Any:
+    """verl's bshd ``[b, s]`` True-on-tokens mask -> megatron-core's ``[b, 1, s, s]`` True-masked one."""
+    import torch
+
+    if valid is None or valid.dtype != torch.bool or valid.dim() != 2:
+        return valid
+    s = valid.shape[1]
+    future = torch.triu(torch.ones(s, s, dtype=torch.bool, device=valid.device), diagonal=1)
+    return future[None, None] | ~valid[:, None, None, :]
+
+
 def _local_layer_specs() -> None:
     """mbridge's layer spec without Transformer Engine: megatron-core's local modules."""
     import inspect
@@ -134,6 +146,20 @@ def _local_layer_specs() -> None:
         return get_gpt_decoder_block_spec(self.config, use_transformer_engine=False, **extra)
 
     llm_bridge.LLMBridge._get_transformer_layer_spec = local_spec
+    # verl's bshd path passes a [b, s] mask that is True on real tokens (TE's padding convention);
+    # the local DotProductAttention reads a mask as True = masked out and drops its default causal
+    # mask when given one, so unconverted every score is masked: uniform, non-causal attention
+    # (the first Megatron-vs-vLLM compare found exactly this). Convert it to causal | padding.
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    plain_forward = DotProductAttention.forward
+
+    def forward(
+        self: Any, query: Any, key: Any, value: Any, attention_mask: Any, *args: Any, **kw: Any
+    ) -> Any:
+        return plain_forward(self, query, key, value, megatron_mask(attention_mask), *args, **kw)
+
+    DotProductAttention.forward = forward
     # The local spec keeps the RMSNorms as modules of their own (TE fuses them into the next
     # linear as ``layer_norm_weight``), so mbridge's Qwen2 name map needs their two local names.
     from mbridge.models.qwen2 import Qwen2Bridge
