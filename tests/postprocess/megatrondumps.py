@@ -6,7 +6,7 @@
   Megatron engine (``MegatronEngineWithLMHead``, megatron-core 0.16.1, TP=1, bf16) ran on an
   NVIDIA H200 with ``DUMP_ON=1``; its log_prob phase wrote one msprobe statistics dump per micro
   batch (one request each) and the ``update_actor_log.jsonl`` lines that name them. megatron-core
-  cannot run on CPU (see ``tests/patches/test_training_megatron.py``), so CI reads these files.
+  cannot run on CPU (README, "NVIDIA GPUs"), so CI reads these files.
 * **Inference side — STAND-IN** (:mod:`tests.standins.vllm_qwen2`) with vLLM's Qwen2 module names,
   loaded with ``weights.safetensors``: the engine's own weights as verl hands them to vLLM (mbridge's
   Megatron → HF export). Generated here on CPU in bf16, in a child process (msprobe's debugger is a
