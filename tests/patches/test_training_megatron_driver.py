@@ -1,4 +1,9 @@
-"""Subprocess driver for the Megatron engine (no tests here; run as a script, on CPU or a GPU).
+"""Driver for verl 0.8.0's Megatron engine on an NVIDIA GPU (no tests here; run as a script).
+
+megatron-core cannot run on a CPU: verl's ``set_random_seed`` calls Megatron's
+``model_parallel_cuda_manual_seed`` (``AssertionError: Torch not compiled with CUDA enabled``), and
+the tensor-parallel layers allocate on ``torch.cuda.current_device()``. ``bench/megatron_h200.sh``
+runs this driver on the H200 device machine; CI reads the dumps it wrote there.
 
 It runs inside a process whose ``sys.path`` starts with a freshly patched verl 0.8.0 (see
 ``test_verl_support``), so every verl line executed is the pinned upstream plus our series, with
@@ -6,7 +11,9 @@ real megatron-core 0.16.1 and mbridge 0.15.1 underneath:
 
 1. builds verl's real ``MegatronEngineWithLMHead`` (``actor.strategy=megatron``, verl's own Hydra
    defaults, ``use_mbridge`` + ``vanilla_mbridge`` as verl 0.8.0 requires) over the tiny random
-   Qwen2 of the FSDP driver, world size ``WORLD_SIZE`` (TP = world size), gloo on CPU, NCCL on GPU;
+   Qwen2 of the FSDP driver (or Qwen2-0.5B's shape for the benchmark), world size ``WORLD_SIZE``
+   (TP = ``VC_TEST_TP``, default the world size), NCCL (gloo with ``VC_TEST_DEVICE=cpu``); with
+   ``VC_TEST_EXPORT=PATH`` it saves the weights as the engine exports them for vLLM;
 2. makes the same rollout batch as the FSDP driver (``request_id``/``request_ids_all``), trims it
    with the PROMPTS_ONLY hook, then follows ``RayPPOTrainer``: old log-probs (``infer_batch``,
    phase log_prob), GRPO advantages, one actor update (``train_batch`` with verl's ``ppo_loss``,
@@ -26,11 +33,15 @@ Substitutions, each forced by a missing dependency and named here:
   attention mask is converted to the local module's convention (:func:`megatron_mask`).
 * flash_attn is absent (its padding helpers are all verl's batch packing uses from it): verl's
   own pure-torch copies are served in their place, as in the FSDP driver.
-* a tiny word-level tokenizer is written next to the model (verl reads ``pad_token_id`` from it).
+* the local spec keeps the RMSNorms as modules (TE fuses them into the next linear), so mbridge's
+  Qwen2 name map gets their two local names (``input_layernorm``, ``pre_mlp_layernorm``).
+* megatron-core's torch RMSNorm refuses sequence parallelism: ``sequence_parallel=False``.
+* a tiny word-level tokenizer is written next to the model (verl reads ``pad_token_id`` from it),
+  and ``optim.total_training_steps`` is set (the trainer fills it in from the data set).
 
 Environment: ``VC_TEST_WORK``, ``VC_TEST_PORT``, ``VC_TEST_DEVICE`` (cpu/cuda), ``VC_TEST_TP``,
 ``VC_TEST_BENCH``, plus the hooks' own variables (DUMP_ON, DUMP_PHASE, ...). Launch one process per
-rank with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set (``torchrun`` or ``VC_TEST_SPAWN=1``).
+rank with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set (``torchrun``).
 """
 
 from __future__ import annotations
