@@ -265,7 +265,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     tag = args.tag or (p.image.base.cuda if args.flavour == "cuda" else p.image.base.a2)
-    print(build(tag, args.cache, args.flavour))
+    print(build(qualified(tag), args.cache, args.flavour))
+
+
+def qualified(name: str) -> str:
+    """A Docker Hub short name (``vllm/vllm-openai:v0.18.0``) as ``docker.io/...``.
+
+    buildah stores a locally built short name as ``localhost/<name>``; tagged ``docker.io/<name>``
+    the stand-in sits exactly where ``FROM <name>`` resolves (with ``--pull=never`` too).
+    """
+    first = name.split("/", 1)[0]
+    if "/" in name and ("." in first or ":" in first or first == "localhost"):
+        return name
+    return f"docker.io/{name}" if "/" in name else f"docker.io/library/{name}"
     return 0
 
 

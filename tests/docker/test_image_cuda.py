@@ -100,3 +100,11 @@ def test_labels_and_device_cuda_dry_run(cuda_image: str) -> None:
     res = podman_run(cuda_image, "run", "hybrid", "--device", "cuda", "--dry-run", "model=/models/m")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "trainer.device=cuda" in res.stdout
+
+
+def test_standin_sits_where_the_real_base_name_resolves(cuda_image: str) -> None:
+    """``FROM vllm/vllm-openai:v0.18.0`` means Docker Hub: the stand-in is stored as docker.io/..."""
+    name = f"docker.io/{pins.load().image.base.cuda}"
+    res = subprocess.run(["podman", "image", "inspect", name, "--format", "{{json .Labels}}"], capture_output=True)
+    assert res.returncode == 0, res.stderr
+    assert b'"io.github.verl-consistency.standin":"base"' in res.stdout
