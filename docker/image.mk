@@ -4,7 +4,9 @@
 #   make image-a3                   the same on the A3 base (pins image.base.a3)
 #   make image BUILDER=buildah      where there is no Docker engine (auto-detected when unset)
 #   make image IMAGE_ARGS='--build-arg WITH_MINDSPEED=0 --secret id=cabundle,src=ca.pem'
+#   make image-cuda                 NVIDIA flavour on vLLM's official image (pins image.base.cuda)
 #   make image-standin              the STAND-IN base for machines that cannot pull the real one
+#   make image-standin-cuda         the same for the NVIDIA base
 
 IMAGE_NAME ?= verl-consistency
 BUNDLE_VERSION = $(shell $(PYTHON) -c 'import tomllib;print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')
@@ -12,6 +14,7 @@ BUNDLE_VERSION = $(shell $(PYTHON) -c 'import tomllib;print(tomllib.load(open("p
 IMAGE_TAG ?= $(BUNDLE_VERSION)-verl$(call pin,upstream.verl)-vllm-ascend$(call pin,upstream.vllm_ascend)
 IMAGE ?= $(IMAGE_NAME):$(IMAGE_TAG)
 IMAGE_A3 ?= $(IMAGE_NAME):$(IMAGE_TAG)-a3
+IMAGE_CUDA ?= $(IMAGE_NAME):$(BUNDLE_VERSION)-verl$(call pin,upstream.verl)-vllm$(call pin,upstream.vllm)-cuda
 # Extra flags for the builder, e.g. --secret, --build-arg PIP_INDEX_URL=..., --no-cache.
 IMAGE_ARGS ?=
 
@@ -43,9 +46,20 @@ image-a3: ## Build the image for A3 (BASE_IMAGE = pins image.base.a3).
 		-f docker/Dockerfile -t $(IMAGE_A3) .
 	@echo "built $(IMAGE_A3)"
 
+.PHONY: image-cuda
+image-cuda: ## Build the NVIDIA image (BASE_IMAGE = pins image.base.cuda, FLAVOUR=cuda, no MindSpeed).
+	$(IMAGE_BUILD) $(IMAGE_BUILD_ARGS) --build-arg BASE_IMAGE=$(call pin,image.base.cuda) \
+		--build-arg FLAVOUR=cuda --build-arg WITH_MINDSPEED=0 $(IMAGE_ARGS) \
+		-f docker/Dockerfile -t $(IMAGE_CUDA) .
+	@echo "built $(IMAGE_CUDA)"
+
 .PHONY: image-standin
 image-standin: venv ## Build the STAND-IN base (local, named like the real base) to test `make image` offline.
 	$(PY) docker/standin/build_standin.py --cache $(CACHE)
+
+.PHONY: image-standin-cuda
+image-standin-cuda: venv ## Build the STAND-IN NVIDIA base (named like pins image.base.cuda) to test `make image-cuda`.
+	$(PY) docker/standin/build_standin.py --flavour cuda --cache $(CACHE)
 
 .PHONY: image-name
 image-name: ## Print the image name and tag that `make image` builds.

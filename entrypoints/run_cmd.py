@@ -28,7 +28,7 @@ from rich.markup import escape
 
 from verl_consistency.entrypoints import msprobe_config as mscfg
 from verl_consistency.entrypoints.overrides import Mode, RunKind, Table
-from verl_consistency.entrypoints.run_plan import DEFAULT_MODEL, PlanError, RunPlan, build_plan
+from verl_consistency.entrypoints.run_plan import DEFAULT_MODEL, Device, PlanError, RunPlan, build_plan
 from verl_consistency.patches.contracts import dataset, env, layout
 from verl_consistency.patches.contracts.env import DUMP_PHASE, DumpPhase
 from verl_consistency.patches.contracts.run_manifest import MsprobeConfigs, RunManifest, now_utc
@@ -87,6 +87,7 @@ def prepare_run_dir(plan: RunPlan) -> RunManifest:
     manifest = RunManifest(
         run_id=plan.run_id,
         mode=plan.mode.value,
+        device=plan.device.value,
         verl_module=plan.module,
         invocation=plan.invocation,
         command=plan.argv,
@@ -263,6 +264,13 @@ def run_command(
             "token_mismatch.jsonl record per response (vLLM's against the trainer's log-probs).",
         ),
     ] = False,
+    device: Annotated[
+        Device,
+        typer.Option(
+            help="Accelerator: npu (Ascend; verl detects it) or cuda (NVIDIA; sets trainer.device=cuda). "
+            "The dump hooks, layout and postprocess are the same."
+        ),
+    ] = Device.NPU,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Print the exact environment and command; write and start nothing."),
@@ -295,6 +303,7 @@ def run_command(
             model=model,
             extra_args=ctx.args,
             token_level=token_level,
+            device=device,
         )
     except PlanError as exc:
         for message in exc.messages:

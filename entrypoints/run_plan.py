@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from enum import StrEnum
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -56,6 +57,19 @@ HYDRA_FLAGS: dict[str, tuple[str, ...] | None] = {
 """Hydra flags passed through to verl: only the print-the-config ones (they start no training)."""
 
 
+class Device(StrEnum):
+    """The accelerator of the cluster. The run's dump hooks and layout are the same on both."""
+
+    NPU = "npu"
+    CUDA = "cuda"
+
+
+DEVICE_KEY = "trainer.device"
+"""verl 0.8.0's device setting: ``cuda`` by default; ``auto_set_device`` switches it to ``npu``
+when torch_npu finds an NPU. ``--device cuda`` pins it, so that a CUDA run never depends on that
+probe; ``--device npu`` (the default) leaves it to verl, as before."""
+
+
 class PlanError(ValueError):
     """Bad input. ``messages`` holds one line per problem; the CLI exits with code 2."""
 
@@ -70,6 +84,7 @@ class RunPlan(BaseModel):
     mode: Mode
     kind: RunKind = RunKind.COLLECTION
     run_id: str
+    device: Device = Device.NPU
     dump_root: str
     run_dir: str
     phase: DumpPhase
@@ -104,6 +119,7 @@ class RunPlan(BaseModel):
             "mode": self.mode.value,
             "kind": self.kind.value,
             "run_id": self.run_id,
+            "device": self.device.value,
             "dump_root": self.dump_root,
             "run_dir": self.run_dir,
             "phase": self.phase.value,
@@ -201,6 +217,7 @@ def build_plan(
     environ: Mapping[str, str] | None = None,
     python: str | None = None,
     token_level: bool = False,
+    device: Device = Device.NPU,
 ) -> RunPlan:
     """Check everything and return the plan, or raise :class:`PlanError` listing every problem.
 
@@ -291,6 +308,15 @@ def build_plan(
         raise PlanError(problems)
 
     user_keys = [ov.key for ov in parsed]
+    device_rows: list[str] = []
+    if device is Device.CUDA:
+        given = [ov for ov in parsed if ov.key == DEVICE_KEY]
+        if any(str(ov.value) != Device.CUDA.value for ov in given):
+            raise PlanError(
+                [f"--device cuda but {given[0].text} was given: drop one of them (verl runs on one device)"]
+            )
+        if not given:
+            device_rows = [f"{DEVICE_KEY}={Device.CUDA.value}"]
     model_path = model or environ.get(env.MODEL) or DEFAULT_MODEL
     if model is not None and table.MODEL_PATH_KEY in user_keys:
         raise PlanError([f"--model and {table.MODEL_PATH_KEY}=... (or model=...) both given; keep one"])
@@ -329,12 +355,15 @@ def build_plan(
         invocation += ["--ranks", ranks]
     if model is not None:
         invocation += ["--model", model]
+    if device is not Device.NPU:
+        invocation += ["--device", device.value]
     invocation += [*user_texts, *flags]
 
     return RunPlan(
         mode=mode,
         kind=kind,
         run_id=run_id,
+        device=device,
         dump_root=str(dump_root),
         run_dir=str(layout.run_dir),
         phase=phase,
@@ -344,7 +373,7 @@ def build_plan(
         python=python or sys.executable,
         module=mode.module,
         env=table.environment(mode, phase, run, kind),
-        overrides=[*model_rows, *defaults, *required, *user_kept],
+        overrides=[*model_rows, *device_rows, *defaults, *required, *user_kept],
         user_overrides=user_texts,
         hydra_flags=flags,
         invocation=invocation,

@@ -19,6 +19,7 @@ class Upstream(_Frozen):
 class BaseImages(_Frozen):
     a2: str
     a3: str
+    cuda: str
 
 
 class Image(_Frozen):

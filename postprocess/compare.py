@@ -80,6 +80,16 @@ STRUCTURAL: tuple[tuple[re.Pattern[str], frozenset[str], str], ...] = (
 )
 """(vLLM module path, row kinds, why): rows that differ between vLLM and Hugging Face by construction."""
 
+STRUCTURAL_TARGET: tuple[tuple[re.Pattern[str], frozenset[str], str], ...] = (
+    (
+        re.compile(r"(^|\.)GPTModel\.forward\.\d+\.output"),
+        frozenset({"output"}),
+        "Megatron's GPTModel returns logits (its output_layer runs inside it); msprobe pairs it with "
+        "vLLM's model, which returns hidden states (vLLM applies lm_head later, in logits_processor)",
+    ),
+)
+"""(training-side row name, row kinds, why): the same, where only the training name tells (Megatron)."""
+
 _NAME_RE = re.compile(
     r"^(?:Module\.)?(?:(?P<path>.+)\.)?(?P<cls>[A-Za-z_][A-Za-z0-9_]*)\.(?P<dir>forward|backward)"
     r"\.(?P<call>\d+)\.(?P<kind>input|output|parameters|kwargs|parameters_grad)(?:\.(?P<idx>.+))?$"
@@ -382,9 +392,12 @@ def parse_name(name: str) -> tuple[str, str, int | None]:
     return path, m.group("kind"), int(layer.group(1)) if layer else None
 
 
-def structural_reason(module: str, kind: str) -> str | None:
+def structural_reason(module: str, kind: str, target: str = "") -> str | None:
     for pattern, kinds, why in STRUCTURAL:
         if kind in kinds and pattern.search(module):
+            return why
+    for pattern, kinds, why in STRUCTURAL_TARGET:
+        if kind in kinds and pattern.search(target):
             return why
     return None
 
@@ -444,7 +457,7 @@ def read_rows(csv: Path, back: Mapping[str, str] | None = None) -> tuple[list[Ro
             tn = _combined_norm(str(rec.get("NPU l2norm", "")), kind)
             gn = _combined_norm(str(rec.get("Bench l2norm", "")), kind)
             rel = abs(tn - gn) / max(abs(gn), 1e-12) if tn is not None and gn is not None else None
-        why = structural_reason(module, kind)
+        why = structural_reason(module, kind, target)
         rows.append(
             RowDiff(
                 target=target,

@@ -14,7 +14,13 @@ both beside this file, and runs ``pins.py KEY`` itself where it needs a value).
     fail unless the label build args (``VERL_VERSION``...) equal the pins, so that a label can
     never claim a version the image does not hold.
 ``check-installed``
-    fail unless the installed distributions carry the pinned versions.
+    fail unless the installed distributions carry the pinned versions (``FLAVOUR`` picks
+    vllm-ascend or vllm).
+``patch-components``
+    print ``component root VAR`` lines (VAR: ``VERL_ROOT``...): what the patch step applies in
+    this flavour. verl always (its site-packages); vllm-ascend in its editable checkout
+    (ascend); vllm in site-packages (cuda) only when the installed bundle ships a ``vllm``
+    series, else a note on stderr.
 """
 
 from __future__ import annotations
@@ -63,6 +69,12 @@ INSTALLED: dict[str, str] = {
     "megatron-core": "install.megatron_core",
     "mbridge": "install.mbridge",
 }
+FLAVOURS = ("ascend", "cuda")
+"""``FLAVOUR`` build arg: ascend (vllm-ascend base, NPU) or cuda (vLLM's official image, NVIDIA)."""
+FLAVOUR_INSTALLED: dict[str, dict[str, str]] = {
+    "ascend": INSTALLED,
+    "cuda": {**{k: v for k, v in INSTALLED.items() if k != "vllm-ascend"}, "vllm": "upstream.vllm"},
+}
 
 _PEP440 = re.compile(r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[a-zA-Z0-9.]+)?$")
 
@@ -79,6 +91,14 @@ def freeze() -> list[str]:
 
 def check_args(environ: dict[str, str]) -> list[str]:
     errors = []
+    flavour = environ.get("FLAVOUR", "ascend")
+    if flavour not in FLAVOURS:
+        errors.append(f"build arg FLAVOUR={flavour!r}: expected one of {', '.join(FLAVOURS)}")
+    if flavour == "cuda" and environ.get("WITH_MINDSPEED", "0") == "1":
+        errors.append(
+            "FLAVOUR=cuda with WITH_MINDSPEED=1: MindSpeed is Ascend's Megatron adapter; pass "
+            "--build-arg WITH_MINDSPEED=0 (make image-cuda does)"
+        )
     for arg, key in LABEL_ARGS.items():
         given, pinned = environ.get(arg, ""), str(pins.get(key))
         if given and given != pinned:
@@ -90,9 +110,9 @@ def check_args(environ: dict[str, str]) -> list[str]:
     return errors
 
 
-def check_installed(with_mindspeed: bool) -> list[str]:
+def check_installed(with_mindspeed: bool, flavour: str = "ascend") -> list[str]:
     errors = []
-    for dist, key in INSTALLED.items():
+    for dist, key in FLAVOUR_INSTALLED[flavour].items():
         want = str(pins.get(key))
         try:
             have = md.version(dist)
@@ -107,6 +127,40 @@ def check_installed(with_mindspeed: bool) -> list[str]:
         except md.PackageNotFoundError:
             errors.append("mindspeed is not installed although WITH_MINDSPEED=1")
     return errors
+
+
+def _site_root(package: str) -> str:
+    """The folder that holds ``package`` (site-packages), found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise SystemExit(f"{package} is not installed: the base image should provide it")
+    return str(Path(spec.origin).parents[1])
+
+
+def _bundle_components() -> tuple[str, ...]:
+    """The components whose series the installed bundle ships (read after it is installed)."""
+    from verl_consistency.patches import apply  # type: ignore[import-not-found]
+
+    return tuple(apply.COMPONENTS)
+
+
+def patch_components(flavour: str) -> tuple[list[str], list[str]]:
+    """(``component root VAR`` lines, notes): what the image's patch step applies in ``flavour``."""
+    lines = [f"verl {_site_root('verl')} VERL_ROOT"]
+    notes: list[str] = []
+    if flavour == "cuda":
+        if "vllm" in _bundle_components():
+            lines.append(f"vllm {_site_root('vllm')} VLLM_ROOT")
+        else:
+            notes.append(
+                "this bundle ships no patches/vllm series yet: vLLM is installed unpatched, so the "
+                "rollout side writes no msprobe dump and no dispatch log on this image"
+            )
+    else:
+        lines.append(f"vllm-ascend {pins.get('image.vllm_ascend_src')} VLLM_ASCEND_ROOT")
+    return lines, notes
 
 
 def main(argv: list[str]) -> int:
@@ -124,7 +178,15 @@ def main(argv: list[str]) -> int:
     if cmd == "check-args":
         errors = check_args(dict(os.environ))
     elif cmd == "check-installed":
-        errors = check_installed(os.environ.get("WITH_MINDSPEED", "0") == "1")
+        errors = check_installed(
+            os.environ.get("WITH_MINDSPEED", "0") == "1", os.environ.get("FLAVOUR", "ascend")
+        )
+    elif cmd == "patch-components":
+        lines, notes = patch_components(os.environ.get("FLAVOUR", "ascend"))
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+        print("\n".join(lines))
+        return 0
     else:
         print(f"unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
         return 2

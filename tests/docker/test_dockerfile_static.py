@@ -159,3 +159,39 @@ def test_every_copy_source_survives_the_dockerignore():
             assert under, f"COPY {src}: no tracked file"
             kept = [f for f in under if not spec.match_file(f)]
             assert kept, f"COPY {src}: docker/Dockerfile.dockerignore drops every file under it"
+
+
+def test_make_image_cuda_uses_the_cuda_pin_without_mindspeed():
+    p = pins.load()
+    out = _make_n("image-cuda", "BUILDER=docker")
+    assert f"--build-arg BASE_IMAGE={p.image.base.cuda}" in out
+    assert "--build-arg FLAVOUR=cuda" in out
+    assert "--build-arg WITH_MINDSPEED=0" in out
+    assert f"verl{p.upstream.verl}-vllm{p.upstream.vllm}-cuda" in out
+    assert p.image.base.cuda == f"vllm/vllm-openai:v{p.upstream.vllm}"
+
+
+def test_check_args_knows_the_flavours(monkeypatch):
+    assert image_build.check_args({"FLAVOUR": "cuda", "WITH_MINDSPEED": "0"}) == []
+    (mindspeed,) = image_build.check_args({"FLAVOUR": "cuda", "WITH_MINDSPEED": "1"})
+    assert "WITH_MINDSPEED=0" in mindspeed
+    (bad,) = image_build.check_args({"FLAVOUR": "rocm"})
+    assert "FLAVOUR='rocm'" in bad
+    assert "vllm" in image_build.FLAVOUR_INSTALLED["cuda"]
+    assert "vllm-ascend" not in image_build.FLAVOUR_INSTALLED["cuda"]
+
+
+def test_patch_step_follows_the_flavour(monkeypatch):
+    """cuda patches verl (+ vllm once that series ships); ascend patches verl + vllm-ascend."""
+    monkeypatch.setattr(image_build, "_site_root", lambda package: f"/site/{package}")
+    lines, notes = image_build.patch_components("ascend")
+    src = pins.load().image.vllm_ascend_src
+    assert lines == ["verl /site/verl VERL_ROOT", f"vllm-ascend {src} VLLM_ASCEND_ROOT"]
+    assert notes == []
+    monkeypatch.setattr(image_build, "_bundle_components", lambda: ("verl", "vllm-ascend"))
+    lines, notes = image_build.patch_components("cuda")
+    assert lines == ["verl /site/verl VERL_ROOT"]
+    assert "no patches/vllm series" in notes[0]
+    monkeypatch.setattr(image_build, "_bundle_components", lambda: ("verl", "vllm-ascend", "vllm"))
+    lines, _ = image_build.patch_components("cuda")
+    assert lines == ["verl /site/verl VERL_ROOT", "vllm /site/vllm VLLM_ROOT"]

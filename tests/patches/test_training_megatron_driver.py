@@ -1,0 +1,392 @@
+"""Driver for verl 0.8.0's Megatron engine on an NVIDIA GPU (no tests here; run as a script).
+
+megatron-core cannot run on a CPU: verl's ``set_random_seed`` calls Megatron's
+``model_parallel_cuda_manual_seed`` (``AssertionError: Torch not compiled with CUDA enabled``), and
+the tensor-parallel layers allocate on ``torch.cuda.current_device()``. ``bench/megatron_h200.sh``
+runs this driver on the H200 device machine; CI reads the dumps it wrote there.
+
+It runs inside a process whose ``sys.path`` starts with a freshly patched verl 0.8.0 (see
+``test_verl_support``), so every verl line executed is the pinned upstream plus our series, with
+real megatron-core 0.16.1 and mbridge 0.15.1 underneath:
+
+1. builds verl's real ``MegatronEngineWithLMHead`` (``actor.strategy=megatron``, verl's own Hydra
+   defaults, ``use_mbridge`` + ``vanilla_mbridge`` as verl 0.8.0 requires) over the tiny random
+   Qwen2 of the FSDP driver (or Qwen2-0.5B's shape for the benchmark), world size ``WORLD_SIZE``
+   (TP = ``VC_TEST_TP``, default the world size), NCCL (gloo with ``VC_TEST_DEVICE=cpu``); with
+   ``VC_TEST_EXPORT=PATH`` it saves the weights as the engine exports them for vLLM;
+2. makes the same rollout batch as the FSDP driver (``request_id``/``request_ids_all``), trims it
+   with the PROMPTS_ONLY hook, then follows ``RayPPOTrainer``: old log-probs (``infer_batch``,
+   phase log_prob), GRPO advantages, one actor update (``train_batch`` with verl's ``ppo_loss``,
+   phase update_actor);
+3. prints one JSON line (rank 0) with what the pytest side asserts on; with ``VC_TEST_BENCH=N`` it
+   also times N ``infer_batch`` calls and N ``train_batch`` calls (the dump is whatever DUMP_ON says).
+
+Substitutions, each forced by a missing dependency and named here:
+
+* **Transformer Engine is absent** (no wheel for CPU; none on the GPU machine either). mbridge
+  0.15.1 hard-codes ``get_gpt_decoder_block_spec(config, use_transformer_engine=True)``
+  (``mbridge/core/llm_bridge.py`` ``_get_transformer_layer_spec``); the driver swaps that one
+  method for the same call with ``use_transformer_engine=False``: megatron-core's own *local*
+  layer specs (``ColumnParallelLinear``/``RowParallelLinear``/``DotProductAttention``/WrappedTorchNorm).
+* megatron-core's local ``DotProductAttention`` refuses packed sequences, so the engine runs with
+  ``use_remove_padding=False`` (verl's ``bshd`` data format, a documented engine option); its
+  attention mask is converted to the local module's convention (:func:`megatron_mask`).
+* flash_attn is absent (its padding helpers are all verl's batch packing uses from it): verl's
+  own pure-torch copies are served in their place, as in the FSDP driver.
+* the local spec keeps the RMSNorms as modules (TE fuses them into the next linear), so mbridge's
+  Qwen2 name map gets their two local names (``input_layernorm``, ``pre_mlp_layernorm``).
+* megatron-core's torch RMSNorm refuses sequence parallelism: ``sequence_parallel=False``.
+* a tiny word-level tokenizer is written next to the model (verl reads ``pad_token_id`` from it),
+  and ``optim.total_training_steps`` is set (the trainer fills it in from the data set).
+
+Environment: ``VC_TEST_WORK``, ``VC_TEST_PORT``, ``VC_TEST_DEVICE`` (cpu/cuda), ``VC_TEST_TP``,
+``VC_TEST_BENCH``, plus the hooks' own variables (DUMP_ON, DUMP_PHASE, ...). Launch one process per
+rank with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set (``torchrun``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # before the verl wheel's own top-level ``tests`` package
+
+from tests.patches.test_training_fsdp_driver import (  # noqa: E402
+    BATCH,
+    _rollout_batch,
+    _serve_pure_torch_attention_helpers,
+)
+
+VOCAB = 128
+
+
+def _device() -> str:
+    return os.environ.get("VC_TEST_DEVICE", "cpu")
+
+
+def _init_dist() -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", os.environ.get("VC_TEST_PORT", "29541"))
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(k, v)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if _device() == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl", rank=rank, world_size=world)
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+MODELS: dict[str, dict[str, Any]] = {
+    # the FSDP driver's tiny Qwen2 (head_dim 8): the functional runs and the compare fixtures
+    "tiny": {"hidden_size": 32, "intermediate_size": 64},
+    # Qwen2-0.5B's shape (random weights, small vocabulary): the dump-cost measurement
+    "qwen2-0.5b": {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+    },
+}
+
+
+def _tiny_qwen2(work: Path) -> Path:
+    """A random Qwen2 of ``VC_TEST_MODEL``'s shape, plus a word-level tokenizer with a pad token."""
+    from tests.fixtures.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
+
+    name = os.environ.get("VC_TEST_MODEL", "tiny")
+    model_dir = work / f"{name}-qwen2-mcore"
+    if (model_dir / "tokenizer.json").exists():
+        return model_dir
+    cfg = tiny_qwen2_config(
+        vocab_size=VOCAB,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        **MODELS[name],
+    )
+    tiny_qwen2(cfg, seed=0).save_pretrained(model_dir)
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, **{f"t{i}": i for i in range(1, VOCAB)}}
+    tok = Tokenizer(WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="t1").save_pretrained(
+        model_dir
+    )
+    return model_dir
+
+
+def megatron_mask(valid: Any) -> Any:
+    """verl's bshd ``[b, s]`` True-on-tokens mask -> megatron-core's ``[b, 1, s, s]`` True-masked one."""
+    import torch
+
+    if valid is None or valid.dtype != torch.bool or valid.dim() != 2:
+        return valid
+    s = valid.shape[1]
+    future = torch.triu(torch.ones(s, s, dtype=torch.bool, device=valid.device), diagonal=1)
+    return future[None, None] | ~valid[:, None, None, :]
+
+
+def _local_layer_specs() -> None:
+    """mbridge's layer spec without Transformer Engine: megatron-core's local modules."""
+    import inspect
+
+    from mbridge.core import llm_bridge
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    def local_spec(self: Any, vp_stage: int | None = None) -> Any:
+        assert self.config.normalization == "RMSNorm", "only RMSNorm is supported for now"
+        extra = (
+            {"vp_stage": vp_stage}
+            if "vp_stage" in inspect.signature(get_gpt_decoder_block_spec).parameters
+            else {}
+        )
+        return get_gpt_decoder_block_spec(self.config, use_transformer_engine=False, **extra)
+
+    llm_bridge.LLMBridge._get_transformer_layer_spec = local_spec
+    # verl's bshd path passes a [b, s] mask that is True on real tokens (TE's padding convention);
+    # the local DotProductAttention reads a mask as True = masked out and drops its default causal
+    # mask when given one, so unconverted every score is masked: uniform, non-causal attention
+    # (the first Megatron-vs-vLLM compare found exactly this). Convert it to causal | padding.
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    plain_forward = DotProductAttention.forward
+
+    def forward(
+        self: Any, query: Any, key: Any, value: Any, attention_mask: Any, *args: Any, **kw: Any
+    ) -> Any:
+        return plain_forward(self, query, key, value, megatron_mask(attention_mask), *args, **kw)
+
+    DotProductAttention.forward = forward
+    # The local spec keeps the RMSNorms as modules of their own (TE fuses them into the next
+    # linear as ``layer_norm_weight``), so mbridge's Qwen2 name map needs their two local names.
+    from mbridge.models.qwen2 import Qwen2Bridge
+
+    layer = "model.layers.{layer_number}."
+    Qwen2Bridge._OTHER_MAPPING = {
+        **Qwen2Bridge._OTHER_MAPPING,
+        "input_layernorm.weight": [layer + "input_layernorm.weight"],
+    }
+    Qwen2Bridge._MLP_MAPPING = {
+        **Qwen2Bridge._MLP_MAPPING,
+        "pre_mlp_layernorm.weight": [layer + "post_attention_layernorm.weight"],
+    }
+
+
+def _actor_config(model_dir: Path, tp: int) -> Any:
+    """verl's own Hydra defaults for the Megatron actor, as the worker builds them."""
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    config_dir = Path(verl.__file__).parent / "trainer" / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        cfg = compose(
+            config_name="ppo_megatron_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={model_dir}",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                "actor_rollout_ref.actor.use_dynamic_bsz=False",
+                f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}",
+                "actor_rollout_ref.actor.megatron.use_remove_padding=False",
+                # megatron-core's torch RMSNorm (no TE, no Apex) refuses sequence parallelism
+                "actor_rollout_ref.actor.megatron.sequence_parallel=False",
+                "+actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel=False",
+                # the trainer fills this in from the data set's length; the LR scheduler needs it
+                "actor_rollout_ref.actor.optim.total_training_steps=10",
+                "actor_rollout_ref.actor.megatron.seed=0",
+            ],
+        )
+    return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+def _engine_keys(td: Any, **extra: Any) -> None:
+    from verl.utils import tensordict_utils as tu
+
+    tu.assign_non_tensor(
+        td,
+        use_remove_padding=False,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=1,
+        max_token_len_per_gpu=4096,
+        use_fused_kernels=False,
+        temperature=1.0,
+        **extra,
+    )
+
+
+def _bench_batch(tokens: int) -> Any:
+    """Four prompts of ``tokens`` tokens plus one response token each: a PROMPTS_ONLY-shaped batch."""
+    import numpy as np
+    import torch
+    from verl import DataProto
+
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(1, VOCAB, (BATCH, tokens + 1), generator=gen)
+    attn = torch.ones_like(ids)
+    return DataProto.from_dict(
+        tensors={
+            "prompts": ids[:, :tokens],
+            "responses": ids[:, tokens:],
+            "response_mask": torch.ones(BATCH, 1, dtype=torch.long),
+            "input_ids": ids,
+            "attention_mask": attn,
+            "position_ids": torch.arange(tokens + 1).expand(BATCH, -1).clone(),
+            "rm_scores": torch.tensor([[0.0], [1.0], [0.0], [1.0]]),
+            "rollout_log_probs": torch.zeros(BATCH, 1),
+        },
+        non_tensors={
+            "request_id": np.array([f"{i:032x}" for i in range(BATCH)], dtype=object),
+            "uid": np.array(["a", "a", "b", "b"], dtype=object),
+        },
+    )
+
+
+def _export_weights(engine: Any, path: Path) -> int:
+    """The weights as verl hands them to vLLM (mbridge's Megatron -> HF export), saved for the stand-in."""
+    import torch
+    from safetensors.torch import save_file
+
+    params, _ = engine.get_per_tensor_param()
+    tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in params}
+    if torch.distributed.get_rank() == 0:
+        save_file(tensors, str(path))
+    return len(tensors)
+
+
+def main() -> None:
+    import torch
+
+    work = Path(os.environ["VC_TEST_WORK"])
+    work.mkdir(parents=True, exist_ok=True)
+    tp = int(os.environ.get("VC_TEST_TP", os.environ.get("WORLD_SIZE", "1")))
+    _init_dist()
+    rank = torch.distributed.get_rank()
+    if rank == 0:
+        _tiny_qwen2(work)
+    torch.distributed.barrier()
+    model_dir = _tiny_qwen2(work)
+    _local_layer_specs()
+    _serve_pure_torch_attention_helpers()
+
+    from verl.trainer.config import CheckpointConfig
+    from verl.trainer.ppo import core_algos
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import HFModelConfig
+    from verl.workers.engine.megatron.transformer_impl import MegatronEngineWithLMHead
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+    from verl_consistency.patches.hooks import prompts_only
+
+    actor_cfg = _actor_config(model_dir, tp)
+    model_config = HFModelConfig(path=str(model_dir), use_remove_padding=False)
+    engine = MegatronEngineWithLMHead(
+        model_config=model_config,
+        engine_config=actor_cfg.engine,
+        optimizer_config=actor_cfg.optim,
+        checkpoint_config=CheckpointConfig(),
+    )
+    engine.initialize()
+
+    import megatron.core
+
+    report: dict[str, Any] = {
+        "world_size": torch.distributed.get_world_size(),
+        "tp": tp,
+        "device": _device(),
+        "torch": torch.__version__,
+        "megatron_core": megatron.core.__version__,
+        "module_class": type(engine.module[0]).__name__,
+        "model": os.environ.get("VC_TEST_MODEL", "tiny"),
+    }
+    export = os.environ.get("VC_TEST_EXPORT")
+    if export:
+        report["exported_tensors"] = _export_weights(engine, Path(export))
+
+    def old_log_probs(b: Any) -> Any:
+        td = left_right_2_no_padding(b.to_tensordict())
+        _engine_keys(td, calculate_entropy=True, compute_loss=False)
+        with engine.eval_mode():
+            out = engine.infer_batch(td)
+        return td, out
+
+    def update(b: Any) -> Any:
+        td = left_right_2_no_padding(b.to_tensordict())
+        _engine_keys(td, calculate_entropy=True, global_batch_size=BATCH)
+        with engine.train_mode():
+            return engine.train_batch(td, loss_function=partial(ppo_loss, actor_cfg))
+
+    def advantages(b: Any) -> None:
+        # GRPO advantages: the call RayPPOTrainer's compute_advantage makes (ray_trainer.py itself
+        # is not imported: it pulls the trainer's web stack, which the engine never uses)
+        b.batch["token_level_rewards"] = b.batch["rm_scores"]
+        adv, ret = core_algos.compute_grpo_outcome_advantage(
+            token_level_rewards=b.batch["token_level_rewards"],
+            response_mask=b.batch["response_mask"],
+            index=b.non_tensor_batch["uid"],
+            norm_adv_by_std_in_grpo=True,
+        )
+        b.batch["advantages"], b.batch["returns"] = adv, ret
+
+    n = int(os.environ.get("VC_TEST_BENCH", "0"))
+    if n:
+        tokens = int(os.environ.get("VC_TEST_BENCH_TOKENS", "512"))
+        batch = _bench_batch(tokens)
+        _, out = old_log_probs(batch)
+        batch.batch["old_log_probs"] = torch.zeros(BATCH, 1)
+        advantages(batch)
+        sync = torch.cuda.synchronize if _device() == "cuda" else (lambda: None)
+        timings: dict[str, list[float]] = {}
+        for dump in ("0", "1", "0", "1"):  # interleaved; the first of each is a warm-up
+            os.environ["DUMP_ON"] = dump
+            for phase, fn in (("log_prob", old_log_probs), ("update_actor", update)):
+                per: list[float] = []
+                for _ in range(n):
+                    sync()
+                    t0 = time.perf_counter()
+                    fn(batch)
+                    sync()
+                    per.append((time.perf_counter() - t0) / BATCH)
+                timings.setdefault(f"{phase}.dump{dump}", []).extend(per)
+        report["bench"] = {"tokens": tokens, "micro_batches_per_call": BATCH, "per_micro_batch_s": timings}
+    else:
+        batch = prompts_only.trim(_rollout_batch())
+        report["request_ids"] = list(batch.non_tensor_batch["request_id"])
+        td, out = old_log_probs(batch)
+        if "model_output" in out:
+            log_probs = no_padding_2_padding(tu.get(out["model_output"], "log_probs"), td)
+            batch.batch["old_log_probs"] = log_probs.float().cpu()
+            report["old_log_probs_finite"] = bool(torch.isfinite(log_probs).all())
+        else:  # not the last pipeline stage
+            batch.batch["old_log_probs"] = torch.zeros_like(batch.batch["response_mask"], dtype=torch.float32)
+        advantages(batch)
+        out = update(batch)
+        metrics = out.get("metrics", {})
+        report["grad_norm"] = float(metrics["grad_norm"]) if "grad_norm" in metrics else None
+        losses = [float(x) for x in torch.as_tensor(out.get("loss", [])).flatten().tolist()]
+        report["loss"] = losses
+        report["finite"] = all(torch.isfinite(torch.tensor(losses)).tolist()) if losses else None
+
+    if rank == 0:
+        print("VC_REPORT " + json.dumps(report), flush=True)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
