@@ -13,7 +13,7 @@ cat <<HEADER
 # k8s/base/$mode/. tests/k8s fails when this file is not current.
 #
 #   kubectl apply -f k8s/$mode-rayjob.yaml       # one collection run (k8s/README.md)
-#   kubectl apply -k k8s/overlays/<variant>        # A3, HAMi, CCE, Volcano, pool sizes, combined
+#   kubectl apply -k k8s/overlays/<variant>        # A3, HAMi, CCE, NVIDIA, Volcano, pool sizes, combined
 #
 # Per run, edit RUN_ID (a new one each run), MODEL_PATH, PHASE and CAPTURE in the ConfigMap
 # verl-consistency-$mode-run below: the RayJob's submitter pod reads them from there.

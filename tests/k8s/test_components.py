@@ -7,9 +7,11 @@ validate strictly, the RayJob passes KubeRay v1.7.0's CRD schema and controller 
 worker groups and entrypoint agree on the pool sizes, pod templates are locked down, and the NPU
 resource name is the plugin's. test_checkov.py runs checkov over the same renderings.
 
-Two kinds of pair are refused on purpose, and the tests check that they are refused, not
-skipped: the npu-* components exclude each other (a cluster has one device plugin), and
-pool-sizes is for fully-async (hybrid has no rollout group).
+Some pairs are refused on purpose, and the tests check that they are refused (in both orders,
+with the reason in kustomize's error), not skipped: the npu-* components and nvidia exclude each
+other (a cluster's worker groups use one device plugin), a3-16npu and nvidia exclude each other
+(an Atlas A3 is an Ascend machine), and pool-sizes is for fully-async (hybrid has no rollout
+group).
 """
 
 from __future__ import annotations
@@ -23,13 +25,21 @@ import yaml
 from tests.k8s import test_manifests as checks
 from tests.k8s.conftest import COMPONENTS, K8S, MODES, compose, of_kind, render, run_settings
 
-EXCLUSIVE = [frozenset({"npu-cce", "npu-hami"})]
+# Pairs that exclude each other, with the words of kustomize's error that say why.
+MOVED = "Unable to remove nonexistent key: huawei.com/Ascend910"  # the device limit was moved already
+ACCELERATOR = "testing value /metadata/labels/verl-consistency~1accelerator failed"  # two accelerators
+EXCLUSIVE = {
+    frozenset({"npu-cce", "npu-hami"}): MOVED,
+    frozenset({"npu-cce", "nvidia"}): MOVED,
+    frozenset({"npu-hami", "nvidia"}): MOVED,
+    frozenset({"a3-16npu", "nvidia"}): ACCELERATOR,
+}
 FULLY_ASYNC_ONLY = {"pool-sizes"}
-NPU_NAMES = {"npu-cce": "huawei.com/ascend-1980", "npu-hami": "huawei.com/Ascend910B3"}
+NPU_NAMES = {"npu-cce": "huawei.com/ascend-1980", "npu-hami": "huawei.com/Ascend910B3", "nvidia": "nvidia.com/gpu"}
 
 
 def allowed(mode: str, combo: tuple[str, ...]) -> bool:
-    if any(pair <= set(combo) for pair in EXCLUSIVE):
+    if frozenset(combo) in EXCLUSIVE:
         return False
     return mode == "fully-async" or not FULLY_ASYNC_ONLY & set(combo)
 
@@ -40,8 +50,9 @@ COMBOS = [f"compose:{m}:{'+'.join(c)}" for m, c in PAIRS]
 
 
 def test_there_are_components_to_combine() -> None:
-    assert {"a3-16npu", "pool-sizes", "volcano", "npu-cce", "npu-hami"} <= set(COMPONENTS)
-    assert len(PAIRS) >= 14  # 9 on fully-async, 5 on hybrid
+    assert {"a3-16npu", "pool-sizes", "volcano", "npu-cce", "npu-hami", "nvidia"} <= set(COMPONENTS)
+    assert len(PAIRS) >= 17  # 11 on fully-async, 6 on hybrid
+    assert any("nvidia" in c for _, c in PAIRS if _ == "hybrid")
 
 
 @pytest.mark.parametrize("combo", COMBOS)
@@ -58,12 +69,14 @@ def test_pair_builds_and_passes_the_checks(combo: str, crd: dict[str, Any]) -> N
     checks.check_pod_templates(docs)
     npu = [NPU_NAMES[c] for c in components if c in NPU_NAMES]
     checks.check_npu_resource_name(job, npu[0] if npu else "huawei.com/Ascend910")
+    checks.check_images(docs)
     # Each component did its part, whatever the other one did.
     settings = run_settings(docs)
     assert settings["NPUS_PER_NODE"] == ("16" if "a3-16npu" in components else "8")
     assert settings["TRAINER_NODES"] == ("2" if "pool-sizes" in components else "1")
     images = {c["image"] for pod in checks.pod_specs(job, of_kind(docs, "Job")[0]) for c in pod["containers"]}
-    assert images == {"verl-consistency:0.1.0-a3" if "a3-16npu" in components else "verl-consistency:0.1.0"}
+    tag = "-a3" if "a3-16npu" in components else "-cuda" if "nvidia" in components else ""
+    assert images == {f"verl-consistency:0.1.0{tag}"}
     labels = job["metadata"]["labels"]
     assert (labels.get("ray.io/scheduler-name") == "volcano") == ("volcano" in components)
     assert labels["verl-consistency/mode"] == mode
@@ -79,12 +92,28 @@ def test_pair_order_does_not_matter(combo: str) -> None:
 
 @pytest.mark.parametrize(("mode", "combo"), REFUSED, ids=[f"{m}:{'+'.join(c)}" for m, c in REFUSED])
 def test_refused_pairs_fail_to_build_with_the_reason(mode: str, combo: tuple[str, ...]) -> None:
-    res = compose(mode, combo)
-    assert res.returncode != 0
-    if set(combo) & FULLY_ASYNC_ONLY and mode != "fully-async":
-        assert "groupName=rollout" in res.stderr
-    else:
-        assert "Unable to remove nonexistent key: huawei.com/Ascend910" in res.stderr
+    for order in (combo, combo[::-1]):
+        res = compose(mode, order)
+        assert res.returncode != 0, f"{mode}: {' + '.join(order)} built, but it should be refused"
+        if set(combo) & FULLY_ASYNC_ONLY and mode != "fully-async":
+            assert "groupName=rollout" in res.stderr
+        else:
+            assert EXCLUSIVE[frozenset(combo)] in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_nvidia_changes_the_entrypoint_in_the_device_only(mode: str) -> None:
+    """The nvidia component restates the mode's entrypoint (a JSON patch cannot edit one word):
+    it must be the base's, with `trainer.device=npu` replaced by `--device cuda` where
+    `verl-consistency run` puts it, before the first override. A base that changes its
+    entrypoint without the component fails here."""
+    (base,) = of_kind(render(f"kustomize:base/{mode}")[1], "RayJob")
+    (gpu,) = of_kind(render(f"compose:{mode}:nvidia")[1], "RayJob")
+    words = base["spec"]["entrypoint"].split()
+    words.remove("trainer.device=npu")
+    first_override = next(i for i, w in enumerate(words) if "=" in w)
+    words[first_override:first_override] = ["--device", "cuda"]
+    assert gpu["spec"]["entrypoint"].split() == words
 
 
 def _replacements(path: str) -> dict[str, Any]:

@@ -34,6 +34,16 @@ from verl_consistency.patches.contracts.layout import check_run_id
 from verl_consistency.patches.hooks import placement
 
 NPU_RESOURCE_NAMES = {"huawei.com/Ascend910", "huawei.com/Ascend910B3", "huawei.com/ascend-1980"}
+GPU_RESOURCE = "nvidia.com/gpu"
+# Every device limit a worker group may carry (k8s/components/npu-*, nvidia).
+DEVICE_RESOURCE_NAMES = NPU_RESOURCE_NAMES | {GPU_RESOURCE}
+# The image tag of each value of the RayJob's verl-consistency/accelerator label: the A2 build,
+# the A3 build (k8s/components/a3-16npu), and `make image-cuda`'s (k8s/components/nvidia).
+IMAGES = {
+    "ascend-a2": "verl-consistency:0.1.0",
+    "ascend-a3": "verl-consistency:0.1.0-a3",
+    "nvidia": "verl-consistency:0.1.0-cuda",
+}
 KUBE_VERSION = "1.31.0"
 
 
@@ -58,8 +68,9 @@ def overrides(docs: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def npu_limit(group: dict[str, Any]) -> tuple[str, int]:
+    """The group's one device limit (an Ascend NPU name or nvidia.com/gpu) and its count."""
     limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
-    (name,) = [k for k in limits if k in NPU_RESOURCE_NAMES]
+    (name,) = [k for k in limits if k in DEVICE_RESOURCE_NAMES]
     return name, int(limits[name])
 
 
@@ -180,33 +191,74 @@ def check_pool_sizes(docs: list[dict[str, Any]]) -> None:
     pools = ["trainer", "rollout"] if mode_of(job) == "fully-async" else ["trainer"]
     assert sorted(gs) == sorted(pools)
     npus = int(settings["NPUS_PER_NODE"])
+    devices = set()
     for pool in pools:
         g = gs[pool]
-        _, limit = npu_limit(g)
+        name, limit = npu_limit(g)
+        devices.add(name)
         nodes = int(settings[f"{pool.upper()}_NODES"])
         assert int(ov[f"{pool}.nnodes"]) == nodes == g["replicas"] == g["minReplicas"] == g["maxReplicas"]
-        assert int(ov[f"{pool}.n_gpus_per_node"]) == npus == limit == int(g["resources"]["NPU"])
-    assert ov["trainer.device"] == "npu"
+        assert int(ov[f"{pool}.n_gpus_per_node"]) == npus == limit
+        if name == GPU_RESOURCE:
+            # KubeRay derives Ray's GPU from the limit (num-gpus); a declared one would be a second
+            # source of truth, and an NPU resource a lie.
+            assert not {"NPU", "GPU"} & g["resources"].keys()
+        else:
+            assert int(g["resources"]["NPU"]) == npus  # KubeRay does not map Ascend limits
+    argv = expand_entrypoint(job["spec"]["entrypoint"], settings)
+    if devices == {GPU_RESOURCE}:
+        # `run --device cuda` adds trainer.device=cuda itself; the head must not be told npu.
+        assert argv[argv.index("--device") + 1] == "cuda"
+        assert "trainer.device" not in ov
+    else:
+        assert len(devices) == 1 and "--device" not in argv
+        assert ov["trainer.device"] == "npu"
     assert settings["RAYJOB_NAME"] == job["metadata"]["name"]
 
 
 def test_npu_resource_name_is_the_parameter(source: str) -> None:
-    expected = {"hami": "huawei.com/Ascend910B3", "cce": "huawei.com/ascend-1980"}.get(
+    expected = {"hami": "huawei.com/Ascend910B3", "cce": "huawei.com/ascend-1980", "nvidia": GPU_RESOURCE}.get(
         source.rsplit("/", 1)[-1], "huawei.com/Ascend910"
     )
     check_npu_resource_name(rayjob(source), expected)
 
 
 def check_npu_resource_name(job: dict[str, Any], expected: str) -> None:
+    """Every worker group asks for `expected` (and tolerates its taint), the label that picks
+    the replacements' limit key says so, and the Ascend-only parts exist exactly on NPU runs."""
     assert job["metadata"]["labels"]["verl-consistency/npu-resource"] == expected.split("/", 1)[1]
+    gpu = expected == GPU_RESOURCE
+    assert (job["metadata"]["labels"]["verl-consistency/accelerator"] == "nvidia") == gpu
     for g in groups(job).values():
         name, _ = npu_limit(g)
         assert name == expected
         assert [t["key"] for t in g["template"]["spec"]["tolerations"]] == [expected]
+        pod = g["template"]["spec"]
+        host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+        mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+        if gpu:  # NVIDIA's container toolkit brings the driver: no Ascend host paths at all
+            assert host_paths == set()
+            assert not any(m.startswith(("/usr/local/Ascend", "/usr/local/dcmi")) for m in mounts)
+        else:
+            assert "/usr/local/Ascend/driver" in host_paths & mounts
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]
     head_limits = head["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert not NPU_RESOURCE_NAMES & head_limits.keys()
-    assert head["resources"] == {"CPU": "0", "NPU": "0"}
+    assert not DEVICE_RESOURCE_NAMES & head_limits.keys()
+    assert head["resources"] == ({"CPU": "0"} if gpu else {"CPU": "0", "NPU": "0"})
+
+
+def test_images_are_the_accelerators_build(source: str) -> None:
+    docs = render(source)[1]
+    check_images(docs)
+
+
+def check_images(docs: list[dict[str, Any]]) -> None:
+    """Every pod runs the build for the RayJob's accelerator: A2, A3 (-a3) or NVIDIA (-cuda)."""
+    (job,) = of_kind(docs, "RayJob")
+    (post,) = of_kind(docs, "Job")
+    accelerator = job["metadata"]["labels"]["verl-consistency/accelerator"]
+    images = {c["image"] for pod in pod_specs(job, post) for c in [*pod.get("initContainers", []), *pod["containers"]]}
+    assert images == {IMAGES[accelerator]}, accelerator
 
 
 @pytest.mark.parametrize("source", [s for s in SOURCES if "hybrid" not in s])
