@@ -17,13 +17,15 @@ group).
 from __future__ import annotations
 
 import itertools
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from tests.k8s import test_manifests as checks
-from tests.k8s.conftest import COMPONENTS, K8S, MODES, compose, of_kind, render, run_settings
+from tests.k8s.conftest import COMPONENTS, K8S, MODES, compose, kustomize, of_kind, render, run_settings
 
 # Pairs that exclude each other, with the words of kustomize's error that say why.
 MOVED = "Unable to remove nonexistent key: huawei.com/Ascend910"  # the device limit was moved already
@@ -35,7 +37,11 @@ EXCLUSIVE = {
     frozenset({"a3-16npu", "nvidia"}): ACCELERATOR,
 }
 FULLY_ASYNC_ONLY = {"pool-sizes"}
-NPU_NAMES = {"npu-cce": "huawei.com/ascend-1980", "npu-hami": "huawei.com/Ascend910B3", "nvidia": "nvidia.com/gpu"}
+NPU_NAMES = {
+    "npu-cce": "huawei.com/ascend-1980",
+    "npu-hami": "huawei.com/Ascend910B3",
+    "nvidia": "nvidia.com/gpu",
+}
 
 
 def allowed(mode: str, combo: tuple[str, ...]) -> bool:
@@ -133,3 +139,43 @@ def test_a_component_copies_a_setting_as_the_base_does(component: str) -> None:
         assert replacement == base[field], (
             f"base/hybrid: the replacement of {field} differs from fully-async's"
         )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gpus_per_pod_follow_the_setting_with_nvidia(mode: str, tmp_path: Path) -> None:
+    """A user's component that sets NPUS_PER_NODE=4 (as a3-16npu does, with its replacement)
+    gives every group 4 nvidia.com/gpu and the entrypoint n_gpus_per_node=4, in either order:
+    the replacements pick the limit key by the label that nvidia sets."""
+    a3 = yaml.safe_load((K8S / "components" / "a3-16npu" / "kustomization.yaml").read_text())
+    (mine := tmp_path / "gpus-4").mkdir()
+    (mine / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+                "kind": "Component",
+                "patches": [
+                    {
+                        "target": {"kind": "ConfigMap", "name": "verl-consistency-run"},
+                        "patch": '[{"op": "replace", "path": "/data/NPUS_PER_NODE", "value": "4"}]',
+                    }
+                ],
+                "replacements": a3["replacements"],
+            }
+        )
+    )
+    for order in (["nvidia", str(mine)], [str(mine), "nvidia"]):
+        overlay = tmp_path / f"overlay-{order[0] == 'nvidia'}"
+        overlay.mkdir()
+        rel = Path(os.path.relpath(K8S, overlay))
+        components = [c if c.startswith("/") else str(rel / "components" / c) for c in order]
+        components = [os.path.relpath(c, overlay) if c.startswith("/") else c for c in components]
+        (overlay / "kustomization.yaml").write_text(
+            yaml.safe_dump({"resources": [str(rel / "base" / mode)], "components": components})
+        )
+        res = kustomize(overlay)
+        assert res.returncode == 0, res.stderr
+        docs = [d for d in yaml.safe_load_all(res.stdout) if d]
+        checks.check_pool_sizes(docs)
+        (job,) = of_kind(docs, "RayJob")
+        checks.check_npu_resource_name(job, "nvidia.com/gpu")
+        assert {checks.npu_limit(g) for g in checks.groups(job).values()} == {("nvidia.com/gpu", 4)}

@@ -211,15 +211,15 @@ def check_pool_sizes(docs: list[dict[str, Any]]) -> None:
         assert argv[argv.index("--device") + 1] == "cuda"
         assert "trainer.device" not in ov
     else:
-        assert len(devices) == 1 and "--device" not in argv
+        assert len(devices) == 1
+        assert "--device" not in argv
         assert ov["trainer.device"] == "npu"
     assert settings["RAYJOB_NAME"] == job["metadata"]["name"]
 
 
 def test_npu_resource_name_is_the_parameter(source: str) -> None:
-    expected = {"hami": "huawei.com/Ascend910B3", "cce": "huawei.com/ascend-1980", "nvidia": GPU_RESOURCE}.get(
-        source.rsplit("/", 1)[-1], "huawei.com/Ascend910"
-    )
+    by_overlay = {"hami": "huawei.com/Ascend910B3", "cce": "huawei.com/ascend-1980", "nvidia": GPU_RESOURCE}
+    expected = by_overlay.get(source.rsplit("/", 1)[-1], "huawei.com/Ascend910")
     check_npu_resource_name(rayjob(source), expected)
 
 
@@ -257,7 +257,8 @@ def check_images(docs: list[dict[str, Any]]) -> None:
     (job,) = of_kind(docs, "RayJob")
     (post,) = of_kind(docs, "Job")
     accelerator = job["metadata"]["labels"]["verl-consistency/accelerator"]
-    images = {c["image"] for pod in pod_specs(job, post) for c in [*pod.get("initContainers", []), *pod["containers"]]}
+    pods = pod_specs(job, post)
+    images = {c["image"] for pod in pods for c in [*pod.get("initContainers", []), *pod["containers"]]}
     assert images == {IMAGES[accelerator]}, accelerator
 
 
