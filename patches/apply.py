@@ -104,8 +104,32 @@ def _run_patch(patch: PatchFile, root: Path, *extra: str) -> subprocess.Complete
     )
 
 
-def is_applied(patch: PatchFile, root: Path) -> bool:
-    return _run_patch(patch, root, "--reverse", "--force", "--dry-run").returncode == 0
+def _copy_targets(series: list[PatchFile], root: Path, scratch: Path) -> list[str]:
+    touched = sorted({t for p in series for t in p.targets})
+    for rel in touched:
+        src = root / rel
+        if src.is_file():
+            (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, scratch / rel)
+    return touched
+
+
+def applied(series: list[PatchFile], root: Path) -> list[bool]:
+    """Which patches of the series ``root`` already holds, judged newest first.
+
+    Two patches of a series may touch the same lines (0006 edits a line 0001 added), so a patch
+    is checked on the tree with every later applied patch taken back out: on a scratch copy of
+    the touched files, each applied patch is reversed for real, newest first. ``root`` is only read.
+    """
+    flags = [False] * len(series)
+    with tempfile.TemporaryDirectory(prefix="vc-applied-") as tmp:
+        scratch = Path(tmp)
+        _copy_targets(series, Path(root), scratch)
+        for i in reversed(range(len(series))):
+            if _run_patch(series[i], scratch, "--reverse", "--force", "--dry-run").returncode == 0:
+                _run_patch(series[i], scratch, "--reverse", "--force")
+                flags[i] = True
+    return flags
 
 
 def _explain(patch: PatchFile, root: Path, res: subprocess.CompletedProcess[str]) -> PatchError:
@@ -141,17 +165,13 @@ def apply_series(
     if not (root / package).is_dir():
         raise PatchError(f"{root} does not hold the {package!r} package; --root must be the folder above it")
     series = read_series(component, patches_dir)
+    done = applied(series, root)
     results: list[tuple[PatchFile, str]] = []
     with tempfile.TemporaryDirectory(prefix=f"vc-{component}-") as tmp:
         scratch = Path(tmp)
-        touched = sorted({t for p in series for t in p.targets})
-        for rel in touched:
-            src = root / rel
-            if src.is_file():
-                (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, scratch / rel)
-        for patch in series:
-            if is_applied(patch, scratch):
+        touched = _copy_targets(series, root, scratch)
+        for patch, already in zip(series, done, strict=True):
+            if already:
                 results.append((patch, "already applied"))
                 continue
             res = _run_patch(patch, scratch, "--forward")
@@ -174,7 +194,7 @@ def apply_series(
 def verify_series(component: str, root: Path, patches_dir: Path | None = None) -> list[PatchFile]:
     """Raise unless every patch of the series is applied to ``root``."""
     series = read_series(component, patches_dir)
-    missing = [p.name for p in series if not is_applied(p, Path(root))]
+    missing = [p.name for p, ok in zip(series, applied(series, Path(root)), strict=True) if not ok]
     if missing:
         raise PatchError(f"{root}: not applied ({component}): {', '.join(missing)}")
     return series

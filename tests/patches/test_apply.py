@@ -58,6 +58,24 @@ def test_applies_in_order_and_is_idempotent(layout):
     assert first[0][0].summary == "0001-a.patch: what it changes"
 
 
+def test_a_later_patch_may_edit_what_an_earlier_one_added(layout):
+    """verl's 0006 edits a line 0001 added: verify and a rerun judge the series newest first."""
+    patches, tree = layout
+    first, second = _diff("line 10", "LINE TEN"), _diff("LINE TEN", "LINE 10 AGAIN")
+    _series(patches, **{"0001-a.patch": first, "0002-b.patch": second})
+    assert [s for _, s in apply.apply_series("verl", tree, patches_dir=patches)] == ["applied", "applied"]
+    text = (tree / "verl" / "mod.py").read_text()
+    assert "LINE 10 AGAIN\n" in text
+    assert len(apply.verify_series("verl", tree, patches_dir=patches)) == 2
+    again = apply.apply_series("verl", tree, patches_dir=patches)
+    assert [s for _, s in again] == ["already applied", "already applied"]
+    assert (tree / "verl" / "mod.py").read_text() == text
+    (tree / "verl" / "mod.py").write_text(ORIGINAL.replace("line 10", "LINE TEN"))  # only 0001 applied
+    assert apply.applied(apply.read_series("verl", patches), tree) == [True, False]
+    with pytest.raises(apply.PatchError, match="0002-b.patch"):
+        apply.verify_series("verl", tree, patches_dir=patches)
+
+
 def test_a_failing_hunk_names_patch_file_and_hunk_and_writes_nothing(layout):
     patches, tree = layout
     _series(
