@@ -72,7 +72,7 @@ def test_a_later_patch_may_edit_what_an_earlier_one_added(layout):
     assert (tree / "verl" / "mod.py").read_text() == text
     (tree / "verl" / "mod.py").write_text(ORIGINAL.replace("line 10", "LINE TEN"))  # only 0001 applied
     assert apply.applied(apply.read_series("verl", patches), tree) == [True, False]
-    with pytest.raises(apply.PatchError, match="0002-b.patch"):
+    with pytest.raises(apply.PatchError, match=r"0002-b\.patch"):
         apply.verify_series("verl", tree, patches_dir=patches)
 
 
