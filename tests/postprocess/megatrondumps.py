@@ -102,27 +102,19 @@ def _rollout(run_dir: Path, perturb: bool) -> None:
 
 def generate(dump_root: Path) -> None:
     """Both runs under ``dump_root`` (run in a throwaway process: see the module docstring)."""
-    import multiprocessing as mp
-
     import torch  # noqa: F401  (imported once, before forking)
 
     from verl_consistency.patches.contracts import layout
 
-    procs = []
+    jobs = []
     for kind, run_id in RUNS.items():
         run = layout.RunLayout(dump_root, run_id)
         shutil.copytree(FIXTURE / "actor", run.actor_dir)
         for path, task_cfg in ((run.rollout_config, "statistics"), (run.actor_config, "statistics")):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(realdumps.msprobe_config(task_cfg), indent=2))
-        procs.append(mp.get_context("fork").Process(target=_rollout, args=(run.run_dir, kind == "diff")))
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-    bad = [p.exitcode for p in procs if p.exitcode != 0]
-    if bad:
-        raise SystemExit(f"rollout workers failed with exit codes {bad}")
+        jobs.append((_rollout, (run.run_dir, kind == "diff")))
+    realdumps.run_forked(jobs, "rollout workers")
 
 
 @dataclass(frozen=True)
