@@ -54,6 +54,9 @@ CACHE = "VERL_CONSISTENCY_CACHE"
 CHECKOV = "VERL_CONSISTENCY_CHECKOV"
 """The checkov binary the k8s tests run (``make test`` builds one in its own venv)."""
 
+DEMO_VENV = "VERL_CONSISTENCY_DEMO_VENV"
+"""The venv with real vLLM 0.18.0 for CPU that ``make demo`` builds (``entrypoints/demo_venv.py``)."""
+
 KUBERAY_CRD = "VERL_CONSISTENCY_KUBERAY_CRD"
 """The KubeRay RayJob CRD the k8s tests validate against (default: found beside the checkout)."""
 
