@@ -50,8 +50,8 @@ def _inner(out: Path) -> None:
         runtime_env,
     )
     from verl_consistency.entrypoints.msprobe_config import Task
-    from verl_consistency.patches.contracts import capture, layout
-    from verl_consistency.patches.contracts.env import RUN_DIR
+    from verl_consistency.patches.contracts import layout
+    from verl_consistency.patches.contracts.env import CAPTURE, RUN_DIR
     from verl_consistency.patches.contracts.records import ScheduledRequest, base_request_id
     from verl_consistency.patches.hooks.request_scope import is_comparable_prefill
 
@@ -64,7 +64,7 @@ def _inner(out: Path) -> None:
     for name, gap in PATTERNS.items():
         lay = layout.RunLayout(root, layout.new_run_id("bench"))
         _configs(lay, Task.STATISTICS, scoped=True)
-        env = runtime_env({**os.environ, RUN_DIR: str(lay.run_dir), capture.CAPTURE_ENV: "fraction:1"})
+        env = runtime_env({**os.environ, RUN_DIR: str(lay.run_dir), CAPTURE: "fraction:1"})
         args = {
             "model_dir": str(model),
             "rollout_config": str(lay.rollout_config),

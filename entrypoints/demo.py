@@ -40,7 +40,7 @@ from verl_consistency.entrypoints.msprobe_config import DumpOptions, Level, Task
 from verl_consistency.patches.contracts import capture as capture_mod
 from verl_consistency.patches.contracts import dataset, layout
 from verl_consistency.patches.contracts.atomic import write_json_atomic
-from verl_consistency.patches.contracts.env import ACTOR_CONFIG, DUMP_ON, RUN_DIR
+from verl_consistency.patches.contracts.env import ACTOR_CONFIG, CAPTURE, DUMP_ON, RUN_DIR
 
 STAGES = "verl_consistency.entrypoints.demo_stages"
 """The module each engine's process runs (``python -m``), one process per engine."""
@@ -271,7 +271,7 @@ def run_demo(
     work = lay.run_dir / DEMO_DIR
     log = work / "stages.log"
     work.mkdir(parents=True, exist_ok=True)
-    base_env = {**os.environ, RUN_DIR: str(lay.run_dir), capture_mod.CAPTURE_ENV: rule.spec()}
+    base_env = {**os.environ, RUN_DIR: str(lay.run_dir), CAPTURE: rule.spec()}
 
     echo(f"rollout: real vLLM 0.18.0 on CPU, {len(token_prompts)} concurrent requests -> {lay.run_dir}")
     t0 = time.monotonic()

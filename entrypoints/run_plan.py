@@ -310,12 +310,12 @@ def build_plan(
     user_keys = [ov.key for ov in parsed]
     device_rows: list[str] = []
     if device is Device.CUDA:
-        given = [ov for ov in parsed if ov.key == DEVICE_KEY]
-        if any(str(ov.value) != Device.CUDA.value for ov in given):
+        device_given = [ov for ov in parsed if ov.key == DEVICE_KEY]
+        if any(str(ov.value) != Device.CUDA.value for ov in device_given):
             raise PlanError(
-                [f"--device cuda but {given[0].text} was given: drop one of them (verl runs on one device)"]
+                [f"--device cuda but {device_given[0].text} was given: drop one of them (verl runs on one device)"]
             )
-        if not given:
+        if not device_given:
             device_rows = [f"{DEVICE_KEY}={Device.CUDA.value}"]
     model_path = model or environ.get(env.MODEL) or DEFAULT_MODEL
     if model is not None and table.MODEL_PATH_KEY in user_keys:

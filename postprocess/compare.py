@@ -30,6 +30,7 @@ msprobe's table is then read back and summarised our way, because read raw it mi
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import multiprocessing
@@ -433,19 +434,9 @@ def read_rows(csv: Path, back: Mapping[str, str] | None = None) -> tuple[list[Ro
             target = fsdp2_names.restore(target, back)
         result = str(rec.get("Result", ""))
         module, kind, layer = parse_name(golden if golden not in ("", "N/A") else target)
+        row = functools.partial(RowDiff, target=target, golden=golden, module=module, kind=kind, layer=layer)
         if target in ("", "N/A") or golden in ("", "N/A"):
-            rows.append(
-                RowDiff(
-                    target=target,
-                    golden=golden,
-                    module=module,
-                    kind=kind,
-                    layer=layer,
-                    rel_err=None,
-                    msprobe_result=result,
-                    status="unmatched",
-                )
-            )
+            rows.append(row(rel_err=None, msprobe_result=result, status="unmatched"))
             continue
         msgs = str(rec.get("Err_message", "")).lower()
         if not tensor and result == "error":
@@ -463,12 +454,7 @@ def read_rows(csv: Path, back: Mapping[str, str] | None = None) -> tuple[list[Ro
             rel = abs(tn - gn) / max(abs(gn), 1e-12) if tn is not None and gn is not None else None
         why = structural_reason(module, kind, target)
         rows.append(
-            RowDiff(
-                target=target,
-                golden=golden,
-                module=module,
-                kind=kind,
-                layer=layer,
+            row(
                 rel_err=rel,
                 cosine=cos,
                 max_abs_err=mae,
