@@ -312,9 +312,8 @@ def build_plan(
     if device is Device.CUDA:
         device_given = [ov for ov in parsed if ov.key == DEVICE_KEY]
         if any(str(ov.value) != Device.CUDA.value for ov in device_given):
-            raise PlanError(
-                [f"--device cuda but {device_given[0].text} was given: drop one of them (verl runs on one device)"]
-            )
+            clash = device_given[0].text
+            raise PlanError([f"--device cuda but {clash} was given: drop one (verl runs on one device)"])
         if not device_given:
             device_rows = [f"{DEVICE_KEY}={Device.CUDA.value}"]
     model_path = model or environ.get(env.MODEL) or DEFAULT_MODEL
