@@ -100,15 +100,23 @@ def rollout(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _serve_pure_torch_attention_helpers() -> None:
+def serve_pure_torch_attention_helpers() -> None:
+    """verl's pure-torch padding helpers: flash_attn does not import off NPU/GPU."""
     import verl.utils.attention_utils as au
     from verl.utils import npu_flash_attn_utils as pt
 
     au._get_attention_functions = lambda: (pt.index_first_axis, pt.pad_input, pt.rearrange, pt.unpad_input)
 
 
-def _actor_config(model_dir: str, micro_batches: int) -> Any:
-    """verl's own Hydra defaults for the actor, as its worker builds them, in fp32 on CPU."""
+FP32 = (
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision="
+    "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+)
+"""Same precision as the vLLM side (dtype=float32): verl's default is bf16 compute."""
+
+
+def actor_config(model_dir: str, micro_batches: int, *extra: str) -> Any:
+    """verl's own Hydra defaults for the actor, as its worker builds them (fsdp2 on CPU)."""
     import verl
     from hydra import compose, initialize_config_dir
     from verl.utils.config import omega_conf_to_dataclass
@@ -124,9 +132,7 @@ def _actor_config(model_dir: str, micro_batches: int) -> Any:
                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
                 "actor_rollout_ref.actor.use_dynamic_bsz=False",
                 "actor_rollout_ref.actor.use_torch_compile=False",
-                # same precision as the vLLM side (dtype=float32): verl's default is bf16 compute
-                "+actor_rollout_ref.actor.fsdp_config.mixed_precision="
-                "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+                *extra,
             ],
         )
     return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
@@ -168,30 +174,15 @@ def _batch(requests: list[dict[str, Any]]) -> Any:
     )
 
 
-def train(args: dict[str, Any]) -> dict[str, Any]:
-    """Old log-probs on the real verl FSDP engine, PROMPTS_ONLY, one request per micro batch."""
-    import torch
-    import torch.distributed as dist
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(args["port"]))
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
-        os.environ.setdefault(k, v)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    _serve_pure_torch_attention_helpers()
-
+def fsdp_engine(model_dir: str, actor_cfg: Any) -> Any:
+    """verl's ``FSDPEngineWithLMHead`` with eager attention, built directly: its registry knows only
+    cuda and npu. The demo and the tests' FSDP driver both build it here."""
     from verl.trainer.config import CheckpointConfig
-    from verl.utils import tensordict_utils as tu
     from verl.workers.config import HFModelConfig
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
-    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
-    from verl_consistency.patches.hooks import prompts_only
-
-    requests = args["requests"]
-    actor_cfg = _actor_config(args["model_dir"], len(requests))
     model_config = HFModelConfig(
-        path=args["model_dir"],
+        path=model_dir,
         load_tokenizer=False,
         override_config={"attn_implementation": "eager"},
         use_remove_padding=True,
@@ -204,6 +195,29 @@ def train(args: dict[str, Any]) -> dict[str, Any]:
         checkpoint_config=CheckpointConfig(),
     )
     engine.initialize()
+    return engine
+
+
+def train(args: dict[str, Any]) -> dict[str, Any]:
+    """Old log-probs on the real verl FSDP engine, PROMPTS_ONLY, one request per micro batch."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(args["port"]))
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(k, v)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    serve_pure_torch_attention_helpers()
+
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+    from verl_consistency.patches.hooks import prompts_only
+
+    requests = args["requests"]
+    actor_cfg = actor_config(args["model_dir"], len(requests), FP32)
+    engine = fsdp_engine(args["model_dir"], actor_cfg)
     batch = prompts_only.trim(_batch(requests))
     td = left_right_2_no_padding(batch.to_tensordict())
     tu.assign_non_tensor(

@@ -37,6 +37,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from verl_consistency.entrypoints import demo_stages
+
 BATCH = 4
 PROMPT_LEN = 6
 RESPONSE_LEN = 4
@@ -55,10 +57,7 @@ def _init_dist() -> None:
 
 
 def _serve_pure_torch_attention_helpers() -> None:
-    import verl.utils.attention_utils as au
-    from verl.utils import npu_flash_attn_utils as pt
-
-    au._get_attention_functions = lambda: (pt.index_first_axis, pt.pad_input, pt.rearrange, pt.unpad_input)
+    demo_stages.serve_pure_torch_attention_helpers()
 
 
 def _tiny_qwen2(work: Path) -> Path:
@@ -81,25 +80,8 @@ def _tiny_qwen2(work: Path) -> Path:
 
 
 def _actor_config(model_dir: Path) -> Any:
-    """verl's own Hydra defaults for the actor, as the worker builds them."""
-    import verl
-    from hydra import compose, initialize_config_dir
-    from verl.utils.config import omega_conf_to_dataclass
-
-    config_dir = Path(verl.__file__).parent / "trainer" / "config"
-    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-        cfg = compose(
-            config_name="ppo_trainer",
-            overrides=[
-                f"actor_rollout_ref.model.path={model_dir}",
-                "actor_rollout_ref.actor.strategy=fsdp2",
-                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-                "actor_rollout_ref.actor.use_dynamic_bsz=False",
-                "actor_rollout_ref.actor.use_torch_compile=False",
-            ],
-        )
-    return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    """verl's own Hydra defaults for the actor, as the worker builds them (the demo's, in bf16)."""
+    return demo_stages.actor_config(str(model_dir), 4)
 
 
 def _rollout_batch() -> Any:
@@ -229,12 +211,9 @@ def main() -> None:
     _serve_pure_torch_attention_helpers()
     model_dir = _tiny_qwen2(work)
 
-    from verl.trainer.config import CheckpointConfig
     from verl.trainer.ppo.core_algos import AdvantageEstimator
     from verl.trainer.ppo.ray_trainer import compute_advantage
     from verl.utils import tensordict_utils as tu
-    from verl.workers.config import HFModelConfig
-    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
@@ -255,20 +234,7 @@ def main() -> None:
         other.step()
 
     actor_cfg = _actor_config(model_dir)
-    model_config = HFModelConfig(
-        path=str(model_dir),
-        load_tokenizer=False,
-        override_config={"attn_implementation": "eager"},
-        use_remove_padding=True,
-        enable_gradient_checkpointing=False,
-    )
-    engine = FSDPEngineWithLMHead(
-        model_config=model_config,
-        engine_config=actor_cfg.engine,
-        optimizer_config=actor_cfg.optim,
-        checkpoint_config=CheckpointConfig(),
-    )
-    engine.initialize()
+    engine = demo_stages.fsdp_engine(str(model_dir), actor_cfg)
 
     batch = _rollout_batch()
     if os.environ.get("VC_TEST_NEXT_TOKEN") == "1":

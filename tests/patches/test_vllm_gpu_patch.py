@@ -29,7 +29,9 @@ from tests.patches.test_vllm_patch import (
     _is_stop_site,
     _method,
     _parents,
+    _pristine_tree,
     _unconditional,
+    patched_tree,
 )
 from verl_consistency.patches import apply, upstream
 
@@ -45,23 +47,14 @@ def vllm_wheel() -> Path:
     return upstream.fetch_wheel("vllm")
 
 
-def _pristine_tree(wheel: Path, dest: Path) -> Path:
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extract(RUNNER, dest)
-    return dest
-
-
 @pytest.fixture
 def pristine(tmp_path: Path, vllm_wheel: Path) -> Path:
-    return _pristine_tree(vllm_wheel, tmp_path / "pristine")
+    return _pristine_tree(vllm_wheel, tmp_path / "pristine", RUNNER)
 
 
 @pytest.fixture
 def patched(tmp_path: Path, vllm_wheel: Path) -> Path:
-    tree = _pristine_tree(vllm_wheel, tmp_path / "patched")
-    results = apply.apply_series("vllm", tree)
-    assert [p.name for p, status in results if status == "applied"] == [PATCH.split("/")[1]]
-    return tree
+    return patched_tree(vllm_wheel, tmp_path / "patched", PATCH, RUNNER)
 
 
 def check_gpu_runner(source: str) -> list[str]:

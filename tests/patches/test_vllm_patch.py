@@ -32,11 +32,20 @@ def ascend_wheel() -> Path:
     return upstream.fetch_wheel("vllm-ascend")
 
 
-def _pristine_tree(wheel: Path, dest: Path) -> Path:
+def _pristine_tree(wheel: Path, dest: Path, runner: str = RUNNER) -> Path:
     """The runner file of the pinned wheel, unpacked into a site-packages-like folder."""
     with zipfile.ZipFile(wheel) as zf:
-        zf.extract(RUNNER, dest)
+        zf.extract(runner, dest)
     return dest
+
+
+def patched_tree(wheel: Path, dest: Path, patch: str = PATCH, runner: str = RUNNER) -> Path:
+    """The same, with the component's series applied: exactly ``patch`` (``component/name``)."""
+    component, name = patch.split("/")
+    tree = _pristine_tree(wheel, dest, runner)
+    results = apply.apply_series(component, tree)
+    assert [p.name for p, status in results if status == "applied"] == [name]
+    return tree
 
 
 @pytest.fixture
@@ -46,10 +55,7 @@ def pristine(tmp_path: Path, ascend_wheel: Path) -> Path:
 
 @pytest.fixture
 def patched(tmp_path: Path, ascend_wheel: Path) -> Path:
-    tree = _pristine_tree(ascend_wheel, tmp_path / "patched")
-    results = apply.apply_series("vllm-ascend", tree)
-    assert [p.name for p, status in results if status == "applied"] == [PATCH.split("/")[1]]
-    return tree
+    return patched_tree(ascend_wheel, tmp_path / "patched")
 
 
 # ----------------------------------------------------------------------------- the AST checker
