@@ -5,6 +5,7 @@
 | ``env`` | every environment variable name | entrypoints, k8s, the image | hooks, entrypoints |
 | ``layout`` | the dump root and run folder: where each file lives | entrypoints | hooks, postprocess |
 | ``records`` | ``dispatch_log.jsonl`` / ``update_actor_log.jsonl`` lines | hooks | postprocess |
+| ``token_records`` | ``token_mismatch*.jsonl``, ``next_token.jsonl`` | hooks | postprocess |
 | ``capture`` | which requests a collection run captures | entrypoints | hooks (both sides) |
 | ``run_manifest`` | ``run.json`` | entrypoints | postprocess |
 | ``dataset`` | the embedded prompt set (verl's parquet schema) | entrypoints | verl, the reward hook |
