@@ -23,14 +23,13 @@ from pathlib import Path
 import pytest
 
 from tests.patches.test_vllm_patch import (
-    _body_of,
     _calls,
     _is_self_attr,
     _is_stop_site,
     _method,
     _parents,
     _pristine_tree,
-    _unconditional,
+    check_step_paths,
     patched_tree,
 )
 from verl_consistency.patches import apply, upstream
@@ -128,38 +127,7 @@ def check_gpu_runner(source: str) -> list[str]:
     if where != {"execute_model": 2, "sample_tokens": 1} or len(stop_calls) != 3:
         problems.append(f"stop sites: expected 2 in execute_model and 1 in sample_tokens, found {where}")
 
-    parents = _parents(execute)
-    handoffs = [
-        n
-        for n in ast.walk(execute)
-        if isinstance(n, ast.Assign)
-        and _is_self_attr(n.targets[0], "execute_model_state")
-        and isinstance(n.value, ast.Call)
-        and getattr(n.value.func, "id", None) == "ExecuteModelState"
-    ]
-    for ret in (n for n in ast.walk(execute) if isinstance(n, ast.Return) and n.lineno > start.lineno):
-        block = _body_of(ret, parents)
-        if any(_is_stop_site(s) for s in block[: block.index(ret)]):
-            continue
-        is_main = ret is execute.body[-1] and isinstance(ret.value, ast.Constant) and ret.value.value is None
-        if not (is_main and handoffs and all(_unconditional(h, execute, parents) for h in handoffs)):
-            problems.append(f"execute_model L{ret.lineno}: a started step returns without stop+step")
-
-    sparents = _parents(sample)
-    unpack = [
-        n
-        for n in ast.walk(sample)
-        if isinstance(n, ast.Assign) and _is_self_attr(n.value, "execute_model_state")
-    ]
-    sample_stop = [s for s in ast.walk(sample) if isinstance(s, ast.stmt) and _is_stop_site(s)]
-    if len(unpack) != 1 or len(sample_stop) != 1:
-        problems.append("sample_tokens: expected one unpack of execute_model_state and one stop site")
-        return problems
-    if not _unconditional(sample_stop[0], sample, sparents):
-        problems.append(f"sample_tokens L{sample_stop[0].lineno}: the stop site is conditional")
-    for ret in (n for n in ast.walk(sample) if isinstance(n, ast.Return)):
-        if unpack[0].lineno < ret.lineno < sample_stop[0].lineno:
-            problems.append(f"sample_tokens L{ret.lineno}: returns between the handoff and the stop site")
+    problems += check_step_paths(execute, start, sample)
     return problems
 
 

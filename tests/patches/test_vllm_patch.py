@@ -133,6 +133,65 @@ def _body_of(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> list[ast.stmt]:
     raise AssertionError(f"statement at line {getattr(node, 'lineno', '?')} is in no block")
 
 
+def check_step_paths(execute: ast.FunctionDef, start: ast.Call, sample: ast.FunctionDef) -> list[str]:
+    """Every path out of a started step ends in exactly one stop+step (vllm-ascend's and vLLM's runner).
+
+    After the start, each return of execute_model has a stop site just before it, or is the main
+    path, which hands the step to sample_tokens through ``self.execute_model_state``; sample_tokens
+    stops unconditionally, returns nothing between the handoff and its stop, and returns early only
+    when no step is pending.
+    """
+    problems: list[str] = []
+    # every path out of execute_model after the start: a stop site just before its return, or
+    # the main path, which hands the step to sample_tokens through self.execute_model_state
+    parents = _parents(execute)
+    handoffs = [
+        n
+        for n in ast.walk(execute)
+        if isinstance(n, ast.Assign)
+        and _is_self_attr(n.targets[0], "execute_model_state")
+        and isinstance(n.value, ast.Call)
+        and getattr(n.value.func, "id", None) == "ExecuteModelState"
+    ]
+    for ret in (n for n in ast.walk(execute) if isinstance(n, ast.Return) and n.lineno > start.lineno):
+        block = _body_of(ret, parents)
+        before = block[: block.index(ret)]
+        if any(_is_stop_site(s) for s in before):
+            continue
+        is_main = ret is execute.body[-1] and isinstance(ret.value, ast.Constant) and ret.value.value is None
+        if not (is_main and handoffs and all(_unconditional(h, execute, parents) for h in handoffs)):
+            problems.append(f"execute_model L{ret.lineno}: a started step returns without stop+step")
+
+    # sample_tokens: only a handed-off step reaches its stop site, and nothing returns before it
+    sparents = _parents(sample)
+    unpack = [
+        n
+        for n in ast.walk(sample)
+        if isinstance(n, ast.Assign) and _is_self_attr(n.value, "execute_model_state")
+    ]
+    sample_stop = [s for s in ast.walk(sample) if isinstance(s, ast.stmt) and _is_stop_site(s)]
+    if len(unpack) != 1 or len(sample_stop) != 1:
+        problems.append("sample_tokens: expected one unpack of execute_model_state and one stop site")
+        return problems
+    if not _unconditional(sample_stop[0], sample, sparents):
+        problems.append(f"sample_tokens L{sample_stop[0].lineno}: the stop site is conditional")
+    for ret in (n for n in ast.walk(sample) if isinstance(n, ast.Return)):
+        if unpack[0].lineno < ret.lineno < sample_stop[0].lineno:
+            problems.append(f"sample_tokens L{ret.lineno}: returns between the handoff and the stop site")
+        if ret.lineno < unpack[0].lineno:
+            guard = sparents[ret]
+            while not (
+                isinstance(guard, ast.If)
+                and isinstance(guard.test, ast.Compare)
+                and _is_self_attr(guard.test.left, "execute_model_state")
+            ):
+                guard = sparents.get(guard, sample)
+                if guard is sample:
+                    problems.append(f"sample_tokens L{ret.lineno}: early return with a step pending")
+                    break
+    return problems
+
+
 def check_runner(source: str) -> list[str]:
     """Problems of a model_runner_v1.py as the patch must leave it (empty list: all good)."""
     problems: list[str] = []
@@ -216,53 +275,7 @@ def check_runner(source: str) -> list[str]:
     if where != {"execute_model": 2, "sample_tokens": 1} or len(stop_calls) != 3:
         problems.append(f"stop sites: expected 2 in execute_model and 1 in sample_tokens, found {where}")
 
-    # every path out of execute_model after the start: a stop site just before its return, or
-    # the main path, which hands the step to sample_tokens through self.execute_model_state
-    parents = _parents(execute)
-    handoffs = [
-        n
-        for n in ast.walk(execute)
-        if isinstance(n, ast.Assign)
-        and _is_self_attr(n.targets[0], "execute_model_state")
-        and isinstance(n.value, ast.Call)
-        and getattr(n.value.func, "id", None) == "ExecuteModelState"
-    ]
-    for ret in (n for n in ast.walk(execute) if isinstance(n, ast.Return) and n.lineno > start.lineno):
-        block = _body_of(ret, parents)
-        before = block[: block.index(ret)]
-        if any(_is_stop_site(s) for s in before):
-            continue
-        is_main = ret is execute.body[-1] and isinstance(ret.value, ast.Constant) and ret.value.value is None
-        if not (is_main and handoffs and all(_unconditional(h, execute, parents) for h in handoffs)):
-            problems.append(f"execute_model L{ret.lineno}: a started step returns without stop+step")
-
-    # sample_tokens: only a handed-off step reaches its stop site, and nothing returns before it
-    sparents = _parents(sample)
-    unpack = [
-        n
-        for n in ast.walk(sample)
-        if isinstance(n, ast.Assign) and _is_self_attr(n.value, "execute_model_state")
-    ]
-    sample_stop = [s for s in ast.walk(sample) if isinstance(s, ast.stmt) and _is_stop_site(s)]
-    if len(unpack) != 1 or len(sample_stop) != 1:
-        problems.append("sample_tokens: expected one unpack of execute_model_state and one stop site")
-        return problems
-    if not _unconditional(sample_stop[0], sample, sparents):
-        problems.append(f"sample_tokens L{sample_stop[0].lineno}: the stop site is conditional")
-    for ret in (n for n in ast.walk(sample) if isinstance(n, ast.Return)):
-        if unpack[0].lineno < ret.lineno < sample_stop[0].lineno:
-            problems.append(f"sample_tokens L{ret.lineno}: returns between the handoff and the stop site")
-        if ret.lineno < unpack[0].lineno:
-            guard = sparents[ret]
-            while not (
-                isinstance(guard, ast.If)
-                and isinstance(guard.test, ast.Compare)
-                and _is_self_attr(guard.test.left, "execute_model_state")
-            ):
-                guard = sparents.get(guard, sample)
-                if guard is sample:
-                    problems.append(f"sample_tokens L{ret.lineno}: early return with a step pending")
-                    break
+    problems += check_step_paths(execute, start, sample)
     return problems
 
 
