@@ -26,7 +26,7 @@ from pathlib import Path
 
 PATCHES_DIR = Path(str(resources.files(__package__ or "verl_consistency.patches")))
 
-COMPONENTS: dict[str, str] = {"verl": "verl", "vllm-ascend": "vllm_ascend"}
+COMPONENTS: dict[str, str] = {"verl": "verl", "vllm-ascend": "vllm_ascend", "vllm": "vllm"}
 """Series folder name → the top-level package the diffs patch (checked to exist under root)."""
 
 _TARGET = re.compile(r"^\+\+\+ (?:b/)?(\S+)", re.MULTILINE)

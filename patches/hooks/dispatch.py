@@ -113,6 +113,27 @@ def attn_state_name(attn_state: object) -> str | None:
     return name if isinstance(name, str) else str(attn_state)
 
 
+def derived_attn_state(so: SchedulerOutputLike) -> str:
+    """The ``AscendAttentionState`` name vllm-ascend would give this step, from the scheduler output.
+
+    vLLM's own ``GPUModelRunner`` (and the ``CPUModelRunner`` that subclasses it) has no
+    attention state; its attention backends read per-request lengths instead. So that the
+    dispatch log of a vLLM rollout reads like a vllm-ascend one, the patched vLLM runner leaves
+    ``attn_state`` to this function, which applies vllm-ascend 0.18.0's ``_build_attn_state``
+    rule (without speculative decoding, which the pinned runners here do not use) to the same
+    numbers: every scheduled request with nothing computed before → ``PrefillNoCache``; every
+    request advancing by one token → ``DecodeOnly``; anything else → ``ChunkedPrefill``
+    (vLLM V1 always schedules with chunked prefill, which is vllm-ascend's branch for it).
+    """
+    computed = [r.num_computed_tokens for r in so.scheduled_new_reqs]
+    computed += list(getattr(so.scheduled_cached_reqs, "num_computed_tokens", []))
+    if all(c == 0 for c in computed):
+        return "PrefillNoCache"
+    if all(n == 1 for n in so.num_scheduled_tokens.values()):
+        return DECODE_STATE
+    return "ChunkedPrefill"
+
+
 def scheduled_requests(so: SchedulerOutputLike) -> list[records.ScheduledRequest]:
     """The recipe's ``requests[]``: new requests first, then cached ones, in scheduler order."""
     out = []
@@ -184,6 +205,28 @@ def _dumped_now(service: Any) -> bool:
     return getattr(service, "dump_iter_dir", None) == expected
 
 
+def setup_rollout_debugger(
+    additional_config: Mapping[str, Any] | None, enforce_eager: bool
+) -> tuple[Any, DispatchLogger | None]:
+    """vLLM ``GPUModelRunner.__init__``: msprobe and the dispatch log, as vllm-ascend sets them up.
+
+    vllm-ascend 0.18.0's ``NPUModelRunner`` builds a ``PrecisionDebugger`` when
+    ``additional_config["dump_config_path"]`` is set, and refuses non-eager mode (msprobe's module
+    hooks do not see a compiled graph). vLLM's own runner has no debugger at all, so the patch for
+    it calls this: the same key, the same refusal, the same per-process ``dump_path=`` override.
+    Returns ``(None, None)`` when no dump is configured, and then imports nothing.
+    """
+    dump_cfg = (additional_config or {}).get("dump_config_path")
+    if dump_cfg is None:
+        return None, None
+    if not enforce_eager:
+        raise RuntimeError("Dumping/debugging only works in eager mode.")
+    from msprobe.pytorch import PrecisionDebugger
+
+    logger = DispatchLogger.for_rollout(dump_cfg)
+    return PrecisionDebugger(str(dump_cfg), dump_path=str(logger.dump_path)), logger
+
+
 class DispatchLogger:
     """One per vLLM worker process: decides, starts and logs each msprobe step.
 
@@ -238,7 +281,10 @@ class DispatchLogger:
     ) -> bool:
         """Upstream's ``debugger.start`` site. Returns whether msprobe was started."""
         reqs = scheduled_requests(scheduler_output)
-        state = attn_state_name(attn_state)
+        # vLLM's runner passes None (it has no attention state): derive vllm-ascend's name
+        state = (
+            attn_state_name(attn_state) if attn_state is not None else derived_attn_state(scheduler_output)
+        )
         phase = phase_of(state, reqs)
         captured: str | None = None
         if self.rule.is_all:
