@@ -26,6 +26,10 @@ help: ## Show this help.
 pins: ## Print the pinned upstream versions (from patches/pins.toml).
 	@$(PYTHON) -c 'import tomllib,json;print(json.dumps(tomllib.load(open("patches/pins.toml","rb")),indent=2))'
 
+.PHONY: sysdeps
+sysdeps: ## Install the Debian packages .ci/apt/*.txt lists (as root), or print the command to run.
+	@bash .ci/sysdeps.sh .ci/apt/*.txt
+
 $(VENV)/.installed: pyproject.toml patches/pins.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
@@ -45,9 +49,9 @@ $(CHECKOV):
 venv: $(VENV)/.installed ## Create .venv: CPU torch, the pinned verl, mindstudio-probe and Ray, and this bundle.
 
 .PHONY: test
-test: venv $(CHECKOV) ## Run the whole test suite (what CI runs).
+test: sysdeps venv $(CHECKOV) demo-venv ## Run the whole test suite (what CI runs), the real-engine demo included.
 	VERL_CONSISTENCY_CACHE=$(abspath $(CACHE)) VERL_CONSISTENCY_CHECKOV=$(abspath $(CHECKOV)) \
-		$(PY) -m pytest $(PYTEST_ARGS)
+		VERL_CONSISTENCY_DEMO_VENV=$(abspath $(DEMO_VENV)) $(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: lint
 lint: venv ## ruff (style and lint) over the whole tree.

