@@ -240,6 +240,7 @@ def run_demo(
     task: Task,
     perturb: bool,
     arrival_gap: float = 0.0,
+    n: int = 1,
     engine_kwargs: dict[str, Any] | None = None,
     echo: Any = print,
 ) -> list[RunOutcome]:
@@ -248,7 +249,8 @@ def run_demo(
     dump_root = dump_root.resolve()
     models = dump_root / "models"
     models.mkdir(parents=True, exist_ok=True)
-    texts = prompt_texts(prompts)
+    # verl's agent loop sends each prompt rollout.n times (GRPO groups), each with its own id
+    texts = [t for t in prompt_texts(prompts) for _ in range(n)]
     model_dir = models / "tiny-qwen2"
     t0 = time.monotonic()
     if not (model_dir / "config.json").is_file():
@@ -347,7 +349,7 @@ def demo_cmd(
     dump_root: Annotated[Path, typer.Option("--dump-root", help="where runs, models and bundles go")] = Path(
         "out/demo"
     ),
-    prompts: Annotated[int, typer.Option(min=1, help="prompts from the embedded set, all in flight")] = 32,
+    prompts: Annotated[int, typer.Option(min=1, help="prompts from the embedded set")] = 16,
     max_tokens: Annotated[int, typer.Option(min=1, help="tokens generated per request")] = 8,
     capture: Annotated[
         str, typer.Option(help="'all' (the recipe: dump every step) or 'fraction:F' (request-scoped)")
@@ -364,6 +366,12 @@ def demo_cmd(
             "into one or two prefill steps and msprobe can scope only one request per step)",
         ),
     ] = 0.1,
+    n: Annotated[
+        int,
+        typer.Option(
+            "--n", min=1, help="samples per prompt, as verl's rollout.n (later copies hit the prefix cache)"
+        ),
+    ] = 2,
     max_num_batched_tokens: Annotated[
         int | None, typer.Option(help="vLLM scheduler token budget per step (default: vLLM's)")
     ] = None,
@@ -384,6 +392,7 @@ def demo_cmd(
             task=task,
             perturb=perturb,
             arrival_gap=arrival_gap,
+            n=n,
             engine_kwargs=kwargs,
             echo=typer.echo,
         )

@@ -26,7 +26,7 @@ def _options(name: str) -> list[str]:
     return [o for p in COMMANDS[name].params for o in getattr(p, "opts", []) if o.startswith("--")]
 
 
-@pytest.mark.parametrize("command", ["run", "postprocess", "wait-rayjob", "msprobe-configs"])
+@pytest.mark.parametrize("command", ["run", "postprocess", "wait-rayjob", "msprobe-configs", "demo"])
 def test_every_option_is_documented(readme, command):
     missing = [o for o in _options(command) if f"`{o}" not in readme]
     assert not missing, f"README.md does not document `verl-consistency {command}` options {missing}"
@@ -45,8 +45,8 @@ def test_every_environment_variable_is_documented(readme):
 
 def test_the_first_lines_give_the_build_and_test_commands(readme):
     head = readme.splitlines()[:8]
-    assert any(line.startswith("make image") for line in head)
-    assert any(line.startswith("make test") for line in head)
+    starts = [line.split()[1] for line in head if line.startswith("make ")]
+    assert starts[:3] == ["demo", "test", "image"], "the first commands are make demo, make test, make image"
 
 
 def test_key_make_targets_are_in_help_and_readme(repo, readme):
@@ -55,7 +55,16 @@ def test_key_make_targets_are_in_help_and_readme(repo, readme):
     out = subprocess.run(["make", "-s", "help"], cwd=repo, check=True, capture_output=True, text=True).stdout
     plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
     targets = [line.split()[0] for line in plain.splitlines() if line.strip()]
-    for needed in ("image", "image-a3", "test", "check-patches", "download-bundle", "bench"):
+    for needed in (
+        "image",
+        "image-a3",
+        "test",
+        "check-patches",
+        "download-bundle",
+        "bench",
+        "demo",
+        "demo-venv",
+    ):
         assert needed in targets, f"`make help` does not list {needed}"
         assert f"make {needed}" in readme, f"README.md does not show `make {needed}`"
 

@@ -1,0 +1,134 @@
+"""Pairable requests per 100 prompts under REAL vLLM 0.18.0 scheduling: recipe vs request-scoped.
+
+Run: ``python bench/bench_pairable_vllm.py`` (``make bench``; needs the demo venv, ``make demo-venv``;
+about 2-4 minutes on 2 cores). The simulated figure next to it is ``bench_selective.py``'s.
+
+What runs: the demo's tiny random Qwen2 on the real vLLM 0.18.0 CPU engine (``AsyncLLM``, the
+patched runner, chunked prefill and prefix caching on, vLLM's default ``max_num_batched_tokens``
+and ``max_num_seqs``), 100 prompts of the embedded prompt set, each sent once with a verl-style
+id, 8 tokens each, in two arrival patterns:
+
+* ``all at once``: the whole batch submitted together, as verl's agent loop does for a
+  training step (``default batching``);
+* ``staggered``: one request every 50 ms.
+
+The engine runs with ``VERL_CONSISTENCY_CAPTURE=fraction:1`` (request-scoped dumps), and its
+dispatch log records every step, dumped or not, so both modes are read off the one schedule:
+
+* recipe (dump every step): a request is pairable when its step is a prefill step holding that
+  request alone, computing its whole prompt (no prefix hit, no chunk);
+* request-scoped (msprobe ``scheduled_tokens``): one request per prefill step that holds at
+  least one such request (the steps this run actually dumped);
+* comparable: requests whose whole prompt was computed in one step (the upper bound).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PROMPTS = 100
+PATTERNS = {"all at once": 0.0, "staggered 50 ms": 0.05}
+
+
+def _inner(out: Path) -> None:
+    from verl_consistency import layout
+    from verl_consistency.demo import _configs, _stage, build_model, encode, prompt_texts, runtime_env
+    from verl_consistency.hooks import capture
+    from verl_consistency.hooks.env import RUN_DIR
+    from verl_consistency.hooks.records import ScheduledRequest
+    from verl_consistency.hooks.request_scope import is_comparable_prefill
+    from verl_consistency.msprobe_config import Task
+
+    root = out.parent
+    model = root / "tiny-qwen2"
+    texts = prompt_texts(PROMPTS)
+    build_model(model, texts)
+    prompts = encode(model, texts)
+    results = {}
+    for name, gap in PATTERNS.items():
+        lay = layout.RunLayout(root, layout.new_run_id("bench"))
+        _configs(lay, Task.STATISTICS, scoped=True)
+        env = runtime_env({**os.environ, RUN_DIR: str(lay.run_dir), capture.CAPTURE_ENV: "fraction:1"})
+        args = {
+            "model_dir": str(model),
+            "rollout_config": str(lay.rollout_config),
+            "prompts": prompts,
+            "max_tokens": 8,
+            "max_model_len": 1024,
+            "stagger_s": gap,
+        }
+        t0 = time.monotonic()
+        _stage("rollout", args, lay.run_dir / "demo", env, lay.run_dir / "demo" / "stages.log")
+        seconds = time.monotonic() - t0
+        (log,) = lay.rollout_dir.glob("*/dispatch_log.jsonl")
+        recs = [json.loads(line) for line in log.read_text().splitlines()]
+        prefill = [r for r in recs if r["phase"] == "prefill"]
+
+        def comparable(r: dict) -> list[ScheduledRequest]:
+            return [
+                q for q in map(ScheduledRequest.model_validate, r["requests"]) if is_comparable_prefill(q)
+            ]
+
+        recipe = sum(1 for r in prefill if len(r["requests"]) == 1 and comparable(r))
+        scoped = sum(1 for r in prefill if comparable(r))
+        results[name] = {
+            "steps": len(recs),
+            "prefill_steps": len(prefill),
+            "dumped_steps": sum(r["dumped"] for r in recs),
+            "comparable": sum(len(comparable(r)) for r in prefill),
+            "prefix_hits": sum(
+                1 for r in recs for q in r["requests"] if q["type"] == "new" and q["num_computed_tokens"]
+            ),
+            "recipe": recipe,
+            "scoped": scoped,
+            "seconds": round(seconds, 1),
+        }
+    out.write_text(json.dumps(results))
+
+
+def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--inner":
+        _inner(Path(sys.argv[2]))
+        return 0
+    venv = Path(os.environ.get("VERL_CONSISTENCY_DEMO_VENV", REPO / ".cache" / "demo-venv"))
+    py = venv / "bin" / "python"
+    if not py.is_file():
+        print(f"{py} missing: build the demo venv first (make demo-venv)", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory(prefix="vc-bench-pairable-") as tmp:
+        out = Path(tmp) / "result.json"
+        t0 = time.perf_counter()
+        res = subprocess.run([str(py), __file__, "--inner", str(out)], cwd=REPO, check=False)
+        if res.returncode != 0 or not out.is_file():
+            print("the real-engine run failed (see above)", file=sys.stderr)
+            return 1
+        results = json.loads(out.read_text())
+    print(
+        f"real vLLM 0.18.0 on CPU ({os.cpu_count()} cores), {PROMPTS} prompts x 8 tokens, "
+        "chunked prefill and prefix caching on, vLLM's default batching; "
+        f"measured in {time.perf_counter() - t0:.0f} s"
+    )
+    print(
+        f"  {'arrivals':18}{'steps':>7}{'prefill':>9}{'comparable':>12}{'recipe':>8}{'scoped':>8}  (per 100)"
+    )
+    for name, r in results.items():
+        scale = 100 / PROMPTS
+        print(
+            f"  {name:18}{r['steps']:>7}{r['prefill_steps']:>9}{r['comparable'] * scale:>12.0f}"
+            f"{r['recipe'] * scale:>8.0f}{r['scoped'] * scale:>8.0f}"
+        )
+    for name, r in results.items():
+        ratio = f"{r['scoped'] / r['recipe']:.1f}x" if r["recipe"] else "inf (recipe 0)"
+        print(f"ratio pairable requests, request-scoped / recipe, {name}: {ratio}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
