@@ -227,7 +227,12 @@ def _outcome(run_dir: Path, bundles: Path, timings: dict[str, float], info: dict
         verdicts=verdicts,
         first_divergences=[c.get("first_divergence") for c in comparisons],
         timings=timings,
-        stage_info={**info, "exit_code": int(outcome.code), "counts": outcome.result.counts},
+        stage_info={
+            **info,
+            "exit_code": int(outcome.code),
+            "counts": outcome.result.counts,
+            "paired_request_ids": sorted({p.request_id for p in outcome.result.pairs}),
+        },
     )
 
 
