@@ -53,7 +53,11 @@ def rollout(args: dict[str, Any]) -> dict[str, Any]:
     t0 = time.monotonic()
     engine = AsyncLLM.from_engine_args(engine_args)
     started = time.monotonic() - t0
-    params = SamplingParams(max_tokens=args["max_tokens"], temperature=1.0, seed=0, detokenize=False)
+    # no per-request seed: on CPU, vLLM 0.18.0 rewinds a seeded request's generator when a chunk's
+    # sample is discarded (gpu_model_runner.py _bookkeeping_sync: gen.set_offset), and CPU
+    # generators raise "CPU Generator does not use offset", killing the engine (seen with 100
+    # prompts at once). The engine's own seed (engine args) keeps the run reproducible enough.
+    params = SamplingParams(max_tokens=args["max_tokens"], temperature=1.0, detokenize=False)
 
     async def one(prompt: list[int]) -> dict[str, Any]:
         request_id = uuid.uuid4().hex  # verl's LLMServerClient.generate: request_id=uuid4().hex
