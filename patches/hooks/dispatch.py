@@ -13,6 +13,11 @@ vllm-ascend 0.18.0's ``NPUModelRunner`` calls into this module at two places (se
   runner's stop sites (two early returns of ``execute_model`` and the main path in
   ``sample_tokens()``), :meth:`DispatchLogger.finish` says whether a stop+step is owed.
 
+vLLM 0.18.0's own ``GPUModelRunner`` (NVIDIA; vLLM's ``CPUModelRunner`` subclasses it) calls
+the same two places (``patches/vllm/``), plus :func:`setup_rollout_debugger` in ``__init__``
+because vLLM has no debugger of its own, and passes ``attn_state=None`` because it has no
+attention state: :func:`derived_attn_state` gives vllm-ascend's name from the scheduler output.
+
 The recipe's own logger counts steps itself and writes before ``stop`` in ``execute_model``; on
 the main path ``execute_model`` returns before that point, so its log missed most steps.
 
