@@ -50,7 +50,9 @@ def demo_python() -> Path:
 
 
 @pytest.fixture(scope="module")
-def demo(demo_python: Path, tmp_path_factory: pytest.TempPathFactory, repo: Path) -> dict[str, Any]:
+def demo(
+    demo_python: Path, tmp_path_factory: pytest.TempPathFactory, repo: Path, request: pytest.FixtureRequest
+) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("demo")
     res = subprocess.run(
         [str(demo_python), "-m", "verl_consistency", "demo", "--dump-root", str(root)],
@@ -60,7 +62,12 @@ def demo(demo_python: Path, tmp_path_factory: pytest.TempPathFactory, repo: Path
         timeout=1400,
         check=False,
     )
-    print(res.stdout[-4000:])  # CI's log shows the bundles, reports and timings
+    # CI's log shows the runs, bundles, reports, verdicts and timings (past pytest's capture)
+    reporter = request.config.pluginmanager.getplugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("")
+        for line in res.stdout.splitlines()[-16:]:
+            reporter.write_line(f"[demo] {line}")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     summary = json.loads((root / "demo-summary.json").read_text())
     return {"root": root, "summary": summary, "stdout": res.stdout, "python": demo_python}
