@@ -63,11 +63,9 @@ def demo(
         check=False,
     )
     # CI's log shows the runs, bundles, reports, verdicts and timings (past pytest's capture)
-    reporter = request.config.pluginmanager.getplugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line("")
-        for line in res.stdout.splitlines()[-16:]:
-            reporter.write_line(f"[demo] {line}")
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print("\n" + "\n".join(f"[demo] {line}" for line in res.stdout.splitlines()[-16:]), flush=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     summary = json.loads((root / "demo-summary.json").read_text())
     return {"root": root, "summary": summary, "stdout": res.stdout, "python": demo_python}
