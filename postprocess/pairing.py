@@ -91,7 +91,8 @@ that applies:
 **Limits.** The recipe's format has no ``prompt_tokens``, ``num_computed_tokens`` nor
 ``attn_state``: a prefix-cache hit cannot be seen in it, and a last chunk of exactly one token
 (or one plus ``spec_tokens``) is a decode by the rule above, so a first chunk followed only by
-such a chunk looks whole. Neither writer logs ``spec_tokens`` today; without it, a speculative
+such a chunk looks whole. Our dispatch hook logs ``spec_tokens`` (vLLM's
+``scheduled_spec_decode_tokens``); the recipe's log does not, and without it a speculative
 decode in a mixed step counts as a continuation, which can only cost a pair (the earlier
 prefill is then taken for a chunk), never make a wrong one.
 Step-level entries (``rollout_step``, ``actor_step``, ``log_line``) come on top of the

@@ -51,6 +51,10 @@ class ScheduledRequest(BaseModel):
     num_computed_tokens: int | None = Field(
         default=None, description=">0 on a new request means a prefix-cache hit"
     )
+    spec_tokens: int | None = Field(
+        default=None,
+        description="speculative tokens scheduled for a cached request (a decode of 1 + spec_tokens)",
+    )
 
 
 class DispatchRecord(_Record):

@@ -153,10 +153,17 @@ def scheduled_requests(so: SchedulerOutputLike) -> list[records.ScheduledRequest
                 num_computed_tokens=req.num_computed_tokens,
             )
         )
+    # vLLM's draft tokens per request; a decode then advances by 1 + their number, which the
+    # pairing must not mistake for the later chunk of a split prefill (postprocess/pairing.py).
+    spec: Mapping[str, Sequence[int]] = getattr(so, "scheduled_spec_decode_tokens", None) or {}
     for req_id in so.scheduled_cached_reqs.req_ids:
+        drafts = spec.get(req_id)
         out.append(
             records.ScheduledRequest(
-                request_id=req_id, type="cached", tokens=so.num_scheduled_tokens.get(req_id, 0)
+                request_id=req_id,
+                type="cached",
+                tokens=so.num_scheduled_tokens.get(req_id, 0),
+                spec_tokens=len(drafts) if drafts else None,
             )
         )
     return out

@@ -86,3 +86,26 @@ def test_no_dump_config_sets_nothing_up():
 def test_dump_config_needs_eager_mode_as_in_vllm_ascend(tmp_path):
     with pytest.raises(RuntimeError, match="eager mode"):
         dispatch.setup_rollout_debugger({"dump_config_path": str(tmp_path / "c.json")}, enforce_eager=False)
+
+
+def test_speculative_drafts_are_logged_per_cached_request():
+    """A cached request with k draft tokens advances by 1 + k: the record says k (``spec_tokens``)."""
+    so = _so([_new("n", 4)], cached={"a": (3, 9), "b": (1, 4)})
+    so.scheduled_spec_decode_tokens = {"a": [11, 12]}  # type: ignore[attr-defined]
+    reqs = {r.request_id: r for r in dispatch.scheduled_requests(so)}
+    assert reqs["a"].spec_tokens == 2
+    assert reqs["a"].tokens == 1 + reqs["a"].spec_tokens
+    assert reqs["b"].spec_tokens is None
+    assert reqs["n"].spec_tokens is None
+    assert "spec_tokens" not in reqs["b"].model_dump(exclude_none=True)
+
+
+def test_vllm_018_names_the_draft_tokens_field_the_hook_reads(repo):
+    """The field name is vLLM 0.18.0's own (read from the pinned wheel, not assumed)."""
+    import zipfile
+
+    from verl_consistency.patches import upstream
+
+    with zipfile.ZipFile(upstream.fetch_wheel("vllm")) as zf:
+        source = zf.read("vllm/v1/core/sched/output.py").decode()
+    assert "scheduled_spec_decode_tokens: dict[str, list[int]]" in source
