@@ -22,10 +22,8 @@ Spelled in ``$VERL_CONSISTENCY_CAPTURE``:
 
 from __future__ import annotations
 
-import contextvars
 import hashlib
 import os
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,32 +127,3 @@ def parse(spec: str) -> CaptureRule:
 def from_env(environ: dict[str, str] | None = None) -> CaptureRule:
     env = os.environ if environ is None else environ
     return parse(env.get(CAPTURE, "all"))
-
-
-_PROMPT: contextvars.ContextVar[bool] = contextvars.ContextVar("vc_prompt_listed", default=False)
-_RULE: tuple[str, CaptureRule] | None = None
-
-
-def _cached_rule() -> CaptureRule:
-    global _RULE
-    spec = os.environ.get(CAPTURE, "all")
-    if _RULE is None or _RULE[0] != spec:
-        _RULE = (spec, parse(spec))
-    return _RULE[1]
-
-
-def enter_prompt(sample: Mapping[str, Any]) -> None:
-    """verl's ``_run_agent_loop`` (one asyncio task per sample): note whether this prompt is listed.
-
-    A context variable is task-local, so concurrent samples never see each other's answer.
-    """
-    rule = _cached_rule()
-    _PROMPT.set(rule.prompts is not None and rule.lists(sample))
-
-
-def new_request_id() -> str:
-    """The id ``LLMServerClient.generate`` sends to vLLM: verl's ``uuid4().hex``, marked when listed."""
-    rid = uuid.uuid4().hex
-    if _PROMPT.get():
-        return CAPTURED_PREFIX + rid[len(CAPTURED_PREFIX) :]
-    return rid

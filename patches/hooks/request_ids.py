@@ -17,7 +17,14 @@ Called from the patched ``LLMServerClient.generate`` (every vLLM call), the patc
 
 from __future__ import annotations
 
+import contextvars
+import os
+import uuid
+from collections.abc import Mapping
 from typing import Any
+
+from verl_consistency.patches.contracts import capture
+from verl_consistency.patches.contracts.env import CAPTURE
 
 REQUEST_ID = "request_id"
 REQUEST_IDS_ALL = "request_ids_all"
@@ -55,3 +62,36 @@ def merge_turn(agent_fields: dict[str, Any], output_fields: dict[str, Any]) -> N
     ``request_id`` is already right); without this the later turns' ids would be lost.
     """
     merge_resume(agent_fields, output_fields)
+
+
+# --- capture by prompt (``prompts:FILE``, patches/verl/0006-capture-prompts) -------------------
+# Only verl's agent loop knows a request's prompt; it marks the id it sends to vLLM, so both
+# sides decide on the id alone (the rule itself is ``contracts.capture``).
+
+_PROMPT: contextvars.ContextVar[bool] = contextvars.ContextVar("vc_prompt_listed", default=False)
+_RULE: tuple[str, capture.CaptureRule] | None = None
+
+
+def _cached_rule() -> capture.CaptureRule:
+    global _RULE
+    spec = os.environ.get(CAPTURE, "all")
+    if _RULE is None or _RULE[0] != spec:
+        _RULE = (spec, capture.parse(spec))
+    return _RULE[1]
+
+
+def enter_prompt(sample: Mapping[str, Any]) -> None:
+    """verl's ``_run_agent_loop`` (one asyncio task per sample): note whether this prompt is listed.
+
+    A context variable is task-local, so concurrent samples never see each other's answer.
+    """
+    rule = _cached_rule()
+    _PROMPT.set(rule.prompts is not None and rule.lists(sample))
+
+
+def new_request_id() -> str:
+    """The id ``LLMServerClient.generate`` sends to vLLM: verl's ``uuid4().hex``, marked when listed."""
+    rid = uuid.uuid4().hex
+    if _PROMPT.get():
+        return capture.CAPTURED_PREFIX + rid[len(capture.CAPTURED_PREFIX) :]
+    return rid

@@ -1,7 +1,7 @@
 """``--capture prompts:FILE``: exactly the listed prompts are captured, on both sides.
 
-The ids are made the way the patched verl agent loop makes them (``capture.enter_prompt`` in one
-asyncio task per sample, then ``capture.new_request_id``); the vLLM side's decision is the
+The ids are made the way the patched verl agent loop makes them (``request_ids.enter_prompt`` in one
+asyncio task per sample, then ``request_ids.new_request_id``); the vLLM side's decision is the
 dispatch hook's own ``request_scope.should_dump``; the training side is the real verl 0.8.0 FSDP
 engine on CPU with real msprobe dumps.
 """
@@ -21,7 +21,7 @@ from verl_consistency.entrypoints.overrides import Mode
 from verl_consistency.entrypoints.run_plan import CAPTURE_PROMPTS, PlanError, build_plan
 from verl_consistency.patches.contracts import capture, env, records
 from verl_consistency.patches.contracts.records import ScheduledRequest
-from verl_consistency.patches.hooks import request_scope
+from verl_consistency.patches.hooks import request_ids, request_scope
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -55,9 +55,9 @@ def _ids(monkeypatch: pytest.MonkeyPatch, spec: str, n: int) -> list[str]:
     monkeypatch.setenv(env.CAPTURE, spec)
 
     async def one(i: int) -> str:
-        capture.enter_prompt({"index": i, "uid": f"u{i}"})
+        request_ids.enter_prompt({"index": i, "uid": f"u{i}"})
         await asyncio.sleep(0)
-        return capture.new_request_id()
+        return request_ids.new_request_id()
 
     async def main() -> list[str]:
         return list(await asyncio.gather(*(one(i) for i in range(n))))
@@ -96,9 +96,9 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_patch_marks_ids_where_verl_makes_them(root: Path) -> None:
     tree = ast.parse((root / "verl/experimental/agent_loop/agent_loop.py").read_text())
     (fn,) = [n for n in ast.walk(tree) if isinstance(n, ast.AsyncFunctionDef) and n.name == "_run_agent_loop"]
-    assert "capture.enter_prompt(kwargs)" in ast.unparse(fn.body[1])
+    assert "request_ids.enter_prompt(kwargs)" in ast.unparse(fn.body[1])
     server = (root / "verl/workers/rollout/llm_server.py").read_text()
-    assert "vllm_request_id = capture.new_request_id()" in server
+    assert "vllm_request_id = request_ids.new_request_id()" in server
     assert "request_id=vllm_request_id" in server
 
 

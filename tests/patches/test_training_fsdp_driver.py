@@ -153,15 +153,15 @@ def _stand_in_vllm_next_token(batch: Any, model_dir: Path) -> None:
 
 def _agent_loop_ids(indices: list[int]) -> list[str]:
     """The ids verl's patched agent loop would send to vLLM: one asyncio task per sample, each
-    calling ``capture.enter_prompt(kwargs)`` then ``capture.new_request_id()`` (patch 0006)."""
+    calling ``request_ids.enter_prompt(kwargs)`` then ``request_ids.new_request_id()`` (patch 0006)."""
     import asyncio
 
-    from verl_consistency.patches.contracts import capture
+    from verl_consistency.patches.hooks import request_ids
 
     async def one(index: int) -> str:
-        capture.enter_prompt({"index": index, "uid": "u"})
+        request_ids.enter_prompt({"index": index, "uid": "u"})
         await asyncio.sleep(0)  # interleave the samples, as verl's concurrent tasks do
-        return capture.new_request_id()
+        return request_ids.new_request_id()
 
     async def all_of() -> list[str]:
         return list(await asyncio.gather(*(one(i) for i in indices)))
