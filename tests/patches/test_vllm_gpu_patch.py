@@ -31,6 +31,7 @@ from tests.patches.test_vllm_patch import (
     _pristine_tree,
     check_step_paths,
     patched_tree,
+    start_site,
 )
 from verl_consistency.patches import apply, upstream
 
@@ -83,27 +84,12 @@ def check_gpu_runner(source: str) -> list[str]:
     for call in _calls(module, "debugger", "start"):
         problems.append(f"L{call.lineno}: self.debugger.start() called directly, not through the hook")
 
-    execute = _method(module, CLS, "execute_model")
-    sample = _method(module, CLS, "sample_tokens")
-    starts = _calls(execute, "_vc_dispatch", "start")
-    if len(starts) != 1 or _calls(module, "_vc_dispatch", "start") != starts:
-        problems.append(f"execute_model: expected one dispatch start site, found {len(starts)}")
+    execute, sample, start, found = start_site(
+        module, CLS, "None", lambda a: isinstance(a, ast.Constant) and a.value is None
+    )
+    problems += found
+    if start is None:
         return problems
-    start = starts[0]
-    args = start.args
-    if not (
-        len(args) == 5
-        and _is_self_attr(args[0], "debugger")
-        and _is_self_attr(args[1], "model")
-        and isinstance(args[2], ast.Name)
-        and args[2].id == "scheduler_output"
-        and isinstance(args[3], ast.Constant)
-        and args[3].value is None
-        and _is_self_attr(args[4], "input_batch", "req_ids")
-    ):
-        problems.append(
-            f"L{start.lineno}: hook args must be (debugger, model, scheduler_output, None, order)"
-        )
     for before in ("_prepare_inputs", "_preprocess"):
         calls = _calls(execute, before)
         if not calls or calls[0].lineno > start.lineno:

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -133,6 +133,40 @@ def _body_of(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> list[ast.stmt]:
     raise AssertionError(f"statement at line {getattr(node, 'lineno', '?')} is in no block")
 
 
+def start_site(
+    module: ast.Module, cls: str, attn_name: str, attn_ok: Callable[[ast.expr], bool]
+) -> tuple[ast.FunctionDef, ast.FunctionDef, ast.Call | None, list[str]]:
+    """execute_model, sample_tokens, the one dispatch start site in execute_model, and its problems.
+
+    The hook is called as ``start(debugger, model, scheduler_output, <attention state>, order)``;
+    only the fourth argument differs between runners (vllm-ascend's ``self.attn_state``, vLLM's
+    ``None``), so ``attn_ok`` judges it and ``attn_name`` names it in the message.
+    """
+    execute = _method(module, cls, "execute_model")
+    sample = _method(module, cls, "sample_tokens")
+    starts = _calls(execute, "_vc_dispatch", "start")
+    if len(starts) != 1 or _calls(module, "_vc_dispatch", "start") != starts:
+        return (
+            execute,
+            sample,
+            None,
+            [f"execute_model: expected one dispatch start site, found {len(starts)}"],
+        )
+    start, args = starts[0], starts[0].args
+    if (
+        len(args) == 5
+        and _is_self_attr(args[0], "debugger")
+        and _is_self_attr(args[1], "model")
+        and isinstance(args[2], ast.Name)
+        and args[2].id == "scheduler_output"
+        and attn_ok(args[3])
+        and _is_self_attr(args[4], "input_batch", "req_ids")
+    ):
+        return execute, sample, start, []
+    message = f"L{start.lineno}: hook args must be (debugger, model, scheduler_output, {attn_name}, order)"
+    return execute, sample, start, [message]
+
+
 def check_step_paths(execute: ast.FunctionDef, start: ast.Call, sample: ast.FunctionDef) -> list[str]:
     """Every path out of a started step ends in exactly one stop+step (vllm-ascend's and vLLM's runner).
 
@@ -230,26 +264,12 @@ def check_runner(source: str) -> list[str]:
             f"L{call.lineno}: self.debugger.start() called directly, not through the dispatch hook"
         )
 
-    execute = _method(module, "NPUModelRunner", "execute_model")
-    sample = _method(module, "NPUModelRunner", "sample_tokens")
-    starts = _calls(execute, "_vc_dispatch", "start")
-    if len(starts) != 1 or _calls(module, "_vc_dispatch", "start") != starts:
-        problems.append(f"execute_model: expected one dispatch start site, found {len(starts)}")
+    execute, sample, start, found = start_site(
+        module, "NPUModelRunner", "attn_state", lambda a: _is_self_attr(a, "attn_state")
+    )
+    problems += found
+    if start is None:
         return problems
-    start = starts[0]
-    args = start.args
-    if not (
-        len(args) == 5
-        and _is_self_attr(args[0], "debugger")
-        and _is_self_attr(args[1], "model")
-        and isinstance(args[2], ast.Name)
-        and args[2].id == "scheduler_output"
-        and _is_self_attr(args[3], "attn_state")
-        and _is_self_attr(args[4], "input_batch", "req_ids")
-    ):
-        problems.append(
-            f"L{start.lineno}: hook args must be (debugger, model, scheduler_output, attn_state, order)"
-        )
     prepare = _calls(execute, "_prepare_inputs")
     forward = _calls(execute, "_model_forward")
     if not prepare or prepare[0].lineno > start.lineno:
