@@ -8,14 +8,20 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 PYTHON ?= python3
-VENV ?= .venv
+# Pin set (patches/pins.toml [sets]): `make PINS=next <target>` runs any target on the next
+# upstream generation (verl 0.9.1, vllm-ascend 0.23.0). Exported, so that every tool below —
+# the tests, `verl-consistency`, the image build — follows the same set.
+PINS ?= current
+export VERL_CONSISTENCY_PIN_SET := $(PINS)
+# One venv per set: the sets pin different verl, numpy and transformers.
+VENV ?= $(if $(filter current,$(PINS)),.venv,.venv-$(PINS))
 PY := $(VENV)/bin/python
-# Downloaded upstream distributions (never committed).
+# Downloaded upstream distributions (never committed; shared by the sets, keyed by version).
 CACHE ?= .cache
 
 # pin KEY: one value from patches/pins.toml through its one reader, patches/pins.py (standard
 # library only, so the host's Python 3.11+ runs it before any venv exists).
-pin = $(shell $(PYTHON) patches/pins.py $(1))
+pin = $(shell $(PYTHON) patches/pins.py --set $(PINS) $(1))
 
 .PHONY: help
 help: ## Show this help.
@@ -23,8 +29,9 @@ help: ## Show this help.
 		$(MAKEFILE_LIST)
 
 .PHONY: pins
-pins: ## Print the pinned upstream versions (from patches/pins.toml).
-	@$(PYTHON) patches/pins.py --json
+pins: ## Print the pinned upstream versions of the set in force (PINS=current|next), and the sets.
+	@$(PYTHON) patches/pins.py --set $(PINS) --json
+	@$(PYTHON) patches/pins.py --set $(PINS) --sets
 
 .PHONY: sysdeps
 sysdeps: ## Install the Debian packages .ci/apt/*.txt lists (as root), or print the command to run.
@@ -46,12 +53,23 @@ $(CHECKOV):
 	$(CACHE)/checkov-venv/bin/pip install -q checkov
 
 .PHONY: venv
-venv: $(VENV)/.installed ## Create .venv: CPU torch, the pinned verl, mindstudio-probe and Ray, and this bundle.
+venv: $(VENV)/.installed ## Create the set's venv (.venv, or .venv-next with PINS=next): CPU torch, verl, mindstudio-probe, Ray, this bundle.
 
 .PHONY: test
-test: sysdeps venv $(CHECKOV) demo-venv ## Run the whole test suite (what CI runs), the real-engine demo included.
+test: test-current test-next ## Run the whole test suite (what CI runs): every test on the current set, the set-bound ones on next.
+
+.PHONY: test-current
+test-current: sysdeps $(CHECKOV) demo-venv ## The whole suite on the current pin set, the real-engine demo included.
+	$(MAKE) PINS=current venv
 	VERL_CONSISTENCY_CACHE=$(abspath $(CACHE)) VERL_CONSISTENCY_CHECKOV=$(abspath $(CHECKOV)) \
-		VERL_CONSISTENCY_DEMO_VENV=$(abspath $(DEMO_VENV)) $(PY) -m pytest $(PYTEST_ARGS)
+		VERL_CONSISTENCY_DEMO_VENV=$(abspath $(DEMO_VENV)) VERL_CONSISTENCY_PIN_SET=current \
+		.venv/bin/python -m pytest $(PYTEST_ARGS)
+
+.PHONY: test-next
+test-next: sysdeps ## The tests marked `pinset` (they depend on the upstream releases) on the next pin set, in .venv-next.
+	$(MAKE) PINS=next venv
+	VERL_CONSISTENCY_CACHE=$(abspath $(CACHE)) VERL_CONSISTENCY_PIN_SET=next \
+		.venv-next/bin/python -m pytest -m pinset $(PYTEST_ARGS)
 
 .PHONY: lint
 lint: venv ## ruff (style and lint) over the whole tree.

@@ -11,6 +11,10 @@ allowing only line offsets, or the run stops). We add what a collection run need
 
 The diffs use paths relative to the folder that holds the package (``verl/...``,
 ``vllm_ascend/...``), so one series applies both to site-packages and to a source checkout.
+
+Each pin set has its own series folder (``pins.toml``'s ``sets.<name>.series``): the current
+set's are ``patches/<component>/``, the next set's ``patches/next/<component>/``. Without an
+explicit folder, the set in force (``VERL_CONSISTENCY_PIN_SET``) picks it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+from verl_consistency.patches import pins
 
 PATCHES_DIR = Path(str(resources.files(__package__ or "verl_consistency.patches")))
 
@@ -63,10 +69,17 @@ class PatchFile:
         return [t for t in _TARGET.findall(self.text) if t != "/dev/null"]
 
 
-def read_series(component: str, patches_dir: Path | None = None) -> list[PatchFile]:
+def series_root(set_name: str | None = None) -> Path:
+    """The folder that holds a pin set's series folders (the set in force by default)."""
+    return (PATCHES_DIR / pins.get("set.series", set_name=set_name)).resolve()
+
+
+def read_series(
+    component: str, patches_dir: Path | None = None, set_name: str | None = None
+) -> list[PatchFile]:
     if component not in COMPONENTS:
         raise PatchError(f"unknown component {component!r}; expected one of {', '.join(COMPONENTS)}")
-    folder = (patches_dir or PATCHES_DIR) / component
+    folder = (patches_dir or series_root(set_name)) / component
     series = folder / "series"
     if not series.is_file():
         raise PatchError(f"{series} is missing: every component folder needs a series file")
@@ -154,7 +167,12 @@ def _explain(patch: PatchFile, root: Path, res: subprocess.CompletedProcess[str]
 
 
 def apply_series(
-    component: str, root: Path, *, dry_run: bool = False, patches_dir: Path | None = None
+    component: str,
+    root: Path,
+    *,
+    dry_run: bool = False,
+    patches_dir: Path | None = None,
+    set_name: str | None = None,
 ) -> list[tuple[PatchFile, str]]:
     """Apply a component's series to ``root``; return (patch, "applied"|"already applied").
 
@@ -164,7 +182,7 @@ def apply_series(
     package = COMPONENTS.get(component, "")
     if not (root / package).is_dir():
         raise PatchError(f"{root} does not hold the {package!r} package; --root must be the folder above it")
-    series = read_series(component, patches_dir)
+    series = read_series(component, patches_dir, set_name)
     done = applied(series, root)
     results: list[tuple[PatchFile, str]] = []
     with tempfile.TemporaryDirectory(prefix=f"vc-{component}-") as tmp:
@@ -191,9 +209,11 @@ def apply_series(
     return results
 
 
-def verify_series(component: str, root: Path, patches_dir: Path | None = None) -> list[PatchFile]:
+def verify_series(
+    component: str, root: Path, patches_dir: Path | None = None, set_name: str | None = None
+) -> list[PatchFile]:
     """Raise unless every patch of the series is applied to ``root``."""
-    series = read_series(component, patches_dir)
+    series = read_series(component, patches_dir, set_name)
     missing = [p.name for p, ok in zip(series, applied(series, Path(root)), strict=True) if not ok]
     if missing:
         raise PatchError(f"{root}: not applied ({component}): {', '.join(missing)}")

@@ -53,7 +53,16 @@ class KubeRay(_Frozen):
     rayjob_api: str
 
 
+class PinSet(_Frozen):
+    """Which set of ``[sets]`` this view is (``pins.py`` adds it; the file never spells it)."""
+
+    name: str
+    about: str
+    series: str
+
+
 class Pins(_Frozen):
+    set: PinSet
     upstream: Upstream
     image: Image
     install: Install

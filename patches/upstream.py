@@ -1,16 +1,27 @@
 """Fetch the pinned upstream releases from PyPI into a cache, and unpack fresh copies.
 
 ``make check-patches`` and the tests patch these copies, never an installed environment. The
-cache is keyed by the wheel's file name and filled atomically, so concurrent runs and
-interrupted downloads cannot leave a half-written wheel behind.
+cache is keyed by the distribution's file name and filled atomically, so concurrent runs and
+interrupted downloads cannot leave a half-written file behind.
+
+Most pins are wheels (``pip download --only-binary``). vllm-ascend 0.23.0.post1 is on PyPI as
+an sdist only, and ``pip download`` of it fails while preparing metadata (its build needs
+``triton-ascend``, which PyPI lacks, and ``npu-smi``). We need its source, not a build, so an
+sdist is fetched straight from the index's simple API (PEP 691 JSON), checked against the
+index's sha256 and unpacked with :mod:`tarfile`'s ``data`` filter.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -34,12 +45,52 @@ def cache_dir(override: str | os.PathLike[str] | None = None) -> Path:
     return path / "upstream"
 
 
-def fetch_wheel(component: str, cache: Path | None = None) -> Path:
+INDEX = "https://pypi.org/simple"
+
+
+def _index_url() -> str:
+    return (os.environ.get("PIP_INDEX_URL") or INDEX).rstrip("/")
+
+
+def fetch_sdist(project: str, version: str, folder: Path) -> Path:
+    """The sdist of ``project==version`` from the index's JSON simple API, sha256-checked."""
+    norm = project.replace("-", "_")
+    name = f"{norm}-{version}.tar.gz"
+    if (folder / name).is_file():
+        return folder / name
+    url = f"{_index_url()}/{project}/"
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            files = json.load(resp)["files"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise RuntimeError(f"could not list {url} ({exc}); check PIP_INDEX_URL / network access") from None
+    entry = next((f for f in files if f["filename"] == name), None)
+    if entry is None:
+        raise RuntimeError(f"{url} has no {name}: neither a wheel nor an sdist of {project}=={version}")
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".download-", delete=False) as tmp:
+        try:
+            with urllib.request.urlopen(entry["url"], timeout=300) as resp:
+                shutil.copyfileobj(resp, tmp)
+            tmp.close()
+            digest = hashlib.sha256(Path(tmp.name).read_bytes()).hexdigest()
+            want = entry.get("hashes", {}).get("sha256")
+            if want and digest != want:
+                raise RuntimeError(f"{name}: sha256 {digest} is not the index's {want}")
+            os.replace(tmp.name, folder / name)
+        finally:
+            Path(tmp.name).unlink(missing_ok=True)
+    return folder / name
+
+
+def fetch_wheel(component: str, cache: Path | None = None, set_name: str | None = None) -> Path:
+    """The pinned distribution of ``component`` in the cache: its wheel, else its sdist."""
     project, key = DISTRIBUTIONS[component]
-    version = pins.get(key)
+    version = pins.get(key, set_name=set_name)
     folder = (cache or cache_dir()) / f"{project}-{version}"
     norm = project.replace("-", "_")
-    found = sorted(folder.glob(f"{norm}-{version}-*.whl"))
+    found = sorted(folder.glob(f"{norm}-{version}-*.whl")) or sorted(folder.glob(f"{norm}-{version}.tar.gz"))
     if found:
         return found[0]
     folder.mkdir(parents=True, exist_ok=True)
@@ -62,6 +113,8 @@ def fetch_wheel(component: str, cache: Path | None = None) -> Path:
             check=False,
         )
         wheels = sorted(Path(tmp).glob("*.whl"))
+        if res.returncode != 0 and "No matching distribution" in res.stderr:
+            return fetch_sdist(project, version, folder)
         if res.returncode != 0 or not wheels:
             raise RuntimeError(
                 f"could not download {project}=={version} from the package index: "
@@ -73,8 +126,23 @@ def fetch_wheel(component: str, cache: Path | None = None) -> Path:
 
 
 def unpack(wheel: Path, dest: Path) -> Path:
-    """Unpack a wheel into ``dest`` (a site-packages-like folder) and return ``dest``."""
+    """Unpack a wheel into ``dest`` (a site-packages-like folder) and return ``dest``.
+
+    An sdist's top folder (``name-version/``) is stripped, so that ``dest`` holds the package
+    folder either way, as the patches expect.
+    """
     dest.mkdir(parents=True, exist_ok=True)
+    if wheel.name.endswith(".tar.gz"):
+        top = wheel.name.removesuffix(".tar.gz") + "/"
+        with tarfile.open(wheel) as tf:
+            members = []
+            for m in tf.getmembers():
+                if m.name.startswith(top):
+                    m.name = m.name[len(top) :]
+                    if m.name:
+                        members.append(m)
+            tf.extractall(dest, members=members, filter="data")
+        return dest
     with zipfile.ZipFile(wheel) as zf:
         for member in zf.namelist():
             target = (dest / member).resolve()

@@ -88,3 +88,49 @@ def test_pins_script_runs_without_the_package(tmp_path, repo):
     )
     assert res.returncode == 0, res.stderr
     assert "pyarrow<=24" in res.stdout.splitlines()
+
+
+def test_next_set_overlays_only_what_it_changes():
+    cur, nxt = pins.load(set_name="current"), pins.load(set_name="next")
+    assert (cur.set.name, cur.set.series) == ("current", ".")
+    assert (nxt.set.name, nxt.set.series) == ("next", "next")
+    assert nxt.upstream.verl == "0.9.1"
+    assert nxt.upstream.vllm_ascend.startswith(nxt.upstream.vllm)
+    assert nxt.image.base.a2 == f"quay.io/ascend/vllm-ascend:v{nxt.upstream.vllm}"
+    assert nxt.image.base.a3 == nxt.image.base.a2 + "-a3"
+    # not overridden by next: inherited from the current tables
+    assert nxt.kuberay == cur.kuberay
+    assert nxt.install.megatron_core == cur.install.megatron_core
+    assert nxt.image.vllm_ascend_src == cur.image.vllm_ascend_src
+
+
+def test_the_environment_picks_the_set_and_the_default_is_current(monkeypatch):
+    from verl_consistency.patches.contracts.env import PIN_SET
+
+    assert pins.env_name() == PIN_SET
+    monkeypatch.delenv(PIN_SET, raising=False)
+    assert pins.selected() == "current"
+    monkeypatch.setenv(PIN_SET, "next")
+    assert pins.get("upstream.verl") == "0.9.1"
+    monkeypatch.setenv(PIN_SET, "nope")
+    with pytest.raises(KeyError, match=r"pin set 'nope'.*current, next"):
+        pins.get("upstream.verl")
+
+
+def test_pins_cli_takes_a_set_and_lists_the_sets():
+    run = [sys.executable, "-m", "verl_consistency.patches.pins"]
+    out = subprocess.run([*run, "--set", "next", "upstream.verl"], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "0.9.1"
+    listed = subprocess.run([*run, "--set", "next", "--sets"], check=True, capture_output=True, text=True)
+    assert [line.split(":")[0] for line in listed.stdout.splitlines()] == ["  current", "* next"]
+    bad = subprocess.run([*run, "--set", "later", "upstream.verl"], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "pin set 'later'" in bad.stderr
+
+
+def test_makefile_pins_follow_PINS(repo):
+    out = subprocess.run(
+        ["make", "-s", "pins", "PINS=next"], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout
+    assert '"verl": "0.9.1"' in out
+    assert "* next" in out

@@ -48,6 +48,13 @@ POOL_RESOURCES = "VERL_CONSISTENCY_POOL_RESOURCES"
 """``pool_prefix=resource`` pairs for the Ray placement hook (``patches.hooks.placement``)."""
 
 # Tooling: read by `make`, the tests and the image build, never by a run.
+PIN_SET = "VERL_CONSISTENCY_PIN_SET"
+"""Which pin set of ``patches/pins.toml`` is in force: ``current`` (default) or ``next``.
+
+The one switch between upstream generations: ``make PINS=next …`` exports it, and every reader
+of a pin (``patches/pins.py``), every patch series and every image build follows it. Read by
+``pins.py`` through this file, so that the name is spelled once."""
+
 CACHE = "VERL_CONSISTENCY_CACHE"
 """Where downloaded upstream distributions are cached (default ``./.cache``)."""
 
