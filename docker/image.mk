@@ -7,6 +7,7 @@
 #   make image-cuda                 NVIDIA flavour on vLLM's official image (pins image.base.cuda)
 #   make image-standin              the STAND-IN base for machines that cannot pull the real one
 #   make image-standin-cuda         the same for the NVIDIA base
+#   make image PINS=next            any of the above on the next pin set (its base, versions, patches)
 
 IMAGE_NAME ?= verl-consistency
 BUNDLE_VERSION = $(shell $(PYTHON) -c 'import tomllib;print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')
@@ -24,7 +25,9 @@ BUILDER ?= $(shell if docker info >/dev/null 2>&1; then echo docker; \
 	elif command -v buildah >/dev/null 2>&1; then echo buildah; else echo docker; fi)
 
 VCS_REF = $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
-IMAGE_BUILD_ARGS = --build-arg VCS_REF=$(VCS_REF) --build-arg BUNDLE_VERSION=$(BUNDLE_VERSION)
+# The pin set's build args (PIN_SET, BASE_IMAGE and the label versions), from its pins.
+SET_BUILD_ARGS = $(shell VERL_CONSISTENCY_PIN_SET=$(PINS) $(PYTHON) docker/helpers/image_build.py build-args)
+IMAGE_BUILD_ARGS = --build-arg VCS_REF=$(VCS_REF) --build-arg BUNDLE_VERSION=$(BUNDLE_VERSION) $(SET_BUILD_ARGS)
 
 ifeq ($(BUILDER),buildah)
 # chroot isolation and the host network: what works in an unprivileged CI container. The

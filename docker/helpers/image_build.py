@@ -11,8 +11,14 @@ both beside this file, and runs ``pins.py KEY`` itself where it needs a value).
     file, so that no later ``pip install`` can replace what the base image ships (torch,
     torch_npu, vllm, vllm-ascend, transformers, ...): pip fails instead, naming the conflict.
 ``check-args``
-    fail unless the label build args (``VERL_VERSION``...) equal the pins, so that a label can
-    never claim a version the image does not hold.
+    fail unless the label build args (``VERL_VERSION``...) equal the pins of the build's pin set
+    (``PIN_SET``), so that a label can never claim a version the image does not hold, and unless
+    ``BASE_IMAGE`` is not another set's base.
+``build-args``
+    print the ``--build-arg`` flags that build the set in force (``PIN_SET``, ``BASE_IMAGE`` and
+    every label arg from its pins): ``make image PINS=next`` passes them, so the Dockerfile's
+    literal defaults only ever describe the default set. Nothing for the default set: its build
+    runs on the Dockerfile's defaults, which is what a plain ``docker build`` does.
 ``check-installed``
     fail unless the installed distributions carry the pinned versions (``FLAVOUR`` picks
     vllm-ascend or vllm).
@@ -49,6 +55,9 @@ def _load_pins() -> ModuleType:
 
 
 pins = _load_pins()
+
+SET_ARG = "PIN_SET"
+"""Build arg naming the pin set; the Dockerfile turns it into ``$VERL_CONSISTENCY_PIN_SET``."""
 
 LABEL_ARGS: dict[str, str] = {
     # build arg (used in a LABEL) → pins.toml key
@@ -89,8 +98,39 @@ def freeze() -> list[str]:
     return [f"{n}=={v}" for n, v in sorted(seen.items())]
 
 
+def build_args(set_name: str | None = None) -> dict[str, str]:
+    """The build args a pin set needs beyond the Dockerfile's defaults (none for the default set)."""
+    name = pins.selected() if set_name is None else set_name
+    if name == pins.raw()["sets"]["default"]:
+        return {}
+    args = {SET_ARG: name, "BASE_IMAGE": str(pins.get("image.base.a2", set_name=name))}
+    args.update({arg: str(pins.get(key, set_name=name)) for arg, key in LABEL_ARGS.items()})
+    return args
+
+
+def _other_sets_bases(name: str) -> dict[str, str]:
+    return {
+        str(pins.get(f"image.base.{gen}", set_name=other)): other
+        for other in pins.set_names()
+        if other != name
+        for gen in ("a2", "a3", "cuda")
+        if pins.get(f"image.base.{gen}", set_name=other) != pins.get(f"image.base.{gen}", set_name=name)
+    }
+
+
 def check_args(environ: dict[str, str]) -> list[str]:
     errors = []
+    try:
+        name = pins.selected(environ={pins.env_name(): environ.get(SET_ARG, "")})
+    except KeyError as exc:
+        return [f"build arg {SET_ARG}: {exc.args[0]}"]
+    base = environ.get("BASE_IMAGE", "")
+    if base in _other_sets_bases(name):
+        errors.append(
+            f"build arg BASE_IMAGE={base!r} is the base of pin set {_other_sets_bases(name)[base]!r}, "
+            f"but {SET_ARG}={name!r}: build with `make image PINS={name}`, which passes the set's "
+            f"base and versions (`python3 docker/helpers/image_build.py build-args` prints them)"
+        )
     flavour = environ.get("FLAVOUR", "ascend")
     if flavour not in FLAVOURS:
         errors.append(f"build arg FLAVOUR={flavour!r}: expected one of {', '.join(FLAVOURS)}")
@@ -100,14 +140,28 @@ def check_args(environ: dict[str, str]) -> list[str]:
             "--build-arg WITH_MINDSPEED=0 (make image-cuda does)"
         )
     for arg, key in LABEL_ARGS.items():
-        given, pinned = environ.get(arg, ""), str(pins.get(key))
+        given, pinned = environ.get(arg, ""), str(pins.get(key, set_name=name))
         if given and given != pinned:
             errors.append(
-                f"build arg {arg}={given!r} but patches/pins.toml {key} = {pinned!r}: the "
-                f"label would lie. Drop --build-arg {arg} or change the pin (and the "
-                f"Dockerfile default) instead."
+                f"build arg {arg}={given!r} but patches/pins.toml {key} = {pinned!r} in pin set "
+                f"{name!r}: the label would lie. Drop --build-arg {arg}, build with `make image "
+                f"PINS={name}`, or change the pin (and the Dockerfile default) instead."
             )
     return errors
+
+
+def same_release(have: str, want: str) -> bool:
+    """Equal versions, a local label (``+cpu``) and a post-release (``.post1``) aside.
+
+    vllm-ascend publishes a post-release sdist on PyPI (0.23.0.post1) while its image is built
+    from the release tag (v0.23.0); a post-release only repackages. The patches are the real
+    guard: they apply with no fuzz, or the build stops.
+    """
+
+    def release(v: str) -> str:
+        return re.sub(r"\.post\d+$", "", v.split("+", 1)[0])
+
+    return release(have) == release(want)
 
 
 def check_installed(with_mindspeed: bool, flavour: str = "ascend") -> list[str]:
@@ -119,7 +173,7 @@ def check_installed(with_mindspeed: bool, flavour: str = "ascend") -> list[str]:
         except md.PackageNotFoundError:
             errors.append(f"{dist} is not installed (pins.toml {key} = {want})")
             continue
-        if have.split("+", 1)[0] != want:
+        if not same_release(have, want):
             errors.append(f"{dist} {have} is installed, but pins.toml {key} = {want}")
     if with_mindspeed:
         try:
@@ -174,6 +228,9 @@ def main(argv: list[str]) -> int:
         tmp = out.with_name(f".{out.name}.tmp")
         tmp.write_text("\n".join(freeze()) + "\n", encoding="utf-8")
         tmp.replace(out)
+        return 0
+    if cmd == "build-args":
+        print(" ".join(f"--build-arg {k}={v}" for k, v in build_args().items()))
         return 0
     if cmd == "check-args":
         errors = check_args(dict(os.environ))

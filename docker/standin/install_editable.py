@@ -14,6 +14,7 @@ import hashlib
 import json
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -23,9 +24,33 @@ def _record_line(path: Path, site: Path) -> str:
     return f"{path.relative_to(site).as_posix()},sha256={digest},{path.stat().st_size}"
 
 
+def unpack_sdist(sdist: Path, checkout: Path, site: Path) -> str:
+    """The sdist's tree becomes the checkout (as a git checkout would); returns the dist-info name.
+
+    vllm-ascend 0.23.0.post1 is an sdist only on PyPI. Its ``PKG-INFO`` is the metadata that
+    ``pip install -e`` would record, so it becomes the dist-info's ``METADATA``.
+    """
+    top = sdist.name.removesuffix(".tar.gz")
+    with tarfile.open(sdist) as tf:
+        members = []
+        for m in tf.getmembers():
+            if m.name.startswith(top + "/"):
+                m.name = m.name[len(top) + 1 :]
+                members.append(m)
+        tf.extractall(checkout, members=members, filter="data")
+    name, version = top.rsplit("-", 1)
+    dist_info = f"{name}-{version}.dist-info"
+    (site / dist_info).mkdir(parents=True, exist_ok=True)
+    (site / dist_info / "METADATA").write_bytes((checkout / "PKG-INFO").read_bytes())
+    return dist_info
+
+
 def install(wheel: Path, checkout: Path) -> None:
     site = Path(sysconfig.get_paths()["purelib"])
     checkout.mkdir(parents=True, exist_ok=True)
+    if wheel.name.endswith(".tar.gz"):
+        _finish(unpack_sdist(wheel, checkout, site), checkout, site)
+        return
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         dist_info = next(n.split("/", 1)[0] for n in names if n.split("/", 1)[0].endswith(".dist-info"))
@@ -36,6 +61,11 @@ def install(wheel: Path, checkout: Path) -> None:
             if not target.is_relative_to(dest_root.resolve()):
                 raise SystemExit(f"{wheel}: member {name!r} would unpack outside {dest_root}")
             zf.extract(name, dest_root)
+    _finish(dist_info, checkout, site)
+
+
+def _finish(dist_info: str, checkout: Path, site: Path) -> None:
+    """The ``.pth``, ``direct_url.json`` (editable) and ``RECORD`` that ``pip install -e`` writes."""
     meta = site / dist_info
     project = dist_info.removesuffix(".dist-info").rsplit("-", 1)[0]
     pth = site / f"__editable__.{project}.pth"
@@ -54,5 +84,11 @@ def install(wheel: Path, checkout: Path) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        raise SystemExit("usage: install_editable.py WHEEL CHECKOUT_DIR")
-    install(Path(sys.argv[1]), Path(sys.argv[2]))
+        raise SystemExit("usage: install_editable.py WHEEL|SDIST|FOLDER CHECKOUT_DIR")
+    given = Path(sys.argv[1])
+    if given.is_dir():  # the folder the stand-in build copied the one distribution into
+        found = sorted([*given.glob("*.whl"), *given.glob("*.tar.gz")])
+        if len(found) != 1:
+            raise SystemExit(f"{given}: expected one wheel or sdist, found {[p.name for p in found]}")
+        given = found[0]
+    install(given, Path(sys.argv[2]))

@@ -24,9 +24,12 @@ from verl_consistency.patches.contracts import env
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "docker/standin"))
+sys.path.insert(0, str(REPO / "docker/helpers"))
 import build_standin  # noqa: E402  (a script folder, not a package)
+import image_build  # noqa: E402  (a script folder, not a package)
 
-IMAGE = "localhost/verl-consistency:pytest"
+# One image per pin set: `make test-next` builds the next set's beside the current one.
+IMAGE = f"localhost/verl-consistency:pytest-{pins.selected()}"
 RUN_FLAGS = [
     "--runtime",
     "runc",
@@ -53,7 +56,10 @@ def buildah_bud(context: Path, tag: str, *extra: str) -> subprocess.CompletedPro
     cmd = build_standin.buildah_bud(
         *("--ignorefile", str(context / "docker/Dockerfile.dockerignore")),
         # The git host of MindSpeed cannot be reached from CI; the pip step for it is skipped.
-        *("--build-arg", "WITH_MINDSPEED=0", *extra),
+        *("--build-arg", "WITH_MINDSPEED=0"),
+        # what `make image PINS=<set>` passes: the set in force's name, base and versions
+        *(a for k, v in image_build.build_args().items() for a in ("--build-arg", f"{k}={v}")),
+        *extra,
     )
     cmd += ["-f", str(context / "docker/Dockerfile"), "-t", tag, str(context)]
     return subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -195,3 +195,47 @@ def test_patch_step_follows_the_flavour(monkeypatch):
     monkeypatch.setattr(image_build, "_bundle_components", lambda: ("verl", "vllm-ascend", "vllm"))
     lines, _ = image_build.patch_components("cuda")
     assert lines == ["verl /site/verl VERL_ROOT", "vllm /site/vllm VLLM_ROOT"]
+
+
+def test_next_set_build_args_come_from_its_pins_and_the_default_set_needs_none():
+    assert image_build.build_args("current") == {}
+    nxt = pins.load(set_name="next")
+    args = image_build.build_args("next")
+    assert args["PIN_SET"] == "next"
+    assert args["BASE_IMAGE"] == nxt.image.base.a2 == "quay.io/ascend/vllm-ascend:v0.23.0"
+    assert args["VERL_VERSION"] == nxt.upstream.verl
+    assert args["VLLM_ASCEND_VERSION"] == nxt.upstream.vllm_ascend
+    # every label arg has a value, and together they pass the build's own check
+    assert set(image_build.LABEL_ARGS) <= set(args)
+    assert image_build.check_args(args) == []
+
+
+def test_make_image_with_PINS_next_passes_the_next_base_and_tag():
+    nxt = pins.load(set_name="next")
+    out = _make_n("image", "BUILDER=docker", "PINS=next")
+    assert "--build-arg PIN_SET=next" in out
+    assert f"--build-arg BASE_IMAGE={nxt.image.base.a2}" in out
+    assert f"verl{nxt.upstream.verl}-vllm-ascend{nxt.upstream.vllm_ascend}" in out
+    a3 = _make_n("image-a3", "BUILDER=docker", "PINS=next")
+    # the A3 base comes last, so it wins over the set's A2 default
+    assert a3.rindex(f"--build-arg BASE_IMAGE={nxt.image.base.a3}") > a3.index("--build-arg BASE_IMAGE=")
+
+
+def test_check_args_refuses_another_sets_base_or_versions():
+    cur = pins.load(set_name="current")
+    errors = image_build.check_args({"PIN_SET": "next", "BASE_IMAGE": cur.image.base.a2})
+    assert len(errors) == 1
+    assert "pin set 'current'" in errors[0]
+    assert "make image PINS=next" in errors[0]
+    errors = image_build.check_args({"PIN_SET": "next", "VERL_VERSION": cur.upstream.verl})
+    assert any("VERL_VERSION='0.8.0'" in e and "'next'" in e for e in errors)
+    assert image_build.check_args({"PIN_SET": "later"})[0].startswith("build arg PIN_SET: pin set 'later'")
+
+
+@pytest.mark.parametrize(
+    ("have", "want", "same"),
+    [("0.23.0", "0.23.0.post1", True), ("0.23.0.post1", "0.23.0.post1", True), ("0.23.1", "0.23.0.post1", False)],
+)
+def test_check_installed_accepts_the_release_of_a_post_release_pin(have, want, same):
+    """vllm-ascend's image is built from tag v0.23.0, PyPI's sdist is 0.23.0.post1."""
+    assert image_build.same_release(have, want) is same

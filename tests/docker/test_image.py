@@ -16,7 +16,8 @@ from verl_consistency.patches import apply, pins
 
 from .conftest import REPO, labels, podman_run
 
-pytestmark = pytest.mark.image
+# pinset: `make test-next` builds and checks the next set's image too (PIN_SET=next).
+pytestmark = [pytest.mark.image, pytest.mark.pinset]
 
 
 ASCEND_COMPONENTS = ("verl", "vllm-ascend")
@@ -125,7 +126,11 @@ def test_fully_async_dry_run(built_image):
     assert res.returncode == 0, res.stdout + res.stderr
     plan = json.loads(res.stdout)
     argv = plan["argv"]
-    assert argv[1:3] == ["-m", "verl.experimental.fully_async_policy.fully_async_main"]
+    if pins.load().set.name == "current":
+        assert argv[1:3] == ["-m", "verl.experimental.fully_async_policy.fully_async_main"]
+    else:  # verl 0.9's V1 trainer: fully async is main_ppo's separate_async mode
+        assert argv[1:3] == ["-m", "verl.trainer.main_ppo"]
+        assert "trainer.v1.trainer_mode=separate_async" in argv
     # The plan's python is the image's python, and the run folder is under the image's dump root.
     exists = sh(built_image.ref, f'test -x "{argv[0]}" && echo yes')
     assert exists.stdout.strip() == "yes", f"{argv[0]} is not an executable in the image"
@@ -166,6 +171,7 @@ def test_default_msprobe_configs_are_baked_in(built_image):
 def test_labels_carry_pins_and_revision(built_image):
     got = labels(built_image.ref)
     p = pins.load()
+    assert got["io.github.verl-consistency.pins.set"] == p.set.name
     assert got["io.github.verl-consistency.pins.verl"] == p.upstream.verl
     assert got["io.github.verl-consistency.pins.vllm-ascend"] == p.upstream.vllm_ascend
     assert got["io.github.verl-consistency.pins.mindstudio-probe"] == p.upstream.mindstudio_probe
@@ -173,6 +179,9 @@ def test_labels_carry_pins_and_revision(built_image):
     assert got["org.opencontainers.image.base.name"] == p.image.base.a2
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     assert got["org.opencontainers.image.revision"] == head.strip()
+    # The bundle inside follows the image's set at run time.
+    res = sh(built_image.ref, 'echo "$VERL_CONSISTENCY_PIN_SET"; verl-consistency version')
+    assert res.stdout.splitlines()[0] == p.set.name, res.stdout + res.stderr
     # Built on the stand-in: the label says so, so such an image is never mistaken for a real one.
     assert got.get("io.github.verl-consistency.standin") == "base"
 
