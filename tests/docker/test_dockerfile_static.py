@@ -234,7 +234,11 @@ def test_check_args_refuses_another_sets_base_or_versions():
 
 @pytest.mark.parametrize(
     ("have", "want", "same"),
-    [("0.23.0", "0.23.0.post1", True), ("0.23.0.post1", "0.23.0.post1", True), ("0.23.1", "0.23.0.post1", False)],
+    [
+        ("0.23.0", "0.23.0.post1", True),
+        ("0.23.0.post1", "0.23.0.post1", True),
+        ("0.23.1", "0.23.0.post1", False),
+    ],
 )
 def test_check_installed_accepts_the_release_of_a_post_release_pin(have, want, same):
     """vllm-ascend's image is built from tag v0.23.0, PyPI's sdist is 0.23.0.post1."""
