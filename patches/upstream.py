@@ -125,6 +125,23 @@ def fetch_wheel(component: str, cache: Path | None = None, set_name: str | None 
     return target
 
 
+def sdist_members(tf: tarfile.TarFile, top: str, dest: Path) -> list[tarfile.TarInfo]:
+    """The regular files and folders under ``top/``, renamed relative to it, each checked to land
+    inside ``dest``; links and special files are left out. (Not ``extractall(filter="data")``:
+    Debian's Python 3.11.2 predates that argument.)"""
+    out = []
+    for m in tf.getmembers():
+        if not (m.isfile() or m.isdir()) or not m.name.startswith(top + "/"):
+            continue
+        m.name = m.name[len(top) + 1 :]
+        if not m.name:
+            continue
+        if not (dest / m.name).resolve().is_relative_to(dest.resolve()):
+            raise RuntimeError(f"{top}.tar.gz: member {m.name!r} would unpack outside {dest}")
+        out.append(m)
+    return out
+
+
 def unpack(wheel: Path, dest: Path) -> Path:
     """Unpack a wheel into ``dest`` (a site-packages-like folder) and return ``dest``.
 
@@ -133,15 +150,8 @@ def unpack(wheel: Path, dest: Path) -> Path:
     """
     dest.mkdir(parents=True, exist_ok=True)
     if wheel.name.endswith(".tar.gz"):
-        top = wheel.name.removesuffix(".tar.gz") + "/"
         with tarfile.open(wheel) as tf:
-            members = []
-            for m in tf.getmembers():
-                if m.name.startswith(top):
-                    m.name = m.name[len(top) :]
-                    if m.name:
-                        members.append(m)
-            tf.extractall(dest, members=members, filter="data")
+            tf.extractall(dest, members=sdist_members(tf, wheel.name.removesuffix(".tar.gz"), dest))
         return dest
     with zipfile.ZipFile(wheel) as zf:
         for member in zf.namelist():

@@ -32,12 +32,15 @@ def unpack_sdist(sdist: Path, checkout: Path, site: Path) -> str:
     """
     top = sdist.name.removesuffix(".tar.gz")
     with tarfile.open(sdist) as tf:
+        # regular files and folders only, each inside the checkout (no `filter=` on Python 3.11.2)
         members = []
         for m in tf.getmembers():
-            if m.name.startswith(top + "/"):
+            if (m.isfile() or m.isdir()) and m.name.startswith(top + "/") and m.name != top + "/":
                 m.name = m.name[len(top) + 1 :]
+                if not (checkout / m.name).resolve().is_relative_to(checkout.resolve()):
+                    raise SystemExit(f"{sdist}: member {m.name!r} would unpack outside {checkout}")
                 members.append(m)
-        tf.extractall(checkout, members=members, filter="data")
+        tf.extractall(checkout, members=members)
     name, version = top.rsplit("-", 1)
     dist_info = f"{name}-{version}.dist-info"
     (site / dist_info).mkdir(parents=True, exist_ok=True)

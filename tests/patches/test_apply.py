@@ -117,9 +117,10 @@ def test_series_errors_are_specific(layout, tmp_path):
         apply.apply_series("verl", tmp_path / "nowhere", patches_dir=patches)
 
 
-def test_shipped_series_files_parse():
+@pytest.mark.parametrize("set_name", ["current", "next"])
+def test_shipped_series_files_parse(set_name):
     for component in apply.COMPONENTS:
-        for patch in apply.read_series(component):
+        for patch in apply.read_series(component, set_name=set_name):
             assert patch.summary, f"{patch.name} needs a one-line summary header"
             assert patch.targets, f"{patch.name} patches no file"
 
