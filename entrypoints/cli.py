@@ -34,9 +34,10 @@ def _root() -> None:
 
 @app.command("version")
 def version_cmd() -> None:
-    """Print the bundle version and the pinned upstream versions."""
+    """Print the bundle version, the pin set in force and its upstream versions."""
     p = pins.load()
     typer.echo(f"verl-consistency {__version__}")
+    typer.echo(f"  pin set {p.set.name} ({p.set.about})")
     for name, value in p.upstream.model_dump().items():
         typer.echo(f"  {name} {value}")
 

@@ -182,6 +182,7 @@ def test_labels_carry_pins_and_revision(built_image):
     # The bundle inside follows the image's set at run time.
     res = sh(built_image.ref, 'echo "$VERL_CONSISTENCY_PIN_SET"; verl-consistency version')
     assert res.stdout.splitlines()[0] == p.set.name, res.stdout + res.stderr
+    assert f"pin set {p.set.name} (" in res.stdout
     # Built on the stand-in: the label says so, so such an image is never mistaken for a real one.
     assert got.get("io.github.verl-consistency.standin") == "base"
 
