@@ -20,9 +20,9 @@ Two upstream shapes, told apart by what the file holds, not by line numbers:
 from __future__ import annotations
 
 import ast
+import io
 import os
 import shutil
-import io
 import subprocess
 import sys
 import tarfile
@@ -346,7 +346,7 @@ def _check_init(init: ast.FunctionDef, helpers: bool) -> list[str]:
 
 
 def _check_inline_stops(module: ast.Module, execute: ast.FunctionDef, sample: ast.FunctionDef) -> list[str]:
-    """0.18.0: every ``debugger.stop()`` is a finish()-guarded stop+step; 2 in execute_model, 1 in sample_tokens."""
+    """0.18.0: no direct start; each stop is finish()-guarded; 2 in execute_model, 1 in sample_tokens."""
     problems: list[str] = []
     for call in _calls(module, "debugger", "start"):
         problems.append(
