@@ -397,9 +397,18 @@ def _check_helper_stops(
 ) -> list[str]:
     """0.23: the hook's answer is ``_debugger_started``, which ``_finalize_dump_data`` obeys and clears."""
     problems: list[str] = []
-    stmt = _parents(execute)[start]
+    parents = _parents(execute)
+    stmt = parents[start]
     if not (isinstance(stmt, ast.Assign) and _is_self_attr(stmt.targets[0], "_debugger_started")):
         problems.append(f"L{start.lineno}: the hook's answer must become self._debugger_started")
+    guard = parents[stmt]
+    if not (
+        isinstance(guard, ast.If)
+        and isinstance(guard.test, ast.Compare)
+        and _is_self_attr(guard.test.left, "_vc_dispatch")
+        and parents[guard] is execute
+    ):
+        problems.append(f"L{start.lineno}: the start site is conditional on more than the dispatch hook")
     final = _method(module, "NPUModelRunner", "_finalize_dump_data")
     first = final.body[0]
     if not (
