@@ -18,6 +18,14 @@ the same two places (``patches/vllm/``), plus :func:`setup_rollout_debugger` in 
 because vLLM has no debugger of its own, and passes ``attn_state=None`` because it has no
 attention state: :func:`derived_attn_state` gives vllm-ascend's name from the scheduler output.
 
+The next pin set (``patches/next/``) calls the same hook. vLLM 0.23.0's runner kept the 0.18.0
+shape. vllm-ascend 0.23.0.post1 has its own ``_start_dump_data``/``_finalize_dump_data`` guarded
+by ``self._debugger_started``, so its patch stores :meth:`DispatchLogger.start`'s answer in that
+flag and lets upstream's ``_finalize_dump_data`` be the stop site (``finish()`` is not called
+there; it would answer the same). The scheduler-output fields read here are the same in vLLM
+0.18.0 and 0.23.0 (0.23.0 only adds ``NewRequestData.prompt_is_token_ids``;
+``tests/patches/test_dispatch_vllm.py`` checks them against the set's wheel).
+
 The recipe's own logger counts steps itself and writes before ``stop`` in ``execute_model``; on
 the main path ``execute_model`` returns before that point, so its log missed most steps.
 
@@ -244,7 +252,9 @@ class DispatchLogger:
 
     Use (the patched runner): ``start(...)`` at upstream's start site; at every stop site,
     ``if logger.finish(): debugger.stop(); debugger.step()``. ``finish()`` answers True once per
-    started step, so a start is paired with exactly one stop+step whichever path returns.
+    started step, so a start is paired with exactly one stop+step whichever path returns. A runner
+    with its own started flag (vllm-ascend 0.23's ``_debugger_started``, cleared by its
+    ``_finalize_dump_data``) may store ``start()``'s answer there instead of calling ``finish()``.
     """
 
     def __init__(

@@ -12,6 +12,10 @@ from verl_consistency.patches.contracts import records
 from verl_consistency.patches.contracts.env import RUN_DIR
 from verl_consistency.patches.hooks import dispatch
 
+# pure hook logic, no upstream source; in the pinset run so that the next set's venv (numpy 2,
+# transformers 5, its torch) is shown to import and run the hook the same way
+pytestmark = pytest.mark.pinset
+
 
 def test_import_pulls_no_heavy_upstream():
     # torch_npu needs CANN; the hook module is imported inside the vLLM worker and in tests

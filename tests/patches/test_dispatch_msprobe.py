@@ -1,8 +1,9 @@
 """The dispatch hook, driven the way the patched vllm-ascend runner drives it, with real parts.
 
-Real: vLLM 0.18.0's ``SchedulerOutput`` / ``NewRequestData`` / ``CachedRequestData`` (the pinned
-wheel's own source, imported on CPU), the ``AscendAttentionState`` member names (read from the
-pinned vllm-ascend wheel: importing it needs torch_npu), and mindstudio-probe 26.2.0's
+Real: vLLM's ``SchedulerOutput`` / ``NewRequestData`` / ``CachedRequestData`` of the pin set in
+force (0.18.0 or 0.23.0; the wheel's own source, imported on CPU; fixtures in ``conftest.py``),
+the ``AscendAttentionState`` member names (read from the set's vllm-ascend source: importing it
+needs torch_npu), and mindstudio-probe 26.2.0's
 ``PrecisionDebugger`` dumping a small torch module on CPU. Not real: the model (a two-layer MLP
 over packed token rows, which is how vLLM lays a step's tokens out) and the scheduler (the test
 writes the schedule; the objects carrying it are vLLM's).
@@ -13,13 +14,10 @@ msprobe's debugger is a per-process singleton, so every scenario runs in its own
 
 from __future__ import annotations
 
-import ast
-import contextlib
 import json
 import os
 import sys
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +25,11 @@ import orjson
 import pytest
 
 from tests.fixtures.subprocess_run import run_module_json
-from verl_consistency.patches import upstream
 from verl_consistency.patches.contracts import capture
 from verl_consistency.patches.contracts.env import CAPTURE, RUN_DIR
 from verl_consistency.patches.contracts.records import DISPATCH_LOG, DispatchRecord
+
+pytestmark = [pytest.mark.upstream, pytest.mark.msprobe, pytest.mark.pinset]
 
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN = 4
@@ -42,7 +41,7 @@ FIRST_LINEAR = "Module.0.Linear.forward.0"
 
 
 def _scheduler_output(step: dict[str, Any]) -> Any:
-    """A real vLLM 0.18.0 SchedulerOutput for one scheduled step of the schedule file."""
+    """A real vLLM SchedulerOutput (the set's release) for one scheduled step of the schedule file."""
     from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
     new = [
@@ -172,44 +171,6 @@ def main(argv: list[str]) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def _extract_atomically(wheel: Path, dest: Path, prefix: str) -> Path:
-    if dest.is_dir():
-        return dest
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    with zipfile.ZipFile(wheel) as zf:
-        for name in zf.namelist():
-            if name.startswith(prefix) and name.endswith(".py"):
-                zf.extract(name, tmp)
-    with contextlib.suppress(OSError):  # another run won the race; its copy is identical
-        os.replace(tmp, dest)
-    return dest
-
-
-@pytest.fixture(scope="session")
-def vllm_src() -> Path:
-    """The pinned vLLM wheel's Python sources (no compiled parts: the dataclasses need none)."""
-    wheel = upstream.fetch_wheel("vllm")
-    return _extract_atomically(wheel, wheel.parent / "py-src", "vllm/")
-
-
-@pytest.fixture(scope="session")
-def attn_states() -> list[str]:
-    """``AscendAttentionState``'s member names, read from the pinned vllm-ascend wheel's source."""
-    wheel = upstream.fetch_wheel("vllm-ascend")
-    with zipfile.ZipFile(wheel) as zf:
-        src = zf.read("vllm_ascend/attention/attention_v1.py").decode()
-    for node in ast.parse(src).body:
-        if isinstance(node, ast.ClassDef) and node.name == "AscendAttentionState":
-            return [
-                t.id
-                for stmt in node.body
-                if isinstance(stmt, ast.Assign)
-                for t in stmt.targets
-                if isinstance(t, ast.Name)
-            ]
-    raise AssertionError("AscendAttentionState not found in the pinned vllm-ascend")
-
-
 def _run(tmp_path: Path, scenario: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     path = tmp_path / "scenario.json"
     path.write_text(json.dumps(scenario))
@@ -256,7 +217,8 @@ def _ids(rule: capture.CaptureRule, want: bool, n: int) -> list[str]:
 
 
 def test_attention_states_of_the_pinned_release(attn_states):
-    # the hook's phase rule and the records' attn_state names rest on these members
+    # the hook's phase rule and the records' attn_state names rest on these members (the same
+    # five in vllm-ascend 0.18.0 and 0.23.0.post1, attention/attention_v1.py)
     assert attn_states == [
         "PrefillNoCache",
         "PrefillCacheHit",

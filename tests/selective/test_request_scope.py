@@ -23,7 +23,9 @@ from verl_consistency.patches.hooks.request_scope import (
     scoped_tokens,
 )
 
-pytestmark = pytest.mark.msprobe
+# pinset: the set's mindstudio-probe pin does the cutting, the set's transformers builds the
+# stand-in's weights (4.x on current, 5.5.4 on next)
+pytestmark = [pytest.mark.msprobe, pytest.mark.pinset]
 
 LOGITS = "Module.logits_processor.LogitsProcessor.forward.0"
 REPO = Path(__file__).resolve().parents[2]

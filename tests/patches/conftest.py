@@ -1,0 +1,59 @@
+"""Fixtures of the patch tests that read the pin set's real upstream sources.
+
+Each reads the distribution of the set in force (``VERL_CONSISTENCY_PIN_SET``), so one test runs
+against vLLM 0.18.0 / vllm-ascend 0.18.0 on the current set and vLLM 0.23.0 / vllm-ascend
+0.23.0.post1 on the next one.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.patches.test_vllm_patch import read_member
+from verl_consistency.patches import upstream
+
+
+def _extract_atomically(wheel: Path, dest: Path, prefix: str) -> Path:
+    if dest.is_dir():
+        return dest
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if name.startswith(prefix) and name.endswith(".py"):
+                zf.extract(name, tmp)
+    with contextlib.suppress(OSError):  # another run won the race; its copy is identical
+        os.replace(tmp, dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def vllm_src() -> Path:
+    """The set's vLLM wheel's Python sources (no compiled parts: the scheduler dataclasses need none)."""
+    wheel = upstream.fetch_wheel("vllm")
+    return _extract_atomically(wheel, wheel.parent / "py-src", "vllm/")
+
+
+@pytest.fixture(scope="session")
+def attn_states() -> list[str]:
+    """``AscendAttentionState``'s member names, read from the set's vllm-ascend source (wheel or sdist).
+
+    Importing it needs torch_npu, so the names are read with ``ast``.
+    """
+    dist = upstream.fetch_wheel("vllm-ascend")
+    src = read_member(dist, "vllm_ascend/attention/attention_v1.py").decode()
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.ClassDef) and node.name == "AscendAttentionState":
+            return [
+                t.id
+                for stmt in node.body
+                if isinstance(stmt, ast.Assign)
+                for t in stmt.targets
+                if isinstance(t, ast.Name)
+            ]
+    raise AssertionError("AscendAttentionState not found in the pinned vllm-ascend")
