@@ -100,8 +100,64 @@ def rollout(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def serve_cpu_platform() -> None:
+    """verl 0.9 asks its platform layer (``verl.plugin.platform``) for every device call; the layer
+    knows cuda, npu and rocm only and, finding none, falls back to cuda, so ``init_device_mesh`` dies
+    in ``torch.cuda.set_device``. verl 0.8.0 answered "cpu" by itself and has no such layer."""
+    try:
+        from verl.plugin.platform import set_platform
+        from verl.plugin.platform.platform_cuda import PlatformCUDA
+    except ImportError:  # verl 0.8.0
+        return
+    import torch
+
+    class PlatformCPU(PlatformCUDA):
+        """CUDA's answers where they are device-free, the CPU's where they are not."""
+
+        device_name = "cpu"  # type: ignore[assignment]
+        vendor_name = "cpu"  # type: ignore[assignment]
+        device_module = torch.cpu  # type: ignore[assignment]
+
+        def is_available(self) -> bool:
+            return True
+
+        def current_device(self) -> Any:
+            return "cpu"
+
+        def device_count(self) -> int:
+            return 1
+
+        def set_device(self, device_index: int) -> None:
+            return None
+
+        def synchronize(self, device_index: int | None = None) -> None:
+            return None
+
+        def manual_seed(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def manual_seed_all(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def set_allocator_settings(self, settings: str) -> None:
+            return None
+
+        def empty_cache(self) -> None:
+            return None
+
+        def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
+            return None, None
+
+        def communication_backend_name(self) -> str:
+            return "gloo"
+
+    set_platform(PlatformCPU())
+
+
 def serve_pure_torch_attention_helpers() -> None:
-    """verl's pure-torch padding helpers: flash_attn does not import off NPU/GPU."""
+    """verl's pure-torch padding helpers: flash_attn does not import off NPU/GPU. On verl 0.9 the
+    CPU platform is served first (``serve_cpu_platform``)."""
+    serve_cpu_platform()
     import verl.utils.attention_utils as au
     from verl.utils import npu_flash_attn_utils as pt
 

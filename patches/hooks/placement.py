@@ -10,8 +10,16 @@ the trainer's node. verl names its pools, though (read in verl 0.8.0):
   (also ``rollout_pool_reward_<rank>`` / ``rollout_pool_teacher_<rank>``);
 
 and ``RayResourcePool.get_placement_groups`` (``verl/single_controller/ray/base.py``) names
-each placement group ``<pool name>verl_group_<counts>:<idx>``. This hook wraps Ray's
-``placement_group()`` and, by pool-name prefix, adds a tiny amount of a per-group custom
+each placement group ``<pool name>verl_group_<counts>:<idx>``.
+
+verl 0.9.1 (the ``next`` pin set) keeps the rollout names and the placement-group naming
+(``replica.py:198``, ``base.py:135-156``), but its V1 trainer (``trainer.v1.trainer_mode=separate_async``)
+puts the trainer in ``global_pool`` (``verl/trainer/ppo/v1/trainer_base.py:_init_resource_pool_mgr``,
+L817); the still-shipped ``fully_async_policy`` keeps ``trainer_pool``. So on verl >= 0.9 the
+default also pins ``global_pool`` to the trainer group. On 0.8.0 it does not: there
+``global_pool`` is the hybrid ``main_ppo`` trainer's pool, whose RayJob declares no trainer tag.
+
+This hook wraps Ray's ``placement_group()`` and, by pool-name prefix, adds a tiny amount of a per-group custom
 resource to every bundle. Each KubeRay worker group declares a large amount of its own custom
 resource, so a bundle can only land on a node of its group. Custom resources work on every
 Ray version; label selectors (``bundle_label_selector``) would need Ray >= 2.49, and the
@@ -33,6 +41,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -55,6 +64,28 @@ DEFAULT_POOL_RESOURCES: dict[str, str] = {
 }
 """verl 0.8.0's pool-name prefixes and the custom resource each worker group declares."""
 
+V1_POOL_RESOURCES: dict[str, str] = {"global_pool": TRAINER_RESOURCE, **DEFAULT_POOL_RESOURCES}
+"""verl >= 0.9: the V1 trainer's ``global_pool`` too (``separate_async`` runs its trainer there)."""
+
+
+def installed_verl_version() -> str | None:
+    """verl's version from its distribution metadata: no import of verl (nor torch) needed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("verl")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def default_pool_resources(verl_version: str | None) -> dict[str, str]:
+    """The defaults for the verl release that runs: V1's names from 0.9 on, else 0.8.0's."""
+    m = re.match(r"(\d+)\.(\d+)", verl_version or "")
+    if m and (int(m[1]), int(m[2])) >= (0, 9):
+        return dict(V1_POOL_RESOURCES)
+    return dict(DEFAULT_POOL_RESOURCES)
+
+
 BUNDLE_AMOUNT = 0.001
 """What each bundle asks for. Tiny, so the resource is a tag and not a capacity: a worker group
 declaring ``1000`` of it can hold a million bundles, and NPUs and CPUs stay the real limits."""
@@ -66,10 +97,11 @@ _WRAPPED_FLAG = "__verl_consistency_pinned__"
 _BINDERS = ("verl.single_controller.ray.base",)
 
 
-def parse_pool_resources(raw: str | None) -> dict[str, str]:
-    """Parse :data:`POOL_RESOURCES`. ``None`` gives the defaults; a bad entry is an error."""
+def parse_pool_resources(raw: str | None, verl_version: str | None = None) -> dict[str, str]:
+    """Parse :data:`POOL_RESOURCES`. ``None`` gives the defaults of ``verl_version`` (see
+    :func:`default_pool_resources`; 0.8.0's when not given); a bad entry is an error."""
     if raw is None:
-        return dict(DEFAULT_POOL_RESOURCES)
+        return default_pool_resources(verl_version)
     mapping: dict[str, str] = {}
     for item in (part.strip() for part in raw.split(",")):
         if not item:
@@ -143,7 +175,7 @@ def install(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     import ray.util.placement_group
 
     env = os.environ if environ is None else environ
-    mapping = parse_pool_resources(env.get(POOL_RESOURCES))
+    mapping = parse_pool_resources(env.get(POOL_RESOURCES), installed_verl_version())
     if not mapping:
         return mapping
     module = sys.modules["ray.util.placement_group"]

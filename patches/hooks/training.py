@@ -20,6 +20,10 @@ Everything else lives here, where it is tested:
   own ``current_iter`` (the N of ``step{N}/``) and whose ``dump_path`` says where that step lies;
 * in capture mode (``$VERL_CONSISTENCY_CAPTURE=fraction:F``) a micro batch is dumped only when one
   of its requests is captured; skipped micro batches consume no msprobe step.
+* the request ids come from the micro batch's ``request_id`` column (verl 0.8.0) or, when there is
+  none, from each row's ``extra_fields`` dict (verl 0.9.1's V1 TransferQueue path); verl 0.9.1's
+  synthetic padding rows (``uid`` ``pad<32 hex>``) copy a real row's fields, so a micro batch of
+  padding rows only is not dumped and a mixed one names its padding rows by their ``uid``.
 
 msprobe's ``PrecisionDebugger`` is one instance per process. In verl 0.8.0 the vLLM workers run in
 their own processes (vLLM's ``mp`` executor under the ``vLLMHttpServer`` actor), so the actor's
@@ -35,6 +39,7 @@ Nothing here imports torch, verl or msprobe at import time.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -73,11 +78,7 @@ def is_actor_engine(engine: Any) -> bool:
     return model_type != "value_model"
 
 
-def request_ids_of(micro_batch: Any, key: str = "request_id") -> list[Any]:
-    """The micro batch's per-sample values of ``key`` as a list (empty when absent)."""
-    from verl.utils import tensordict_utils as tu
-
-    value = tu.get(micro_batch, key=key, default=None)
+def _as_list(value: Any) -> list[Any]:
     if value is None:
         return []
     if isinstance(value, list):
@@ -86,6 +87,46 @@ def request_ids_of(micro_batch: Any, key: str = "request_id") -> list[Any]:
         out = value.tolist()
         return out if isinstance(out, list) else [out]
     return [value]
+
+
+EXTRA_FIELDS = "extra_fields"
+"""verl 0.9's V1 data path keeps each sample's agent-loop ``extra_fields`` as one dict per row
+(``agent_loop_tq.py`` stores ``AgentLoopOutput.as_dict()`` in TransferQueue unflattened), where
+0.8.0's ``AgentLoopWorker._postprocess`` flattened them into top-level non-tensor columns."""
+
+_PADDING_UID = re.compile(r"^pad[0-9a-f]{32}$")
+"""verl 0.9's ``upsample_batch_to_divisible_size`` (``trainer/ppo/padding_utils.py``) names its
+synthetic rows ``uid = f"pad{uuid4().hex}"``; dataset uids are ``str(uuid4())``, never this."""
+
+
+def request_ids_of(micro_batch: Any, key: str = "request_id") -> list[Any]:
+    """The micro batch's per-sample values of ``key`` as a list (empty when absent).
+
+    A top-level column wins (verl 0.8.0, and 0.9.1 once the agent loop writes one); otherwise the
+    value is read from each row's ``extra_fields`` dict (verl 0.9.1's V1 TransferQueue path).
+    """
+    from verl.utils import tensordict_utils as tu
+
+    value = tu.get(micro_batch, key=key, default=None)
+    if value is not None:
+        return _as_list(value)
+    extra = _as_list(tu.get(micro_batch, key=EXTRA_FIELDS, default=None))
+    if not extra or not all(isinstance(x, dict) for x in extra):
+        return []
+    values = [x.get(key) for x in extra]
+    return [] if all(v is None for v in values) else values
+
+
+def padding_rows(micro_batch: Any) -> list[bool]:
+    """Which rows are verl 0.9's synthetic padding samples (empty when the batch has no ``uid``).
+
+    Those rows copy every field of the batch's first real sample, its request id included, so
+    their id must not be reported: the dump of a padding row is an EOS sequence, not that request.
+    """
+    from verl.utils import tensordict_utils as tu
+
+    uids = _as_list(tu.get(micro_batch, key="uid", default=None))
+    return [isinstance(u, str) and bool(_PADDING_UID.match(u)) for u in uids]
 
 
 def _config_dump_path(config_path: Path) -> str:
@@ -213,13 +254,24 @@ class BatchDumper:
 
     def start(self, micro_batch: Any, model: Any) -> None:
         ids = [str(i) for i in request_ids_of(micro_batch)]
+        ids_all = request_ids_of(micro_batch, "request_ids_all")
+        padding = padding_rows(micro_batch)
+        if any(padding) and len(padding) == len(ids):
+            if all(padding):  # only synthetic rows: nothing to compare, no msprobe step used
+                self._active = None
+                return
+            # a mixed micro batch names its padding rows by their uid: never a request's id
+            uids = request_ids_of(micro_batch, "uid")
+            ids = [str(u) if pad else rid for rid, pad, u in zip(ids, padding, uids, strict=True)]
+            if len(ids_all) == len(padding):
+                ids_all = [[] if pad else x for x, pad in zip(ids_all, padding, strict=True)]
         if self.session.service.should_stop_service or not self._wanted(ids):
             self._active = None
             return
         self.session.enter()
         self.session.debugger.start(model=model)
         step = int(self.session.service.current_iter)
-        self._active = (step, ids, request_ids_of(micro_batch, "request_ids_all"))
+        self._active = (step, ids, ids_all)
         self._next = token_mismatch.NextTokenProbe.attach(micro_batch, model)
 
     def stop(self, micro_batch: Any) -> None:

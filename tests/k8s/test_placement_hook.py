@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 
+from verl_consistency.patches import pins
 from verl_consistency.patches.hooks import placement
+
+pytestmark = pytest.mark.pinset
 
 
 def test_import_pulls_in_neither_torch_nor_verl_nor_ray() -> None:
@@ -30,6 +33,29 @@ def test_prefixes_match_verl_pool_names() -> None:
     assert placement.resource_for("", m) is None
     longest = {"rollout_pool_": "a", "rollout_pool_reward_": "b"}
     assert placement.resource_for("rollout_pool_reward_0x", longest) == "b"
+
+
+def test_v1_defaults_add_global_pool_for_verl_09_only() -> None:
+    """verl 0.9's V1 separate_async trainer runs in ``global_pool``; 0.8.0's hybrid trainer too."""
+    v1 = placement.default_pool_resources("0.9.1")
+    assert placement.resource_for("global_poolverl_group_8_8:0", v1) == placement.TRAINER_RESOURCE
+    assert placement.resource_for("trainer_poolverl_group_8:0", v1) == placement.TRAINER_RESOURCE
+    assert placement.resource_for("rollout_pool_2verl_group_8:0", v1) == placement.ROLLOUT_RESOURCE
+    assert placement.resource_for("reward_poolverl_group_1:0", v1) is None
+    assert placement.default_pool_resources("0.10.0.dev0") == v1
+    assert placement.default_pool_resources("0.8.0") == placement.DEFAULT_POOL_RESOURCES
+    assert placement.default_pool_resources(None) == placement.DEFAULT_POOL_RESOURCES
+    assert placement.parse_pool_resources(None, "0.9.1") == v1
+    assert placement.parse_pool_resources("", "0.9.1") == {}, "an empty setting still turns pinning off"
+
+
+def test_the_installed_verl_picks_its_set_s_defaults() -> None:
+    """What ``install`` reads in a Ray worker: the installed verl is the pin set's."""
+    assert placement.installed_verl_version() == pins.get("upstream.verl")
+    got = placement.default_pool_resources(placement.installed_verl_version())
+    next_set = pins.get("set.name") == "next"
+    expected = placement.V1_POOL_RESOURCES if next_set else placement.DEFAULT_POOL_RESOURCES
+    assert got == expected
 
 
 def test_env_mapping_parses_and_rejects_bad_entries() -> None:
@@ -58,7 +84,7 @@ def test_install_wraps_ray_and_pins_only_named_pools(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(pg_module, "placement_group", recorder)
     monkeypatch.setattr(ray.util, "placement_group", recorder)
     mapping = placement.install({})
-    assert mapping == placement.DEFAULT_POOL_RESOURCES
+    assert mapping == placement.default_pool_resources(placement.installed_verl_version())
     assert ray.util.placement_group is pg_module.placement_group is not recorder
     placement.install({})  # idempotent: wrapping twice would not add twice, but must not nest either
     pg_module.placement_group(

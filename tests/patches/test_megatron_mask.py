@@ -8,9 +8,12 @@ compare); the converted mask must be exactly megatron-core's default causal mask
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.patches.test_training_megatron_driver import megatron_mask
+
+pytestmark = pytest.mark.pinset
 
 
 def test_all_valid_is_megatron_default_causal_mask() -> None:

@@ -1,7 +1,9 @@
-"""The patched real verl 0.8.0 FSDP engine, on CPU, with real mindstudio-probe dumps.
+"""The patched real verl FSDP engine of the pin set in force, on CPU, with real mindstudio-probe dumps.
 
 Each test runs ``test_training_fsdp_driver.py`` in a subprocess against a freshly patched verl
-(a tiny random Qwen2, gloo world size 1) and checks what landed on disk.
+(0.8.0 on the current set, 0.9.1 on next; a tiny random Qwen2, gloo world size 1) and checks what
+landed on disk. On the next set one more test sends the batch through verl 0.9's V1 data path
+(a real TransferQueue) first.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from typing import Any
 import pytest
 
 from tests.fixtures.verl_support import patched_verl, run_patched
+from verl_consistency.patches import pins
 from verl_consistency.patches.contracts import capture, records
 
 DRIVER = Path(__file__).with_name("test_training_fsdp_driver.py")
 PROMPT_VALID = [6, 4, 5, 3]
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
 
 
 def _msprobe_config(path: Path, dump_path: Path, summary_mode: str = "statistics") -> Path:
@@ -172,3 +175,41 @@ def test_capture_mode_and_a_borrowed_debugger(root: Path, model_cache: Path, tmp
     assert other_steps == ["step0", f"step{1 + len(captured)}"], "the owner keeps its folder and steps"
     assert all('"md5"' in p.read_text() for p in other.glob("step*/*/dump.json"))
     assert report["other_config_dump_path"] == str(other)
+
+
+@pytest.mark.skipif(pins.get("set.name") != "next", reason="verl 0.8.0 has no V1 trainer data path")
+def test_v1_transfer_queue_path_dumps_every_micro_batch_with_its_ids(
+    root: Path, model_cache: Path, tmp_path: Path
+):
+    """verl 0.9's V1 path: ids stay in ``extra_fields``; the trainer's padding row copies row 0."""
+    run_dir = tmp_path / "dumps" / "hybrid-20261201-000000-abcd"
+    cfg = _msprobe_config(tmp_path / "msprobe_actor.json", tmp_path / "unused")
+    report = _drive(
+        root,
+        model_cache,
+        DUMP_ON="1",
+        DUMP_PHASE="all",
+        VERL_CONSISTENCY_ACTOR_CONFIG=str(cfg),
+        VERL_CONSISTENCY_RUN_DIR=str(run_dir),
+        VC_TEST_V1_TQ="1",
+    )
+    assert report["error"] is None
+    assert report["finite"]
+    assert not report["has_request_id_column"], "V1 keeps extra_fields as one dict per row"
+    ids = report["request_ids"]
+    assert len(report["uids"]) == 4, "the trainer padded the batch"
+    assert report["uids"][3].startswith("pad")
+
+    recs = _records(run_dir)
+    # the padding row's micro batch (a copy of row 0's fields, its id included) is never dumped
+    assert [r.phase for r in recs] == ["log_prob"] * 3 + ["update_actor"] * 3
+    assert [r.request_ids for r in recs] == [[i] for i in ids] * 2
+    assert [r.step for r in recs] == list(range(6))
+    assert recs[0].model_extra is not None
+    assert recs[0].model_extra["request_ids_all"] == [[ids[0], report["resumed_id"]]]
+    dumps = sorted((run_dir / recs[0].dump_path).glob("step*/*/dump.json"))
+    assert len(dumps) == 6, "one dump.json per dumped micro batch, nothing for the padding row"
+    for rec in recs:
+        (dump,) = (run_dir / rec.dump_path).glob(f"step{rec.step}/*/dump.json")
+        sample = ids.index(rec.request_ids[0])
+        assert _embed_tokens(dump) == PROMPT_VALID[sample] + [4, 2, 3][sample], "the row's whole sequence"

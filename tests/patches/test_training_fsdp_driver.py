@@ -24,7 +24,16 @@ debugger first), ``VC_TEST_TOKEN_LEVEL`` (1: after the old log-probs, verl's
 ``VC_TEST_PERTURB`` (1: the training side's last ``down_proj`` output x1.5),
 ``VC_TEST_INIT_RANGE`` (the tiny model's initializer_range; peaked outputs need a large one),
 ``VC_TEST_IDS_FROM_AGENT_LOOP`` (1: request ids made as the patched agent loop makes them),
+``VC_TEST_V1_TQ`` (1, verl 0.9 only: the V1 trainer's data path instead of steps 2-3, below),
 plus the hooks' own variables (DUMP_ON, DUMP_PHASE, ...).
+
+With ``VC_TEST_V1_TQ=1`` the batch takes verl 0.9's V1 path through a real TransferQueue on a local
+Ray: verl's own ``AgentLoopWorkerTQ._agent_loop_postprocess`` stores each agent-loop output (the
+request ids in ``extra_fields``, as the rollout client leaves them), the trainer's
+``upsample_batch_to_divisible_size`` adds a synthetic padding row, and the tqbridge's own
+``_meta_to_realdata`` turns the trainer's ``KVBatchMeta`` into the TensorDict that
+``TrainingWorker.infer_batch``/``train_mini_batch`` hand to the engine. Then old log-probs
+(``infer_batch``) and one update (``tu.make_iterator`` mini batch, ``train_batch``) run on it.
 """
 
 from __future__ import annotations
@@ -169,6 +178,96 @@ def _agent_loop_ids(indices: list[int]) -> list[str]:
     return asyncio.run(all_of())
 
 
+V1_SAMPLES = 3
+"""Real samples of the V1 run; the trainer pads the batch to 4 (a multiple of the micro batches)."""
+
+
+def _v1_transfer_queue_batch(ids: list[str]) -> Any:
+    """The TensorDict the V1 worker hands the engine, made by verl 0.9's own V1 data path."""
+    import asyncio
+
+    import ray
+    import transfer_queue as tq
+    from transfer_queue import KVBatchMeta
+    from verl.experimental.agent_loop import AgentLoopOutput, AgentLoopWorker
+    from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+    from verl.utils.transferqueue_utils import _meta_to_realdata
+
+    # TransferQueue's controller and its two storage units ask for one CPU each
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    tq.init()
+    worker_cls = AgentLoopWorkerTQ.__ray_metadata__.modified_class
+
+    class _Worker:
+        """The worker state postprocess touches; reward and teacher models are not configured."""
+
+        processor = None
+        _compute_multi_modal_inputs = AgentLoopWorker._compute_multi_modal_inputs
+        _compute_position_ids = AgentLoopWorker._compute_position_ids
+
+        async def _compute_score(self, outputs: Any, kwargs: Any) -> None:
+            return None
+
+        async def _compute_teacher_logprobs(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    gen = random.Random(3)
+
+    async def store() -> None:
+        for i in range(V1_SAMPLES):
+            every = [ids[i], ids[-1]] if i == 0 else [ids[i]]  # sample 0 was resumed once
+            out = AgentLoopOutput(
+                prompt_ids=[gen.randrange(1, 128) for _ in range(PROMPT_VALID[i])],
+                response_ids=[gen.randrange(1, 128) for _ in range(RESPONSE_VALID[i])],
+                response_mask=[1] * RESPONSE_VALID[i],
+                num_turns=2,
+                metrics={},
+                extra_fields={"request_id": ids[i], "request_ids_all": every},
+            )
+            await worker_cls._agent_loop_postprocess(
+                _Worker(), out, False, uid=f"u{i}", session_id=0, index=i, global_steps=1
+            )
+
+    asyncio.run(store())
+    tags = [{"seq_len": PROMPT_VALID[i] + RESPONSE_VALID[i]} for i in range(V1_SAMPLES)]
+    meta = KVBatchMeta(partition_id="train", keys=[f"u{i}_0_0" for i in range(V1_SAMPLES)], tags=tags)
+    meta = upsample_batch_to_divisible_size(meta, BATCH, eos_token_id=2)
+    # PPOTrainer._compute_old_log_prob's extra_info
+    meta.extra_info.update({"calculate_entropy": True, "compute_loss": False, "temperature": 1.0})
+    return _meta_to_realdata(meta)
+
+
+def _v1_loss(model_output: Any, data: Any, dp_group: Any = None) -> Any:
+    """A finite loss over the log-probs (the V1 run checks the dumps, not PPO's arithmetic)."""
+    lp = model_output["log_probs"]
+    return -(lp.values() if lp.is_nested else lp).float().mean(), {}
+
+
+def _run_v1(engine: Any, report: dict[str, Any]) -> None:
+    import torch
+    from verl.utils import tensordict_utils as tu
+
+    rng = random.Random(int(os.environ.get("VC_TEST_SEED", "7")))
+    ids = [uuid.UUID(int=rng.getrandbits(128)).hex for _ in range(V1_SAMPLES + 1)]
+    report["request_ids"] = ids[:V1_SAMPLES]
+    report["resumed_id"] = ids[-1]
+    td = _v1_transfer_queue_batch(ids)
+    report["uids"] = [str(u) for u in tu.get(td, "uid")]
+    report["has_request_id_column"] = "request_id" in list(td.keys())
+    _engine_keys(td)
+    with engine.eval_mode():
+        engine.infer_batch(td)
+    (mini,) = list(
+        tu.make_iterator(td, mini_batch_size=BATCH, epochs=1, seed=1, dataloader_kwargs={"shuffle": False})
+    )
+    _engine_keys(mini, calculate_entropy=True, global_batch_size=BATCH)
+    with engine.train_mode():
+        out = engine.train_batch(mini, loss_function=_v1_loss)
+    report["finite"] = bool(torch.isfinite(torch.tensor(float(out["metrics"]["grad_norm"]))))
+    report["error"] = None
+
+
 def _recipe_trim(data: Any) -> Any:
     """The public recipe's get_prompts_only_batch, verbatim in effect: zero response tokens."""
     r = data.batch["responses"].size(1)
@@ -235,6 +334,12 @@ def main() -> None:
 
     actor_cfg = _actor_config(model_dir)
     engine = demo_stages.fsdp_engine(str(model_dir), actor_cfg)
+
+    if os.environ.get("VC_TEST_V1_TQ") == "1":
+        v1_report: dict[str, Any] = {}
+        _run_v1(engine, v1_report)
+        print("VC_REPORT " + json.dumps(v1_report))
+        return
 
     batch = _rollout_batch()
     if os.environ.get("VC_TEST_NEXT_TOKEN") == "1":

@@ -16,6 +16,7 @@ from tests.fixtures.verl_support import patched_verl
 from verl_consistency.patches.hooks import prompts_only, training
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.pinset
 
 
 def _engine(forward_only: bool = False, model_type: str = "language_model") -> SimpleNamespace:
@@ -157,3 +158,31 @@ def test_megatron_patch_wraps_forward_fn_in_start_stop(root: Path) -> None:
     # the critic's forward_step (value head) is not patched
     value = _calls(_method(tree, "MegatronEngineWithValueHead", "forward_step"))
     assert not any("dumper" in c for _, c in value)
+
+
+def _td(**non_tensor: list[object]):  # type: ignore[no-untyped-def]
+    """A micro batch as the engines see it: a TensorDict whose non-tensor fields are stacks."""
+    from tensordict import NonTensorStack, TensorDict
+
+    n = len(next(iter(non_tensor.values())))
+    fields = {k: NonTensorStack(*v) for k, v in non_tensor.items()}
+    return TensorDict({"input_ids": torch.zeros(n, 2, dtype=torch.long), **fields}, batch_size=[n])
+
+
+def test_request_ids_from_a_column_or_from_v1_extra_fields() -> None:
+    """verl 0.8.0 flattens extra_fields into columns; verl 0.9.1's V1 path keeps one dict per row."""
+    assert training.request_ids_of(_td(request_id=["a", "b"])) == ["a", "b"]
+    v1 = _td(extra_fields=[{"request_id": "a", "request_ids_all": ["a", "x"]}, {"request_id": "b"}])
+    assert training.request_ids_of(v1) == ["a", "b"]
+    assert training.request_ids_of(v1, "request_ids_all") == [["a", "x"], None]
+    both = _td(request_id=["col"], extra_fields=[{"request_id": "nested"}])
+    assert training.request_ids_of(both) == ["col"], "a column wins"
+    assert training.request_ids_of(_td(extra_fields=[{"other": 1}])) == []
+    assert training.request_ids_of(_td(uid=["u"])) == []
+
+
+def test_padding_rows_are_verl_091_synthetic_uids_only() -> None:
+    pad = "pad" + "0123456789abcdef" * 2
+    real = "3f2b8a9c-1d4e-4f5a-9b6c-7d8e9f0a1b2c"  # str(uuid4()), the trainer's dataset uid
+    assert training.padding_rows(_td(uid=[real, pad, "pad-not-hex"])) == [False, True, False]
+    assert training.padding_rows(_td(request_id=["a"])) == []
