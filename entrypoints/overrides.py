@@ -160,7 +160,7 @@ TOKEN_LEVEL_ONLY: frozenset[RunKind] = frozenset({RunKind.TOKEN_LEVEL})
 ALL_KINDS: frozenset[RunKind] = frozenset(RunKind)
 
 RUNTIME_ENV_PREFIX = "ray_kwargs.ray_init.runtime_env.env_vars"
-"""Where verl 0.8.0 takes the Ray job's env vars from (``verl/trainer/main_ppo.py`` ``run_ppo``)."""
+"""Where verl takes the Ray job's env vars from (``main_ppo.py`` ``run_ppo``, verl 0.8.0 and 0.9.1)."""
 
 MODEL_PATH_KEY = "actor_rollout_ref.model.path"
 MODEL_SHORTCUT = "model"
