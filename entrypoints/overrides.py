@@ -1,18 +1,25 @@
-"""THE table of what a collection run needs from verl, per mode: env, overrides, defaults, refusals.
+"""THE table of what a collection run needs from verl, per pin set and mode: env, overrides, refusals.
 
 Everything that decides how ``verl-consistency run`` launches verl lives here as data, so that
 the CLI, the k8s manifests' tests and the image defaults read one table and cannot drift.
 Adding a required override is one line in :data:`REQUIRED`.
 
-Every key was checked against verl 0.8.0's real Hydra config
-(``python -m verl.trainer.main_ppo --cfg job`` and the fully-async equivalent); the tests in
-``tests/entrypoints`` compose both modes again from the command this table produces.
+There is one table for every pin set of ``patches/pins.toml``: a row names the sets it applies
+to (:attr:`_Row.sets`, every set unless it says otherwise), so a row that both verl releases
+need is written once, and only what differs between them is a row of its own. The set in force
+is ``pins.load().set.name`` (``VERL_CONSISTENCY_PIN_SET``); :data:`LAUNCH` says, per set, which
+verl module each mode runs and, on verl 0.9's V1 trainer, which ``trainer.v1.trainer_mode``.
 
-Three kinds of rows:
+Every key was checked against the real Hydra config of the set's verl
+(``python -m verl.trainer.main_ppo --cfg job``, and on verl 0.8.0 the fully-async equivalent);
+the tests in ``tests/entrypoints`` compose every mode of the set in force again from the command
+this table produces.
+
+Four kinds of rows:
 
 * :data:`ENV` — environment variables. They are set on the verl driver *and* passed as
-  ``+ray_kwargs.ray_init.runtime_env.env_vars.<NAME>``: verl 0.8.0's ``run_ppo`` hands that
-  dict to ``ray.init(runtime_env=...)``, Ray makes it the job's runtime env, and every actor
+  ``+ray_kwargs.ray_init.runtime_env.env_vars.<NAME>``: verl's ``run_ppo`` (0.8.0 and 0.9.1) hands
+  that dict to ``ray.init(runtime_env=...)``, Ray makes it the job's runtime env, and every actor
   verl creates (TaskRunner, the worker groups in ``single_controller/ray/base.py``, the vLLM
   servers in ``vllm_async_server.py``) adds its own ``env_vars`` on top — Ray merges
   ``env_vars`` per key. A variable only in the driver's environment reaches Ray workers only
@@ -39,17 +46,99 @@ from verl_consistency.patches.contracts.env import DumpPhase
 class Mode(StrEnum):
     HYBRID = "hybrid"
     FULLY_ASYNC = "fully-async"
+    COLOCATE_ASYNC = "colocate-async"
 
     @property
     def module(self) -> str:
-        """The verl entry module this mode wraps."""
-        return _MODULES[self]
+        """The verl entry module this mode runs on the pin set in force (see :func:`launch`)."""
+        return launch(self).module
 
 
-_MODULES = {
-    Mode.HYBRID: "verl.trainer.main_ppo",
-    Mode.FULLY_ASYNC: "verl.experimental.fully_async_policy.fully_async_main",
+CURRENT = "current"
+NEXT = "next"
+PIN_SETS: frozenset[str] = frozenset({CURRENT, NEXT})
+"""The pin sets of ``patches/pins.toml`` this table knows (``tests/entrypoints`` checks the file)."""
+
+MAIN_PPO = "verl.trainer.main_ppo"
+
+
+def pin_set() -> str:
+    """The pin set in force: ``pins.load().set.name``, i.e. ``$VERL_CONSISTENCY_PIN_SET`` or the default."""
+    from verl_consistency.patches import pins
+
+    return pins.load().set.name
+
+
+class Launch(BaseModel):
+    """How one mode runs on one pin set: the verl module and, on verl's V1 trainer, its trainer mode."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    module: str
+    trainer_mode: str | None = None
+    """``trainer.v1.trainer_mode`` (verl 0.9's V1 trainer); None: a verl 0.8.0 trainer."""
+    why: str
+
+
+class Unsupported(BaseModel):
+    """A mode that the pin set cannot run with valid data: refused with ``why``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    why: str
+
+
+LAUNCH: dict[str, dict[Mode, Launch | Unsupported]] = {
+    CURRENT: {
+        Mode.HYBRID: Launch(
+            module=MAIN_PPO,
+            why="verl 0.8.0's PPO trainer with the hybrid engine: rollout and training share the NPUs, "
+            "and each step trains on what the weights of that step generated",
+        ),
+        Mode.FULLY_ASYNC: Launch(
+            module="verl.experimental.fully_async_policy.fully_async_main",
+            why="verl 0.8.0's fully-async policy: separate rollout and trainer pools",
+        ),
+        Mode.COLOCATE_ASYNC: Unsupported(
+            why="colocate-async is verl 0.9's V1 trainer mode colocate_async; the current pin set's "
+            "verl 0.8.0 has no V1 trainer. Run it on the next set (VERL_CONSISTENCY_PIN_SET=next), "
+            "or use hybrid or fully-async here"
+        ),
+    },
+    NEXT: {
+        Mode.HYBRID: Launch(
+            module=MAIN_PPO,
+            trainer_mode="sync",
+            why="verl 0.9's V1 equivalent of 0.8.0's hybrid AgentLoop: rollout and training share the "
+            "NPUs, and each step generates exactly the batch it trains on, with that step's weights",
+        ),
+        Mode.FULLY_ASYNC: Launch(
+            module=MAIN_PPO,
+            trainer_mode="separate_async",
+            why="separate rollout and trainer pools; verl's maintainers deprecate "
+            "verl.experimental.fully_async_policy in its favour",
+        ),
+        Mode.COLOCATE_ASYNC: Launch(
+            module=MAIN_PPO,
+            trainer_mode="colocate_async",
+            why="shared NPUs with the partial-rollout client (FullyAsyncLLMServerClient) and the async "
+            "replay buffer; with no warm-up batch it trains each step on what that step's weights "
+            "generated, like sync",
+        ),
+    },
 }
+"""Per pin set, what each mode runs, or why the set refuses it."""
+
+
+def launch(mode: Mode, set_name: str | None = None) -> Launch:
+    """The mode's module and trainer mode on the set (default: in force); ValueError when refused."""
+    name = set_name or pin_set()
+    if name not in LAUNCH:
+        raise ValueError(f"pin set {name!r} is not in the run table (sets: {', '.join(sorted(LAUNCH))})")
+    how = LAUNCH[name][mode]
+    if isinstance(how, Unsupported):
+        raise ValueError(
+            f"`verl-consistency run {mode.value}` is not available on pin set {name!r}: {how.why}"
+        )
+    return how
 
 
 class RunKind(StrEnum):
@@ -60,13 +149,18 @@ class RunKind(StrEnum):
 
 
 ALL_MODES: frozenset[Mode] = frozenset(Mode)
+ASYNC_MODES: frozenset[Mode] = frozenset({Mode.FULLY_ASYNC, Mode.COLOCATE_ASYNC})
+SHARED_POOL_MODES: frozenset[Mode] = frozenset({Mode.HYBRID, Mode.COLOCATE_ASYNC})
+"""Modes where rollout and training share the NPUs (one pool)."""
+ONLY_CURRENT: frozenset[str] = frozenset({CURRENT})
+ONLY_NEXT: frozenset[str] = frozenset({NEXT})
 ALL_PHASES: frozenset[DumpPhase] = frozenset(DumpPhase)
 COLLECTION_ONLY: frozenset[RunKind] = frozenset({RunKind.COLLECTION})
 TOKEN_LEVEL_ONLY: frozenset[RunKind] = frozenset({RunKind.TOKEN_LEVEL})
 ALL_KINDS: frozenset[RunKind] = frozenset(RunKind)
 
 RUNTIME_ENV_PREFIX = "ray_kwargs.ray_init.runtime_env.env_vars"
-"""Where verl 0.8.0 takes the Ray job's env vars from (``verl/trainer/main_ppo.py`` ``run_ppo``)."""
+"""Where verl takes the Ray job's env vars from (``main_ppo.py`` ``run_ppo``, verl 0.8.0 and 0.9.1)."""
 
 MODEL_PATH_KEY = "actor_rollout_ref.model.path"
 MODEL_SHORTCUT = "model"
@@ -94,10 +188,14 @@ class _Row(BaseModel):
     phases: frozenset[DumpPhase] = ALL_PHASES
     kinds: frozenset[RunKind] = COLLECTION_ONLY
     """Run kinds the row applies to; a collection run's rows do not apply to a triage run."""
+    sets: frozenset[str] = PIN_SETS
+    """Pin sets the row applies to: a row both verl releases need is written once."""
     why: str
 
-    def applies(self, mode: Mode, phase: DumpPhase, kind: RunKind = RunKind.COLLECTION) -> bool:
-        return mode in self.modes and phase in self.phases and kind in self.kinds
+    def applies(
+        self, mode: Mode, phase: DumpPhase, kind: RunKind = RunKind.COLLECTION, set_name: str = CURRENT
+    ) -> bool:
+        return mode in self.modes and phase in self.phases and kind in self.kinds and set_name in self.sets
 
 
 class EnvVar(_Row):
@@ -184,9 +282,9 @@ ENV: tuple[EnvVar, ...] = (
     EnvVar(
         name="TORCHDYNAMO_DISABLE",
         value="1",
-        modes=frozenset({Mode.FULLY_ASYNC}),
+        modes=ASYNC_MODES,
         why="the recipe turns TorchDynamo off for fully async: compiled regions bypass msprobe's "
-        "module hooks",
+        "module hooks (on the next set colocate-async too: it runs the same async client)",
     ),
     EnvVar(
         name="RAY_OVERRIDE_JOB_RUNTIME_ENV",
@@ -197,6 +295,48 @@ ENV: tuple[EnvVar, ...] = (
         "merge it with ours (ValueError in ray.init); with this set, our values win",
     ),
 )
+
+_OUTPUT_ROW = (
+    "vLLM's log-probs of the first response token are the vLLM side of the output row "
+    "(the PROMPTS_ONLY trim keeps them for the trainer's next-token record)"
+)
+
+
+def _v1_rows() -> tuple[Override, ...]:
+    """``trainer.use_v1`` and one ``trainer.v1.trainer_mode`` row per mode, from :data:`LAUNCH`."""
+    rows = []
+    for set_name, modes in LAUNCH.items():
+        v1 = {mode: how for mode, how in modes.items() if isinstance(how, Launch) and how.trainer_mode}
+        if not v1:
+            continue
+        pick = ", ".join(f"{how.trainer_mode}: `run {mode.value}`" for mode, how in v1.items())
+        rows.append(
+            Override(
+                key="trainer.use_v1",
+                value=True,
+                modes=frozenset(v1),
+                kinds=ALL_KINDS,
+                sets=frozenset({set_name}),
+                why="on this pin set the patches hook verl 0.9's V1 trainer (verl/trainer/ppo/v1/); "
+                "trainer.use_v1=false runs the legacy trainer (verl.trainer.main_ppo_v0, deprecated "
+                "upstream), which they do not patch. For verl's legacy trainers (and the legacy "
+                "fully_async_main), use the current pin set: VERL_CONSISTENCY_PIN_SET=current",
+            )
+        )
+        rows += [
+            Override(
+                key="trainer.v1.trainer_mode",
+                value=how.trainer_mode,
+                modes=frozenset({mode}),
+                kinds=ALL_KINDS,
+                sets=frozenset({set_name}),
+                why=f"`verl-consistency run {mode.value}` is V1 trainer_mode={how.trainer_mode} ({how.why}); "
+                f"choose the trainer mode with the command's MODE argument ({pick})",
+            )
+            for mode, how in v1.items()
+        ]
+    return tuple(rows)
+
 
 REQUIRED: tuple[Override, ...] = (
     Override(
@@ -273,20 +413,32 @@ REQUIRED: tuple[Override, ...] = (
         why="null turns bypass mode off, so verl recomputes old log-probs (bypass mode skips that "
         "forward and leaves the log_prob training dump empty; the PROMPTS_ONLY trim refuses it in "
         "every phase, since bypass mode would train on rollout log-probs that the trim drops), and "
-        "it skips rollout-correction IS/RS on prompt-only batches (verl 0.8.0 ray_trainer.py)",
+        "it skips rollout-correction IS/RS on prompt-only batches (verl 0.8.0 ray_trainer.py; "
+        "0.9.1 trainer/ppo/v1/trainer_base.py _compute_old_log_prob and _compute_advantage)",
     ),
     Override(
         key="actor_rollout_ref.hybrid_engine",
         value=False,
         modes=frozenset({Mode.FULLY_ASYNC}),
         kinds=ALL_KINDS,
+        sets=ONLY_CURRENT,
         why="fully async runs rollout and training on separate pools; verl asserts "
         "hybrid_engine is False there",
     ),
     Override(
-        key="data.shuffle",
+        key="actor_rollout_ref.hybrid_engine",
         value=False,
         modes=frozenset({Mode.FULLY_ASYNC}),
+        kinds=ALL_KINDS,
+        sets=ONLY_NEXT,
+        why="fully async runs rollout and training on separate pools; with hybrid_engine=true verl "
+        "0.9's separate_async also serves rollout from replicas on the training NPUs "
+        "(trainer_separate_async.py:78-82), so the two pools would no longer be separate",
+    ),
+    Override(
+        key="data.shuffle",
+        value=False,
+        modes=ASYNC_MODES,
         why="with shuffle on and no data.seed every run draws a different prompt order, so two "
         "collection runs cannot be compared step for step (recipe setting)",
     ),
@@ -294,14 +446,21 @@ REQUIRED: tuple[Override, ...] = (
         key="actor_rollout_ref.rollout.calculate_log_probs",
         value=True,
         modes=frozenset({Mode.FULLY_ASYNC}),
+        sets=ONLY_CURRENT,
         why="the fully-async rollouter asserts it ('must rollout calculate log_probs')",
     ),
     Override(
         key="actor_rollout_ref.rollout.calculate_log_probs",
         value=True,
-        modes=frozenset({Mode.HYBRID}),
-        why="vLLM's log-probs of the first response token are the vLLM side of the output row "
-        "(the PROMPTS_ONLY trim keeps them for the trainer's next-token record)",
+        modes=SHARED_POOL_MODES,
+        why=_OUTPUT_ROW,
+    ),
+    Override(
+        key="actor_rollout_ref.rollout.calculate_log_probs",
+        value=True,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        sets=ONLY_NEXT,
+        why=_OUTPUT_ROW,
     ),
     Override(
         key="actor_rollout_ref.rollout.calculate_log_probs",
@@ -317,7 +476,55 @@ REQUIRED: tuple[Override, ...] = (
         "never recomputes them, so there is nothing to compare them with (verl 0.8.0 computes its own "
         "training/rollout_probs_diff_* only in decoupled mode too)",
     ),
+    *_v1_rows(),
+    Override(
+        key="trainer.v1.sampler.max_off_policy_threshold",
+        value=1,
+        modes=ASYNC_MODES,
+        kinds=ALL_KINDS,
+        sets=ONLY_NEXT,
+        why="a prompt may be trained on only in the step it was submitted in, i.e. by the weights "
+        "that generated it: the async replay buffer drops a finished prompt whose span "
+        "(global step - submission step + 1) exceeds this (replay_buffer.py:520-529, asserted at "
+        "sampling, :600-611). A prompt still generating at a weight sync is resumed with the new "
+        "weights (partial rollout) and so dropped, instead of pairing a prefill of one weight "
+        "version with a training forward of another; the V1 form of 0.8.0's async_training "
+        "staleness knobs",
+    ),
+    Override(
+        key="trainer.v1.sampler.max_off_policy_strategy",
+        value="drop",
+        modes=ASYNC_MODES,
+        kinds=ALL_KINDS,
+        sets=ONLY_NEXT,
+        why="'wait' trains on prompts that reached the staleness threshold instead of dropping "
+        "them (replay_buffer.py:541-556), i.e. on trajectories of older weights",
+    ),
+    Override(
+        key="trainer.v1.colocate_async.num_warmup_batches",
+        value=0,
+        modes=frozenset({Mode.COLOCATE_ASYNC}),
+        kinds=ALL_KINDS,
+        sets=ONLY_NEXT,
+        why="a warm-up batch keeps prompts generating while the trainer takes its batch; "
+        "colocate_async aborts them at sample end and resumes them after the weight update "
+        "(trainer_colocate_async.py:34-48), so their prefill and their training forward would see "
+        "different weights. With none, each step generates exactly the batch it trains on",
+    ),
+    Override(
+        key="trainer.v1.separate_async.parameter_sync_step",
+        value=1,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        phases=frozenset({DumpPhase.UPDATE_ACTOR, DumpPhase.ALL}),
+        sets=ONLY_NEXT,
+        why="within a sync cycle the k-th mini batch is trained by weights already updated k times, "
+        "while the rollout still has the cycle's first version (verl restores that version for "
+        "old log-probs only: trainer_separate_async.py:187-211), so update_actor dumps pair only "
+        "when every mini batch syncs",
+    ),
 )
+
+_GRPO_N = "GRPO needs more than one response per prompt"
 
 DEFAULTS: tuple[Override, ...] = (
     Override(
@@ -386,22 +593,71 @@ DEFAULTS: tuple[Override, ...] = (
         kinds=ALL_KINDS,
         key="data.train_batch_size",
         value=8,
-        modes=frozenset({Mode.HYBRID}),
+        modes=SHARED_POOL_MODES,
         why="verl's default (1024) exceeds the generated prompt set",
     ),
     Override(
         kinds=ALL_KINDS,
         key="actor_rollout_ref.rollout.n",
         value=2,
-        modes=frozenset({Mode.HYBRID}),
-        why="GRPO needs more than one response per prompt",
+        modes=SHARED_POOL_MODES,
+        why=_GRPO_N,
+    ),
+    Override(
+        kinds=ALL_KINDS,
+        key="actor_rollout_ref.rollout.n",
+        value=2,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        sets=ONLY_NEXT,
+        why=_GRPO_N + " (0.8.0's fully-async config set rollout.n=4 itself; main_ppo's default is 1)",
     ),
     Override(
         kinds=ALL_KINDS,
         key="data.train_batch_size",
         value=0,
         modes=frozenset({Mode.FULLY_ASYNC}),
+        sets=ONLY_CURRENT,
         why="fully async draws prompts one by one (data.gen_batch_size=1); recipe setting",
+    ),
+    Override(
+        kinds=ALL_KINDS,
+        key="data.train_batch_size",
+        value=8,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        sets=ONLY_NEXT,
+        why="separate_async asserts train_batch_size == parameter_sync_step * ppo_mini_batch_size "
+        "(trainer_separate_async.py:56-63): 1 * 8. The async modes draw prompts one by one "
+        "themselves (data.gen_batch_size is forced to 1, trainer_base.py:728-739)",
+    ),
+    Override(
+        kinds=ALL_KINDS,
+        key="trainer.v1.separate_async.parameter_sync_step",
+        value=1,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        phases=frozenset({DumpPhase.LOG_PROB}),
+        sets=ONLY_NEXT,
+        why="one actor update per weight sync (verl's default is 4); with more, verl still computes "
+        "old log-probs with the rollout's weights, so a log_prob run may raise it together with "
+        "data.train_batch_size",
+    ),
+    Override(
+        kinds=ALL_KINDS,
+        key="actor_rollout_ref.rollout.nnodes",
+        value=1,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        sets=ONLY_NEXT,
+        why="the standalone rollout pool: one node (verl's default 0 is refused by separate_async, "
+        "trainer_separate_async.py:64; 0.8.0 had it as the top-level rollout.nnodes)",
+    ),
+    Override(
+        kinds=ALL_KINDS,
+        key="actor_rollout_ref.rollout.checkpoint_engine.backend",
+        value="nccl",
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        sets=ONLY_NEXT,
+        why="separate_async refuses the default 'naive' weight sync (trainer_separate_async.py:68); "
+        "'nccl' is HCCL on Ascend (checkpoint_engine/hccl_checkpoint_engine.py registers under it), "
+        "as 0.8.0's fully-async config set",
     ),
     Override(
         kinds=ALL_KINDS,
@@ -415,15 +671,32 @@ DEFAULTS: tuple[Override, ...] = (
         key="rollout.n_gpus_per_node",
         value=4,
         modes=frozenset({Mode.FULLY_ASYNC}),
+        sets=ONLY_CURRENT,
         why="...and 4 NPUs roll out",
+    ),
+    Override(
+        kinds=ALL_KINDS,
+        key="actor_rollout_ref.rollout.n_gpus_per_node",
+        value=4,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        sets=ONLY_NEXT,
+        why="...and 4 NPUs roll out (0.8.0's top-level rollout.n_gpus_per_node)",
     ),
     Override(
         kinds=ALL_KINDS,
         key="rollout.total_rollout_steps",
         value=64,
         modes=frozenset({Mode.FULLY_ASYNC}),
+        sets=ONLY_CURRENT,
         why="as many prompts as the generated prompt set holds",
     ),
+)
+
+_LEGACY_FULLY_ASYNC = (
+    "on the next pin set fully-async is verl 0.9's V1 trainer_mode=separate_async in "
+    "verl.trainer.main_ppo (`verl-consistency run fully-async`); the legacy "
+    "verl.experimental.fully_async_policy.fully_async_main, which verl's maintainers deprecate in its "
+    "favour, is not run on this set (use VERL_CONSISTENCY_PIN_SET=current for it)"
 )
 
 REFUSALS: tuple[Refusal, ...] = (
@@ -468,6 +741,46 @@ REFUSALS: tuple[Refusal, ...] = (
         modes=frozenset({Mode.HYBRID}),
         why="with shuffle on and no data.seed every run draws a different prompt order; "
         "set data.seed too if you need a shuffled order",
+    ),
+    Refusal(
+        key="async_training",
+        match="subtree",
+        kinds=ALL_KINDS,
+        sets=ONLY_NEXT,
+        why=_LEGACY_FULLY_ASYNC + ". Its knobs map to: staleness_threshold -> "
+        "trainer.v1.sampler.max_off_policy_threshold (the run sets 1), trigger_parameter_sync_step -> "
+        "trainer.v1.separate_async.parameter_sync_step, partial_rollout -> always on",
+    ),
+    Refusal(
+        key="rollout",
+        match="subtree",
+        kinds=ALL_KINDS,
+        sets=ONLY_NEXT,
+        why=_LEGACY_FULLY_ASYNC + ". Its top-level rollout.{nnodes,n_gpus_per_node} block is "
+        "actor_rollout_ref.rollout.{nnodes,n_gpus_per_node} in verl 0.9, and "
+        "rollout.total_rollout_steps is trainer.total_training_steps",
+    ),
+    *(
+        Refusal(
+            key=f"trainer.v1.{trainer_mode}.parameter_sync_step",
+            allowed=(1,),
+            modes=frozenset({mode}),
+            kinds=ALL_KINDS,
+            sets=ONLY_NEXT,
+            why=f"verl reads parameter_sync_step for every trainer mode (trainer_base.py:130); above 1, "
+            f"{trainer_mode} updates the actor several times between weight syncs and, unlike "
+            "separate_async, computes old log-probs with the updated weights, which the rollout never had",
+        )
+        for mode, trainer_mode in ((Mode.HYBRID, "sync"), (Mode.COLOCATE_ASYNC, "colocate_async"))
+    ),
+    Refusal(
+        key="trainer.v1.sampler.custom_sampler",
+        match="subtree",
+        allowed=(None,),
+        kinds=ALL_KINDS,
+        sets=ONLY_NEXT,
+        why="a custom replay buffer owns which trajectories a step trains on, so the run's "
+        "one-weight-version rule (max_off_policy_threshold=1) would no longer hold",
     ),
 )
 
@@ -526,14 +839,18 @@ def resolve(value: Value, run: Mapping[str, str]) -> Any:
 _C = RunKind.COLLECTION
 
 
-def env_rows(mode: Mode, phase: DumpPhase, kind: RunKind = _C) -> list[EnvVar]:
-    return [row for row in ENV if row.applies(mode, phase, kind)]
+def env_rows(mode: Mode, phase: DumpPhase, kind: RunKind = _C, set_name: str | None = None) -> list[EnvVar]:
+    name = set_name or pin_set()
+    return [row for row in ENV if row.applies(mode, phase, kind, name)]
 
 
-def required_rows(mode: Mode, phase: DumpPhase, kind: RunKind = _C) -> list[Override]:
+def required_rows(
+    mode: Mode, phase: DumpPhase, kind: RunKind = _C, set_name: str | None = None
+) -> list[Override]:
     """REQUIRED rows for this run, plus one ``+ray_kwargs...env_vars.<NAME>`` row per Ray env var."""
-    rows = [row for row in REQUIRED if row.applies(mode, phase, kind)]
-    for var in env_rows(mode, phase, kind):
+    name = set_name or pin_set()
+    rows = [row for row in REQUIRED if row.applies(mode, phase, kind, name)]
+    for var in env_rows(mode, phase, kind, name):
         if not var.driver_only:
             rows.append(
                 Override(
@@ -543,26 +860,35 @@ def required_rows(mode: Mode, phase: DumpPhase, kind: RunKind = _C) -> list[Over
                     modes=var.modes,
                     phases=var.phases,
                     kinds=var.kinds,
+                    sets=var.sets,
                     why=f"environment variable {var.name} must reach the Ray workers: {var.why}",
                 )
             )
     return rows
 
 
-def default_rows(mode: Mode, phase: DumpPhase, kind: RunKind = _C) -> list[Override]:
-    return [row for row in DEFAULTS if row.applies(mode, phase, kind)]
+def default_rows(
+    mode: Mode, phase: DumpPhase, kind: RunKind = _C, set_name: str | None = None
+) -> list[Override]:
+    name = set_name or pin_set()
+    return [row for row in DEFAULTS if row.applies(mode, phase, kind, name)]
 
 
-def refusal_rows(mode: Mode, phase: DumpPhase, kind: RunKind = _C) -> list[Refusal]:
-    return [row for row in REFUSALS if row.applies(mode, phase, kind)]
+def refusal_rows(
+    mode: Mode, phase: DumpPhase, kind: RunKind = _C, set_name: str | None = None
+) -> list[Refusal]:
+    name = set_name or pin_set()
+    return [row for row in REFUSALS if row.applies(mode, phase, kind, name)]
 
 
 def spell(row: Override, run: Mapping[str, str]) -> str:
     return f"{'+' if row.add else ''}{row.key}={hydra_value(resolve(row.value, run))}"
 
 
-def environment(mode: Mode, phase: DumpPhase, run: Mapping[str, str], kind: RunKind = _C) -> dict[str, str]:
-    return {row.name: str(resolve(row.value, run)) for row in env_rows(mode, phase, kind)}
+def environment(
+    mode: Mode, phase: DumpPhase, run: Mapping[str, str], kind: RunKind = _C, set_name: str | None = None
+) -> dict[str, str]:
+    return {row.name: str(resolve(row.value, run)) for row in env_rows(mode, phase, kind, set_name)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -621,11 +947,12 @@ def find_conflicts(
     phase: DumpPhase,
     run: Mapping[str, str],
     kind: RunKind = _C,
+    set_name: str | None = None,
 ) -> list[Conflict]:
     """Every user override that would spoil the data, each with a message naming it and why."""
     conflicts: list[Conflict] = []
-    required = required_rows(mode, phase, kind)
-    refusals = refusal_rows(mode, phase, kind)
+    required = required_rows(mode, phase, kind, set_name)
+    refusals = refusal_rows(mode, phase, kind, set_name)
     for ov in user:
         message = _conflict_with_required(ov, required, run) or _refused(ov, refusals)
         if message is not None:
@@ -682,10 +1009,11 @@ def find_env_conflicts(
     phase: DumpPhase,
     run: Mapping[str, str],
     kind: RunKind = _C,
+    set_name: str | None = None,
 ) -> list[EnvConflict]:
     """Variables in the caller's environment that disagree with what the run sets."""
     out = []
-    for row in env_rows(mode, phase, kind):
+    for row in env_rows(mode, phase, kind, set_name):
         want = str(resolve(row.value, run))
         have = environ.get(row.name)
         if have is not None and have != want:
@@ -702,13 +1030,22 @@ def find_env_conflicts(
 
 
 class Table(BaseModel):
-    """The whole table as one JSON document (``verl-consistency run --table``), for the k8s tests."""
+    """The whole table, every pin set, as one JSON document (``verl-consistency run --table``).
 
+    Each row names its ``sets``; ``pin_set`` and ``modules`` are the set in force's (a mode the set
+    refuses is absent from ``modules``); ``launch`` holds every set's modes."""
+
+    pin_set: str = Field(default_factory=pin_set)
     env: tuple[EnvVar, ...] = ENV
     required: tuple[Override, ...] = REQUIRED
     defaults: tuple[Override, ...] = DEFAULTS
     refusals: tuple[Refusal, ...] = REFUSALS
-    modules: dict[str, str] = Field(default_factory=lambda: {m.value: m.module for m in Mode})
+    launch: dict[str, dict[Mode, Launch | Unsupported]] = LAUNCH
+    modules: dict[str, str] = Field(
+        default_factory=lambda: {
+            m.value: how.module for m, how in LAUNCH[pin_set()].items() if isinstance(how, Launch)
+        }
+    )
 
 
 def main() -> int:

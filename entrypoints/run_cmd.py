@@ -1,4 +1,4 @@
-"""``verl-consistency run hybrid|fully-async``: one command per mode that launches a collection run.
+"""``verl-consistency run hybrid|fully-async|colocate-async``: one command per mode that launches a run.
 
 It writes the run folder (msprobe configs, prompt set, reward function, ``run.json``), then
 runs verl with the environment and overrides from :mod:`verl_consistency.entrypoints.overrides`, shows
@@ -29,6 +29,7 @@ from rich.markup import escape
 from verl_consistency.entrypoints import msprobe_config as mscfg
 from verl_consistency.entrypoints.overrides import Mode, RunKind, Table
 from verl_consistency.entrypoints.run_plan import DEFAULT_MODEL, Device, PlanError, RunPlan, build_plan
+from verl_consistency.patches import pins
 from verl_consistency.patches.contracts import dataset, env, layout
 from verl_consistency.patches.contracts.env import DUMP_PHASE, DumpPhase
 from verl_consistency.patches.contracts.run_manifest import MsprobeConfigs, RunManifest, now_utc
@@ -45,6 +46,11 @@ def format_dry_run(plan: RunPlan) -> str:
     token_level = plan.kind is RunKind.TOKEN_LEVEL
     lines = [
         f"# verl-consistency run {plan.mode.value} --dry-run: nothing was written or started.",
+        f"# pin set: {plan.pin_set} (verl {pins.get('upstream.verl', set_name=plan.pin_set)}); "
+        f"verl module: {plan.module}"
+        + (
+            f"; trainer.v1.trainer_mode={plan.trainer_mode}" if plan.trainer_mode else " (no V1 trainer mode)"
+        ),
         f"# run folder: {plan.run_dir}" + (" (--token-level: no msprobe dump)" if token_level else ""),
         f"#   msprobe configs: {plan.paths['rollout_config']}, {plan.paths['actor_config']}",
         f"#   prompt set: {plan.paths['train_data']}, reward: {plan.paths['reward_fn']}",
@@ -87,6 +93,8 @@ def prepare_run_dir(plan: RunPlan) -> RunManifest:
     manifest = RunManifest(
         run_id=plan.run_id,
         mode=plan.mode.value,
+        pin_set=plan.pin_set,
+        trainer_mode=plan.trainer_mode,
         device=plan.device.value,
         verl_module=plan.module,
         invocation=plan.invocation,
@@ -195,8 +203,10 @@ def run_command(
     mode: Annotated[
         Mode,
         typer.Argument(
-            help="hybrid = verl.trainer.main_ppo; fully-async = "
-            "verl.experimental.fully_async_policy.fully_async_main."
+            help="current pin set (verl 0.8.0): hybrid = verl.trainer.main_ppo; fully-async = "
+            "verl.experimental.fully_async_policy.fully_async_main. next pin set (verl 0.9.1, "
+            "VERL_CONSISTENCY_PIN_SET=next): verl.trainer.main_ppo with trainer.v1.trainer_mode "
+            "sync (hybrid), separate_async (fully-async) or colocate_async (colocate-async)."
         ),
     ],
     dump_root: Annotated[

@@ -82,6 +82,10 @@ class RunPlan(BaseModel):
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     mode: Mode
+    pin_set: str
+    """The pin set in force when the plan was built (``VERL_CONSISTENCY_PIN_SET``): it picks the table."""
+    trainer_mode: str | None = None
+    """verl 0.9's ``trainer.v1.trainer_mode`` for this mode; None on verl 0.8.0 (the current set)."""
     kind: RunKind = RunKind.COLLECTION
     run_id: str
     device: Device = Device.NPU
@@ -117,6 +121,8 @@ class RunPlan(BaseModel):
     def as_json(self) -> dict[str, object]:
         return {
             "mode": self.mode.value,
+            "pin_set": self.pin_set,
+            "trainer_mode": self.trainer_mode,
             "kind": self.kind.value,
             "run_id": self.run_id,
             "device": self.device.value,
@@ -227,6 +233,11 @@ def build_plan(
     environ = os.environ if environ is None else environ
     problems: list[str] = []
     kind = RunKind.TOKEN_LEVEL if token_level else RunKind.COLLECTION
+    set_name = table.pin_set()
+    try:
+        launch = table.launch(mode, set_name)
+    except ValueError as exc:
+        raise PlanError([str(exc)]) from None
     if token_level:
         given = {
             "--capture": capture != "all",
@@ -293,11 +304,11 @@ def build_plan(
     except ValueError as exc:
         raise PlanError([*problems, str(exc)]) from None
 
-    conflicts: list[Conflict] = table.find_conflicts(parsed, mode, phase, run, kind)
+    conflicts: list[Conflict] = table.find_conflicts(parsed, mode, phase, run, kind, set_name)
     # DUMP_PHASE and VERL_CONSISTENCY_CAPTURE are the sources of --phase and --capture: the option wins.
     option_sources = {DUMP_PHASE, env.CAPTURE}
     caller_env = {k: v for k, v in environ.items() if k not in option_sources}
-    env_conflicts: list[EnvConflict] = table.find_env_conflicts(caller_env, mode, phase, run, kind)
+    env_conflicts: list[EnvConflict] = table.find_env_conflicts(caller_env, mode, phase, run, kind, set_name)
     problems += [c.message for c in conflicts] + [c.message for c in env_conflicts]
     if environ.get(env.TOKEN_THRESHOLD):
         try:
@@ -325,10 +336,10 @@ def build_plan(
 
     defaults = [
         table.spell(row, run)
-        for row in table.default_rows(mode, phase, kind)
+        for row in table.default_rows(mode, phase, kind, set_name)
         if not any(_touches(row.key, k) for k in user_keys)
     ]
-    required_rows = table.required_rows(mode, phase, kind)
+    required_rows = table.required_rows(mode, phase, kind, set_name)
     required_keys = {row.key for row in required_rows}
     required = [table.spell(row, run) for row in required_rows]
     # A user override that equals a required one is already in `required`: drop the repeat.
@@ -360,6 +371,8 @@ def build_plan(
 
     return RunPlan(
         mode=mode,
+        pin_set=set_name,
+        trainer_mode=launch.trainer_mode,
         kind=kind,
         run_id=run_id,
         device=device,
@@ -370,8 +383,8 @@ def build_plan(
         capture_source=capture_source,
         dump=dump,
         python=python or sys.executable,
-        module=mode.module,
-        env=table.environment(mode, phase, run, kind),
+        module=launch.module,
+        env=table.environment(mode, phase, run, kind, set_name),
         overrides=[*model_rows, *device_rows, *defaults, *required, *user_kept],
         user_overrides=user_texts,
         hydra_flags=flags,

@@ -61,7 +61,11 @@ class RunManifest(BaseModel):
     device: str = "npu"
     """``verl-consistency run --device``: npu (Ascend) or cuda (NVIDIA)."""
     verl_module: str
+    trainer_mode: str | None = None
+    """verl 0.9's ``trainer.v1.trainer_mode`` the mode ran as; None on a verl without the V1 trainer."""
     bundle_version: str = __version__
+    pin_set: str | None = None
+    """The pin set of ``pinned`` (``VERL_CONSISTENCY_PIN_SET``); None in a manifest written before sets."""
     pinned: dict[str, str] = Field(default_factory=lambda: pins.load().upstream.model_dump())
     installed: dict[str, str | None] = Field(default_factory=installed_versions)
     invocation: list[str]

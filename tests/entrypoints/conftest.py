@@ -1,7 +1,9 @@
-"""Session fixtures: each mode is composed ONCE with verl 0.8.0's real Hydra config (~10-15 s each).
+"""Session fixtures: each mode is composed ONCE with the real Hydra config of the pin set's verl
+(0.8.0 on the current set, 0.9.1 on the next; ~10-15 s each).
 
-* fully-async: exactly the acceptance path — ``verl-consistency run fully-async --dry-run --json
-  model=<path>``, then the printed argv and env are executed with Hydra's ``--cfg job``.
+* fully-async (and colocate-async, next set only): exactly the acceptance path —
+  ``verl-consistency run <mode> --dry-run --json model=<path>``, then the printed argv and env are
+  executed with Hydra's ``--cfg job``.
 * hybrid: the real (non-dry-run) path — ``verl-consistency run hybrid ... --cfg job`` writes the
   run folder and runs verl, which prints its composed config and exits.
 """
@@ -60,19 +62,16 @@ class Composed:
         return node
 
 
-@pytest.fixture(scope="session")
-def fully_async(tmp_path_factory: pytest.TempPathFactory) -> Composed:
-    root = tmp_path_factory.mktemp("dump-fa")
+def supported(mode: str) -> bool:
+    """Whether the pin set in force runs ``mode`` (colocate-async needs verl 0.9's V1 trainer)."""
+    from verl_consistency.entrypoints.overrides import LAUNCH, Launch, Mode, pin_set
+
+    return isinstance(LAUNCH[pin_set()][Mode(mode)], Launch)
+
+
+def _compose_dry_run(root: Path, mode: str, run_id: str) -> Composed:
     dry = cli(
-        "run",
-        "fully-async",
-        "--dry-run",
-        "--json",
-        "--dump-root",
-        str(root),
-        "--run-id",
-        "fa-test",
-        f"model={MODEL}",
+        "run", mode, "--dry-run", "--json", "--dump-root", str(root), "--run-id", run_id, f"model={MODEL}"
     )
     assert dry.returncode == 0, dry.stderr
     plan = json.loads(dry.stdout)
@@ -84,9 +83,19 @@ def fully_async(tmp_path_factory: pytest.TempPathFactory) -> Composed:
         timeout=COMPOSE_TIMEOUT,
     )
     assert verl.returncode == 0, verl.stderr[-4000:]
-    return Composed(
-        "fully-async", root / "fa-test", plan, yaml.safe_load(verl.stdout), verl.stdout, verl.stderr
-    )
+    return Composed(mode, root / run_id, plan, yaml.safe_load(verl.stdout), verl.stdout, verl.stderr)
+
+
+@pytest.fixture(scope="session")
+def fully_async(tmp_path_factory: pytest.TempPathFactory) -> Composed:
+    return _compose_dry_run(tmp_path_factory.mktemp("dump-fa"), "fully-async", "fa-test")
+
+
+@pytest.fixture(scope="session")
+def colocate_async(tmp_path_factory: pytest.TempPathFactory) -> Composed:
+    if not supported("colocate-async"):
+        pytest.skip("colocate-async is verl 0.9's V1 trainer mode: the next pin set only")
+    return _compose_dry_run(tmp_path_factory.mktemp("dump-ca"), "colocate-async", "ca-test")
 
 
 @pytest.fixture(scope="session")
@@ -121,6 +130,6 @@ def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Composed:
     )
 
 
-@pytest.fixture(params=["hybrid", "fully_async"])
+@pytest.fixture(params=["hybrid", "fully_async", "colocate_async"])
 def composed(request: pytest.FixtureRequest) -> Composed:
     return request.getfixturevalue(request.param)

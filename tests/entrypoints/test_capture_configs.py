@@ -25,6 +25,8 @@ from verl_consistency.patches.contracts.capture import CaptureRule
 from verl_consistency.patches.contracts.env import CAPTURE, RUN_DIR
 from verl_consistency.patches.hooks import dispatch, request_scope
 
+pytestmark = pytest.mark.pinset
+
 REPO = Path(__file__).resolve().parents[2]
 FRACTION = "fraction:0.5"
 

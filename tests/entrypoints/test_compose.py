@@ -1,4 +1,5 @@
-"""Both modes composed with verl 0.8.0's real Hydra config, from the command this tool builds."""
+"""Every mode of the pin set in force composed with its verl's real Hydra config (0.8.0 on the
+current set, 0.9.1 on the next), from the command this tool builds."""
 
 from __future__ import annotations
 
@@ -6,11 +7,20 @@ import json
 
 import pytest
 
-from verl_consistency.entrypoints.overrides import ENV, RUNTIME_ENV_PREFIX, Mode
+from verl_consistency.entrypoints.overrides import (
+    ASYNC_MODES,
+    ENV,
+    NEXT,
+    RUNTIME_ENV_PREFIX,
+    Mode,
+    launch,
+    pin_set,
+)
+from verl_consistency.patches import pins
 
 from .conftest import MODEL, Composed
 
-pytestmark = pytest.mark.verl
+pytestmark = [pytest.mark.verl, pytest.mark.pinset]
 
 
 def test_values_that_matter(composed: Composed) -> None:
@@ -44,10 +54,38 @@ def test_values_that_matter(composed: Composed) -> None:
             "actor_rollout_ref.hybrid_engine": False,
             "data.shuffle": False,
             "actor_rollout_ref.rollout.calculate_log_probs": True,
-            "data.gen_batch_size": 1,
+        }
+        if pin_set() == NEXT:
+            # verl 0.9: main_ppo's own config; the V1 async modes force gen_batch_size to 1 at run time
+            expected |= {
+                "data.gen_batch_size": None,
+                "data.train_batch_size": 8,
+                "trainer.v1.separate_async.parameter_sync_step": 1,
+                "actor_rollout_ref.rollout.nnodes": 1,
+                "actor_rollout_ref.rollout.n_gpus_per_node": 4,
+                "actor_rollout_ref.rollout.checkpoint_engine.backend": "nccl",
+            }
+        else:
+            expected |= {"data.gen_batch_size": 1}
+    elif composed.mode == "colocate-async":
+        expected |= {
+            "actor_rollout_ref.hybrid_engine": True,
+            "data.shuffle": False,
+            "actor_rollout_ref.rollout.calculate_log_probs": True,
+            "trainer.v1.colocate_async.num_warmup_batches": 0,
         }
     else:
         expected |= {"actor_rollout_ref.hybrid_engine": True, "trainer.nnodes": 1}
+    trainer_mode = launch(Mode(composed.mode)).trainer_mode
+    if trainer_mode is not None:
+        expected |= {"trainer.use_v1": True, "trainer.v1.trainer_mode": trainer_mode}
+    if Mode(composed.mode) in ASYNC_MODES and pin_set() == NEXT:
+        expected |= {
+            "trainer.v1.sampler.max_off_policy_threshold": 1,
+            "trainer.v1.sampler.max_off_policy_strategy": "drop",
+        }
+    assert composed.plan["pin_set"] == pin_set()
+    assert composed.plan["trainer_mode"] == trainer_mode
     got = {key: composed.get(key) for key in expected}
     assert got == expected
 
@@ -65,11 +103,11 @@ def test_env_reaches_ray_workers_through_the_composed_config(composed: Composed)
     assert env_vars["PROMPTS_ONLY"] == "1"
     assert env_vars["VLLM_USE_V2_MODEL_RUNNER"] == "0"
     assert env_vars["VERL_CONSISTENCY_ACTOR_CONFIG"] == f"{composed.run_dir}/config/msprobe_actor.json"
-    assert ("TORCHDYNAMO_DISABLE" in env_vars) is (mode is Mode.FULLY_ASYNC)
+    assert ("TORCHDYNAMO_DISABLE" in env_vars) is (mode in ASYNC_MODES)
 
 
 def test_verl_hands_the_env_to_ray_init(fully_async: Composed, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run verl 0.8.0's own run_ppo on the composed config and catch what it passes to ray.init."""
+    """Run the set's verl's own run_ppo on the composed config and catch what it passes to ray.init."""
     import ray
     from omegaconf import OmegaConf
     from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
@@ -88,7 +126,7 @@ def test_verl_hands_the_env_to_ray_init(fully_async: Composed, monkeypatch: pyte
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", fake_init)
     with pytest.raises(Stop):
-        main_ppo.run_ppo(OmegaConf.create(fully_async.config))
+        main_ppo.run_ppo(OmegaConf.create(fully_async.config), task_runner_class=None)
     env_vars = captured["runtime_env"]["env_vars"]  # type: ignore[index]
     for name, value in fully_async.plan["env"].items():
         if name != "RAY_OVERRIDE_JOB_RUNTIME_ENV":
@@ -112,9 +150,11 @@ def test_real_run_wrote_the_run_folder(hybrid: Composed) -> None:
     assert manifest["exit_code"] == 0
     assert manifest["finished_at"]
     assert manifest["command"][1:3] == ["-m", "verl.trainer.main_ppo"]
+    assert manifest["pin_set"] == pin_set()
+    assert manifest["trainer_mode"] == launch(Mode.HYBRID).trainer_mode
     assert manifest["overrides"] == hybrid.plan["overrides"]
     assert manifest["env"] == hybrid.plan["env"]
-    assert manifest["installed"]["verl"] == manifest["pinned"]["verl"] == "0.8.0"
+    assert manifest["installed"]["verl"] == manifest["pinned"]["verl"] == pins.get("upstream.verl")
     assert manifest["msprobe"]["actor"]["dump_path"] == str(run / "actor")
     assert manifest["msprobe"]["rollout"]["step"] == ["0-3"]
     for rel in (

@@ -8,7 +8,7 @@ import pytest
 
 from verl_consistency.patches.contracts import dataset
 
-pytestmark = pytest.mark.verl
+pytestmark = [pytest.mark.verl, pytest.mark.pinset]
 
 
 def tiny_tokenizer(texts: list[str]):

@@ -1,4 +1,5 @@
-"""--dry-run prints the exact environment and command (shell form and JSON), and writes nothing."""
+"""--dry-run prints the exact environment and command (shell form and JSON), and writes nothing,
+and says which pin set and verl trainer mode it uses."""
 
 from __future__ import annotations
 
@@ -6,12 +7,27 @@ import json
 import shlex
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from verl_consistency.entrypoints.cli import app
-from verl_consistency.entrypoints.overrides import MODEL_PATH_KEY, Mode, Table
+from verl_consistency.entrypoints.overrides import (
+    CURRENT,
+    LAUNCH,
+    MODEL_PATH_KEY,
+    NEXT,
+    PIN_SETS,
+    Launch,
+    Mode,
+    Table,
+    launch,
+    pin_set,
+)
+from verl_consistency.patches import pins
 
-from .conftest import MODEL
+from .conftest import MODEL, supported
+
+pytestmark = pytest.mark.pinset
 
 ARGS = ["run", "fully-async", "--dry-run", "--dump-root", "/dump", "--run-id", "demo", f"model={MODEL}"]
 
@@ -37,8 +53,11 @@ def test_shell_form_is_exactly_the_json_plan() -> None:
 
 def test_json_plan_command_env_and_paths() -> None:
     plan = json.loads(_run(*ARGS, "--json"))
-    assert plan["argv"][1:3] == ["-m", "verl.experimental.fully_async_policy.fully_async_main"]
+    module = {CURRENT: "verl.experimental.fully_async_policy.fully_async_main", NEXT: "verl.trainer.main_ppo"}
+    assert plan["argv"][1:3] == ["-m", module[pin_set()]]
     assert plan["module"] == Mode.FULLY_ASYNC.module
+    assert plan["pin_set"] == pin_set()
+    assert plan["trainer_mode"] == {CURRENT: None, NEXT: "separate_async"}[pin_set()]
     assert plan["env"] == {
         "DUMP_ON": "1",
         "PROMPTS_ONLY": "1",
@@ -96,4 +115,51 @@ def test_table_is_exported_as_json() -> None:
     assert {r["key"] for r in table["required"]} >= {
         "actor_rollout_ref.rollout.enforce_eager",
         "algorithm.rollout_correction",
+    }
+
+
+def test_every_pin_set_has_a_run_table() -> None:
+    assert set(pins.set_names()) == PIN_SETS == set(LAUNCH)
+    for modes in LAUNCH.values():
+        assert set(modes) == set(Mode)
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_dry_run_says_the_set_and_trainer_mode(mode: Mode) -> None:
+    if not supported(mode.value):
+        pytest.skip(f"{mode.value} is not run on pin set {pin_set()!r}")
+    text = _run("run", mode.value, "--dry-run", "--dump-root", "/dump", "--run-id", "demo")
+    how = launch(mode)
+    header = text.splitlines()[1]
+    assert header.startswith(f"# pin set: {pin_set()} (verl {pins.get('upstream.verl')})")
+    assert f"verl module: {how.module}" in header
+    if how.trainer_mode:
+        assert f"trainer.v1.trainer_mode={how.trainer_mode}" in header
+        assert f"trainer.v1.trainer_mode={how.trainer_mode}" in text.split("-m", 1)[1]
+        assert "trainer.use_v1=true" in text
+    else:
+        assert "trainer.use_v1" not in text
+        assert "trainer.v1." not in text
+
+
+def test_a_mode_the_set_cannot_run_is_refused_with_the_reason(tmp_path: Path) -> None:
+    refused = [(m, how) for m, how in LAUNCH[pin_set()].items() if not isinstance(how, Launch)]
+    if pin_set() == CURRENT:
+        assert [m for m, _ in refused] == [Mode.COLOCATE_ASYNC]
+    for mode, how in refused:
+        result = CliRunner().invoke(app, ["run", mode.value, "--dump-root", str(tmp_path), "--run-id", "x"])
+        assert result.exit_code == 2, result.output
+        text = " ".join(result.output.split())
+        assert f"not available on pin set {pin_set()!r}" in text
+        assert how.why.split(";")[0] in text
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_next_set_modes_all_run_main_ppo_with_their_trainer_mode() -> None:
+    """The brief of the next set: one module, the trainer mode from the mode argument."""
+    got = {m: (how.module, how.trainer_mode) for m, how in LAUNCH[NEXT].items() if isinstance(how, Launch)}
+    assert got == {
+        Mode.HYBRID: ("verl.trainer.main_ppo", "sync"),
+        Mode.FULLY_ASYNC: ("verl.trainer.main_ppo", "separate_async"),
+        Mode.COLOCATE_ASYNC: ("verl.trainer.main_ppo", "colocate_async"),
     }

@@ -20,7 +20,7 @@ from verl_consistency.entrypoints.msprobe_config import (
 )
 from verl_consistency.patches.contracts.layout import RunLayout
 
-pytestmark = pytest.mark.msprobe
+pytestmark = [pytest.mark.msprobe, pytest.mark.pinset]
 
 # Load the config with the real PrecisionDebugger, dump one forward of a small module, report back.
 PROBE = r"""

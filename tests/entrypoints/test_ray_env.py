@@ -1,4 +1,4 @@
-"""The run's environment reaches Ray worker processes, not just the driver: verl 0.8.0's own run_ppo
+"""The run's environment reaches Ray worker processes, not just the driver: the set's verl's own run_ppo
 starts a real Ray on loopback from the composed config, and a nested actor created the way verl
 creates its vLLM servers (with its own runtime_env env_vars) sees every variable."""
 
@@ -14,7 +14,7 @@ import yaml
 
 from .conftest import Composed, clean_env
 
-pytestmark = [pytest.mark.ray, pytest.mark.verl]
+pytestmark = [pytest.mark.ray, pytest.mark.verl, pytest.mark.pinset]
 
 SCRIPT = r"""
 import json, os, sys

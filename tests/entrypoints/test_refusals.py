@@ -1,5 +1,5 @@
-"""The refusal table: each conflicting override is rejected (exit 2) with a message naming it and why,
-before anything is written."""
+"""The refusal table of the pin set in force: each conflicting override is rejected (exit 2) with a
+message naming it and why, before anything is written; every required and refused row fires."""
 
 from __future__ import annotations
 
@@ -8,9 +8,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from verl_consistency.entrypoints import overrides as table
 from verl_consistency.entrypoints.cli import app
+from verl_consistency.entrypoints.overrides import CURRENT, NEXT, Mode, RunKind, pin_set
+from verl_consistency.entrypoints.run_plan import PlanError, build_plan
+from verl_consistency.patches.contracts.env import DumpPhase
 
-from .conftest import clean_env
+from .conftest import clean_env, supported
+
+pytestmark = pytest.mark.pinset
+
+SET = pin_set()
 
 # (mode, extra options, the refused override, words the message must contain)
 CONFLICTS = [
@@ -35,7 +43,7 @@ CONFLICTS = [
     ("hybrid", [], "trainer.balance_batch=True", "balance_batch"),
     ("fully-async", [], "data.shuffle=True", "prompt order"),
     ("hybrid", [], "data.shuffle=true", "prompt order"),
-    ("fully-async", [], "actor_rollout_ref.hybrid_engine=True", "hybrid_engine is False"),
+    ("fully-async", [], "actor_rollout_ref.hybrid_engine=True", "separate pools"),
     ("hybrid", [], "trainer.val_before_train=True", "validation before training"),
     ("fully-async", [], "trainer.test_freq=5", "test_freq=-1"),
     ("hybrid", [], "actor_rollout_ref.model.use_remove_padding=False", "padded training forward"),
@@ -47,7 +55,12 @@ CONFLICTS = [
     ),
     ("hybrid", [], "actor_rollout_ref.actor.ppo_micro_batch_size=8", "deprecated global micro batch"),
     ("hybrid", [], "actor_rollout_ref.rollout.name=sglang", "vllm-ascend"),
-    ("fully-async", [], "actor_rollout_ref.rollout.calculate_log_probs=False", "must rollout calculate"),
+    (
+        "fully-async",
+        [],
+        "actor_rollout_ref.rollout.calculate_log_probs=False",
+        {CURRENT: "must rollout calculate", NEXT: "output row"}[SET],
+    ),
     (
         "hybrid",
         [],
@@ -57,6 +70,39 @@ CONFLICTS = [
     ("hybrid", [], "~actor_rollout_ref.rollout.enforce_eager", "eager mode"),
     ("hybrid", [], "actor_rollout_ref.rollout={}", "it replaces"),
 ]
+
+# verl 0.9.1's V1 trainer: the legacy trainer and fully_async_main, the trainer mode, one weight version.
+NEXT_CONFLICTS = [
+    ("hybrid", [], "trainer.use_v1=false", "main_ppo_v0"),
+    ("fully-async", [], "trainer.use_v1=False", "VERL_CONSISTENCY_PIN_SET=current"),
+    ("hybrid", [], "trainer.v1.trainer_mode=separate_async", "separate_async: `run fully-async`"),
+    ("fully-async", [], "trainer.v1.trainer_mode=sync", "sync: `run hybrid`"),
+    ("colocate-async", [], "trainer.v1.trainer_mode=sync", "colocate_async: `run colocate-async`"),
+    ("hybrid", [], "trainer.v1={}", "it replaces"),
+    ("fully-async", [], "async_training.staleness_threshold=0.1", "fully_async_main"),
+    ("fully-async", [], "+async_training.partial_rollout=false", "partial_rollout -> always on"),
+    ("fully-async", [], "rollout.n_gpus_per_node=4", "actor_rollout_ref.rollout.{nnodes,n_gpus_per_node}"),
+    ("hybrid", [], "rollout.total_rollout_steps=64", "deprecate"),
+    ("fully-async", [], "trainer.v1.sampler.max_off_policy_threshold=8", "the weights that generated it"),
+    ("colocate-async", [], "trainer.v1.sampler.max_off_policy_threshold=null", "partial rollout"),
+    ("fully-async", [], "trainer.v1.sampler.max_off_policy_strategy=wait", "older weights"),
+    ("colocate-async", [], "trainer.v1.colocate_async.num_warmup_batches=1", "warm-up batch"),
+    (
+        "fully-async",
+        ["--phase", "update_actor"],
+        "trainer.v1.separate_async.parameter_sync_step=4",
+        "k-th mini batch",
+    ),
+    ("fully-async", ["--phase", "all"], "~trainer.v1.separate_async.parameter_sync_step", "k-th mini batch"),
+    ("hybrid", [], "+trainer.v1.sync.parameter_sync_step=2", "trainer_base.py:130"),
+    ("colocate-async", [], "+trainer.v1.colocate_async.parameter_sync_step=4", "never had"),
+    ("hybrid", [], "trainer.v1.sampler.custom_sampler.path=/x/sampler.py", "custom replay buffer"),
+    ("fully-async", [], "actor_rollout_ref.hybrid_engine=true", "training NPUs"),
+    ("colocate-async", [], "actor_rollout_ref.rollout.enforce_eager=False", "eager mode"),
+    ("colocate-async", [], "data.shuffle=true", "prompt order"),
+]
+
+CASES = CONFLICTS + (NEXT_CONFLICTS if SET == NEXT else [])
 
 
 def _invoke(tmp_path: Path, *args: str, env: dict[str, str] | None = None):
@@ -70,7 +116,7 @@ def _invoke(tmp_path: Path, *args: str, env: dict[str, str] | None = None):
 
 
 @pytest.mark.parametrize(
-    ("mode", "options", "override", "why"), CONFLICTS, ids=[f"{m}:{o}" for m, _, o, _ in CONFLICTS]
+    ("mode", "options", "override", "why"), CASES, ids=[f"{m}:{o}" for m, _, o, _ in CASES]
 )
 def test_conflict_is_refused(
     tmp_path: Path, mode: str, options: list[str], override: str, why: str, monkeypatch: pytest.MonkeyPatch
@@ -205,3 +251,95 @@ def test_phase_option_wins_over_its_env_source(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["env"]["DUMP_PHASE"] == "all"
+
+
+def _contradiction(row: table.Override) -> str:
+    """An override that contradicts a required row: its deletion."""
+    return f"~{row.key}"
+
+
+def _refused_value(row: table.Refusal) -> str:
+    key = row.key + (".x" if row.match == "subtree" else "")
+    if row.bad is not None:
+        value = row.bad[0]
+    elif row.allowed is not None:
+        value = "not-allowed"
+    else:
+        value = 3
+    return f"+{key}={table.hydra_value(value)}"
+
+
+def _plans() -> list[tuple[Mode, DumpPhase, RunKind]]:
+    return [
+        (mode, phase, kind)
+        for mode in Mode
+        if supported(mode.value)
+        for phase in DumpPhase
+        for kind in RunKind
+        if kind is RunKind.COLLECTION or phase is DumpPhase.LOG_PROB
+    ]
+
+
+def test_every_required_row_and_refusal_of_the_set_fires() -> None:
+    """Every row of the set in force, in every mode, phase and kind it applies to, refuses its
+    contradiction (a deletion of a required key; a refused value)."""
+    fired: set[tuple[str, str]] = set()
+    for mode, phase, kind in _plans():
+        cases = [(_contradiction(r), r.why) for r in table.required_rows(mode, phase, kind)]
+        cases += [(_refused_value(r), r.why) for r in table.refusal_rows(mode, phase, kind)]
+        for override, why in cases:
+            with pytest.raises(PlanError) as err:
+                build_plan(
+                    mode,
+                    dump_root="/dump",
+                    run_id="r",
+                    phase=phase,
+                    environ={},
+                    token_level=kind is RunKind.TOKEN_LEVEL,
+                    extra_args=[override],
+                )
+            (message,) = err.value.messages
+            assert message.startswith(f"refused `{override}`"), message
+            assert why in message, (override, message)
+            fired.add((override, why))
+    rows = [r for r in (*table.REQUIRED, *table.REFUSALS) if SET in r.sets]
+    assert {r.why for r in rows} <= {why for _, why in fired}, "a row of the set never applied"
+
+
+def test_rows_of_another_set_do_not_fire() -> None:
+    """A refusal of another set does not fire here: e.g. the next set refuses the legacy fully-async
+    knobs (async_training.*, the top-level rollout.*), which the current set's fully_async_main reads."""
+    other = [r for r in table.REFUSALS if SET not in r.sets]
+    if not other:
+        pytest.skip(f"every refusal of the other sets applies to {SET!r} too")
+    for row in other:
+        plan = build_plan(
+            Mode.FULLY_ASYNC, dump_root="/dump", run_id="r", environ={}, extra_args=[_refused_value(row)]
+        )
+        assert plan.pin_set == SET
+
+
+@pytest.mark.parametrize(
+    ("mode", "options", "overrides"),
+    [
+        ("fully-async", [], ["trainer.v1.separate_async.parameter_sync_step=4", "data.train_batch_size=32"]),
+        ("fully-async", [], ["trainer.v1.sampler.max_off_policy_threshold=1", "trainer.use_v1=true"]),
+        (
+            "hybrid",
+            [],
+            ["+trainer.v1.sync.parameter_sync_step=1", "trainer.v1.sampler.custom_sampler.path=null"],
+        ),
+        ("colocate-async", [], ["trainer.v1.colocate_async.num_warmup_batches=0"]),
+    ],
+)
+def test_next_set_compatible_overrides_pass_through(
+    mode: str, options: list[str], overrides: list[str]
+) -> None:
+    if SET != NEXT:
+        pytest.skip("verl 0.9.1's V1 keys: the next pin set")
+    plan = build_plan(
+        Mode(mode), dump_root="/dump", run_id="r", environ={}, extra_args=[*options, *overrides]
+    )
+    for override in overrides:
+        key = override.split("=")[0].lstrip("+")
+        assert sum(o.split("=")[0].lstrip("+") == key for o in plan.overrides) == 1, key

@@ -1,4 +1,4 @@
-"""`verl-consistency run ... --token-level`: the triage run, composed with verl 0.8.0's Hydra config."""
+"""`verl-consistency run ... --token-level`: the triage run, composed with the pin set's verl Hydra config."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from verl_consistency.entrypoints.overrides import RUNTIME_ENV_PREFIX, Mode
 from verl_consistency.entrypoints.run_plan import PlanError, build_plan
 from verl_consistency.patches.contracts.env import DumpPhase
 
-from .conftest import COMPOSE_TIMEOUT, MODEL, clean_env, cli
+from .conftest import COMPOSE_TIMEOUT, MODEL, clean_env, cli, supported
+
+pytestmark = pytest.mark.pinset
 
 
 def _compose(tmp: Path, mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -40,8 +42,10 @@ def _get(config: dict[str, Any], dotted: str) -> Any:
 
 
 @pytest.mark.verl
-@pytest.mark.parametrize("mode", ["hybrid", "fully-async"])
+@pytest.mark.parametrize("mode", ["hybrid", "fully-async", "colocate-async"])
 def test_token_level_composes_with_verls_config(tmp_path: Path, mode: str) -> None:
+    if not supported(mode):
+        pytest.skip(f"{mode} is not run on this pin set")
     plan, config = _compose(tmp_path, mode)
     assert plan["kind"] == "token-level"
     assert "--token-level" in plan["invocation"]
@@ -62,6 +66,10 @@ def test_token_level_composes_with_verls_config(tmp_path: Path, mode: str) -> No
     assert _get(config, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") != 1
     if mode == "fully-async":
         assert _get(config, "actor_rollout_ref.hybrid_engine") is False
+    if plan["trainer_mode"] is not None:  # verl 0.9: the same trainer mode and weight-version rules
+        assert _get(config, "trainer.v1.trainer_mode") == plan["trainer_mode"]
+        if mode != "hybrid":
+            assert _get(config, "trainer.v1.sampler.max_off_policy_threshold") == 1
 
 
 def _plan(**kw: Any) -> Any:
