@@ -8,6 +8,7 @@ anything is written (exit code 2).
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
 import os
 import re
@@ -321,9 +322,16 @@ def run_command(
         console.print(f"nothing was written or started ({len(exc.messages)} problem(s)).", highlight=False)
         raise typer.Exit(EXIT_REFUSED) from None
 
+    mismatch = installed_verl_mismatch()
     if dry_run:
+        if mismatch:
+            console.print(f"[yellow]warning:[/yellow] {escape(mismatch)}", highlight=False, soft_wrap=True)
         typer.echo(json.dumps(plan.as_json(), indent=2) if as_json else format_dry_run(plan))
         raise typer.Exit(0)
+    if mismatch:
+        console.print(f"[red]error:[/red] {escape(mismatch)}", highlight=False, soft_wrap=True)
+        console.print("nothing was written or started.", highlight=False)
+        raise typer.Exit(EXIT_REFUSED)
 
     try:
         with console.status(f"writing run folder {plan.run_dir}"):
@@ -338,6 +346,29 @@ def run_command(
         highlight=False,
     )
     raise typer.Exit(execute(plan, manifest))
+
+
+def installed_verl_mismatch() -> str | None:
+    """Why this environment cannot run the pin set in force, or None.
+
+    The plan is composed for one pin set's verl (its modes, keys and refusals differ), so a
+    next-set plan on a current-set image would fail deep inside Hydra or, worse, run with
+    patches that were never applied. Read from the package metadata: importing verl would pull
+    in torch_npu. No verl at all is not a mismatch here (a dry run on a laptop).
+    """
+    p = pins.load()
+    try:
+        have = md.version("verl")
+    except md.PackageNotFoundError:
+        return None
+    if have.split("+", 1)[0] == p.upstream.verl:
+        return None
+    return (
+        f"pin set {p.set.name!r} is for verl {p.upstream.verl}, but verl {have} is installed here. "
+        f"Run the image built for this set (make image PINS={p.set.name}), or set "
+        f"{env.PIN_SET} to the set whose verl is installed "
+        f"(python3 patches/pins.py --sets lists them)."
+    )
 
 
 RUN_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}

@@ -343,3 +343,28 @@ def test_next_set_compatible_overrides_pass_through(
     for override in overrides:
         key = override.split("=")[0].lstrip("+")
         assert sum(o.split("=")[0].lstrip("+") == key for o in plan.overrides) == 1, key
+
+
+def test_a_pin_set_whose_verl_is_not_installed_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A next-set plan on a current-set image (or the reverse) fails loudly, not deep in Hydra."""
+    import importlib.metadata as md
+
+    from verl_consistency.patches import pins
+    from verl_consistency.patches.contracts.env import PIN_SET
+
+    have = md.version("verl")
+    other = next(n for n in pins.set_names() if pins.get("upstream.verl", set_name=n) != have)
+    monkeypatch.setenv(PIN_SET, other)
+    args = ["run", "hybrid", "--dump-root", str(tmp_path), "--run-id", "wrongset", "model=/m"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert f"pin set {other!r} is for verl {pins.get('upstream.verl', set_name=other)}" in result.output
+    assert f"verl {have} is installed" in result.output
+    assert f"make image PINS={other}" in result.output
+    assert not (tmp_path / "wrongset").exists()
+    dry = CliRunner().invoke(app, [*args, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "warning:" in dry.output
+    assert f"# pin set: {other} " in dry.output

@@ -10,12 +10,23 @@ submitter pod's `/bin/bash -ce` fills them (test_submission.py does the whole su
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from tests.k8s.conftest import SOURCES, expand_entrypoint, of_kind, render, run_settings
+from verl_consistency.patches import pins
+from verl_consistency.patches.contracts.env import PIN_SET
+
+# Each source is checked by the run of its own pin set (the run ConfigMap names it; the
+# default set when it does not): `make test` the current sources, `make test-next` the next.
+pytestmark = pytest.mark.pinset
+
+
+def source_set(source: str) -> str:
+    return run_settings(render(source)[1]).get(PIN_SET) or pins.raw()["sets"]["default"]
 
 
 def entrypoint_argv(source: str) -> list[str]:
@@ -27,7 +38,12 @@ def entrypoint_argv(source: str) -> list[str]:
 
 # The shipped sources, and the nvidia component on hybrid (no shipped source has it: its
 # overlay is fully-async), whose entrypoint is the component's own.
-UNIQUE = sorted({" ".join(entrypoint_argv(s)): s for s in [*SOURCES, "compose:hybrid:nvidia"]}.values())
+ALL = [*SOURCES, "compose:hybrid:nvidia", "compose:hybrid:next"]
+UNIQUE = sorted({" ".join(entrypoint_argv(s)): s for s in ALL if source_set(s) == pins.selected()}.values())
+
+
+def test_every_pin_set_has_a_source() -> None:
+    assert {source_set(s) for s in ALL} == set(pins.set_names())
 
 
 @pytest.mark.parametrize("source", UNIQUE)
@@ -39,6 +55,7 @@ def test_rayjob_entrypoint_is_the_dry_run_invocation(source: str) -> None:
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, PIN_SET: source_set(source)},
     )
     assert res.returncode == 0, f"the entrypoint of {source} is refused:\n{res.stdout}\n{res.stderr}"
     plan = json.loads(res.stdout)
