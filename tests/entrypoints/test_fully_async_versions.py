@@ -81,8 +81,8 @@ async def _submitted_per_version(config: Any) -> int:
 
 def _consumed_per_sync(config: Any) -> int:
     """Samples the trainer takes per step (fully_async_trainer.py:150-151) times steps per sync (:495-499)."""
-    a = config.async_training
-    return config.actor_rollout_ref.actor.ppo_mini_batch_size * a.require_batches * a.trigger_parameter_sync_step
+    steps = config.async_training.require_batches * config.async_training.trigger_parameter_sync_step
+    return config.actor_rollout_ref.actor.ppo_mini_batch_size * steps
 
 
 def _config(composed: Composed, **async_training: Any) -> Any:
