@@ -95,7 +95,9 @@ LAUNCH: dict[str, dict[Mode, Launch | Unsupported]] = {
         ),
         Mode.FULLY_ASYNC: Launch(
             module="verl.experimental.fully_async_policy.fully_async_main",
-            why="verl 0.8.0's fully-async policy: separate rollout and trainer pools",
+            why="verl 0.8.0's fully-async policy: separate rollout and trainer pools; with "
+            "async_training.staleness_threshold=0 (and, to dump update_actor, one actor update per "
+            "weight sync) every sample is generated and trained by one weight version",
         ),
         Mode.COLOCATE_ASYNC: Unsupported(
             why="colocate-async is verl 0.9's V1 trainer mode colocate_async; the current pin set's "
