@@ -69,9 +69,18 @@ def supported(mode: str) -> bool:
     return isinstance(LAUNCH[pin_set()][Mode(mode)], Launch)
 
 
-def _compose_dry_run(root: Path, mode: str, run_id: str) -> Composed:
+def _compose_dry_run(root: Path, mode: str, run_id: str, *options: str) -> Composed:
     dry = cli(
-        "run", mode, "--dry-run", "--json", "--dump-root", str(root), "--run-id", run_id, f"model={MODEL}"
+        "run",
+        mode,
+        *options,
+        "--dry-run",
+        "--json",
+        "--dump-root",
+        str(root),
+        "--run-id",
+        run_id,
+        f"model={MODEL}",
     )
     assert dry.returncode == 0, dry.stderr
     plan = json.loads(dry.stdout)
@@ -89,6 +98,12 @@ def _compose_dry_run(root: Path, mode: str, run_id: str) -> Composed:
 @pytest.fixture(scope="session")
 def fully_async(tmp_path_factory: pytest.TempPathFactory) -> Composed:
     return _compose_dry_run(tmp_path_factory.mktemp("dump-fa"), "fully-async", "fa-test")
+
+
+@pytest.fixture(scope="session")
+def fully_async_all(tmp_path_factory: pytest.TempPathFactory) -> Composed:
+    """fully-async with ``--phase all``: the update_actor rows (one actor update per weight sync)."""
+    return _compose_dry_run(tmp_path_factory.mktemp("dump-fa-all"), "fully-async", "fa-all", "--phase", "all")
 
 
 @pytest.fixture(scope="session")

@@ -66,7 +66,18 @@ def test_values_that_matter(composed: Composed) -> None:
                 "actor_rollout_ref.rollout.checkpoint_engine.backend": "nccl",
             }
         else:
-            expected |= {"data.gen_batch_size": 1}
+            # verl 0.8.0's fully_async_main: no sample is older than the trainer's weights
+            # (staleness 0); one trainer step per weight sync by default (log_prob phase).
+            # partial_rollout and use_trainer_do_validate keep verl's defaults: with staleness 0
+            # no request is in flight at a sync, and validation is off.
+            expected |= {
+                "data.gen_batch_size": 1,
+                "async_training.staleness_threshold": 0,
+                "async_training.trigger_parameter_sync_step": 1,
+                "async_training.require_batches": 1,
+                "async_training.partial_rollout": True,
+                "async_training.use_trainer_do_validate": False,
+            }
     elif composed.mode == "colocate-async":
         expected |= {
             "actor_rollout_ref.hybrid_engine": True,

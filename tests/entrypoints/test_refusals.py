@@ -102,7 +102,23 @@ NEXT_CONFLICTS = [
     ("colocate-async", [], "data.shuffle=true", "prompt order"),
 ]
 
-CASES = CONFLICTS + (NEXT_CONFLICTS if SET == NEXT else [])
+# verl 0.8.0's fully_async_main: one weight version per pair (async_training.*).
+CURRENT_CONFLICTS = [
+    ("fully-async", [], "async_training.staleness_threshold=0.1", "run ahead"),
+    ("fully-async", [], "~async_training.staleness_threshold", "no request is in flight"),
+    ("fully-async", [], "async_training={}", "it replaces"),
+    (
+        "fully-async",
+        ["--phase", "update_actor"],
+        "async_training.trigger_parameter_sync_step=4",
+        "updated k-1 times",
+    ),
+    ("fully-async", ["--phase", "all"], "async_training.trigger_parameter_sync_step=2", "every step syncs"),
+    ("fully-async", ["--phase", "update_actor"], "async_training.require_batches=2", "second mini batch"),
+    ("fully-async", ["--phase", "all"], "~async_training.require_batches", "never had"),
+]
+
+CASES = CONFLICTS + {CURRENT: CURRENT_CONFLICTS, NEXT: NEXT_CONFLICTS}[SET]
 
 
 def _invoke(tmp_path: Path, *args: str, env: dict[str, str] | None = None):
@@ -368,3 +384,23 @@ def test_a_pin_set_whose_verl_is_not_installed_is_refused_before_anything_is_wri
     assert dry.exit_code == 0, dry.output
     assert "warning:" in dry.output
     assert f"# pin set: {other} " in dry.output
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["async_training.trigger_parameter_sync_step=4", "async_training.require_batches=2"],
+        ["async_training.staleness_threshold=0.0", "async_training.partial_rollout=false"],
+        ["async_training.use_trainer_do_validate=true"],
+    ],
+)
+def test_current_set_log_prob_run_may_batch_several_steps_per_sync(overrides: list[str]) -> None:
+    """Old log-probs use the rollout's weights for the whole sync cycle (fully_async_trainer.py:476-485):
+    a log_prob run may sync less often; partial rollout and trainer-side validation are not refused
+    (no request is in flight at a sync, and validation is off)."""
+    if SET != CURRENT:
+        pytest.skip("verl 0.8.0's async_training.* keys: the current pin set")
+    plan = build_plan(Mode.FULLY_ASYNC, dump_root="/dump", run_id="r", environ={}, extra_args=overrides)
+    for override in overrides:
+        key = override.split("=")[0]
+        assert sum(o.split("=")[0] == key for o in plan.overrides) == 1, key
