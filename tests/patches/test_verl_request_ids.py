@@ -95,8 +95,10 @@ def test_v1_padding_samples_carry_no_request_id(report: dict[str, Any]) -> None:
 
 def test_capture_marks_the_listed_prompts_id_in_the_real_client(report: dict[str, Any]) -> None:
     got = report["capture"]
-    assert got["listed"].startswith(capture.CAPTURED_PREFIX) and len(got["listed"]) == 32
-    assert not got["unlisted"].startswith(capture.CAPTURED_PREFIX) and len(got["unlisted"]) == 32
+    assert got["listed"].startswith(capture.CAPTURED_PREFIX)
+    assert len(got["listed"]) == 32
+    assert not got["unlisted"].startswith(capture.CAPTURED_PREFIX)
+    assert len(got["unlisted"]) == 32
     if V1:  # rollout.full_determinism passes the caller's id through (verl 0.9's _vllm_request_id)
         assert got["deterministic_listed"] == capture.CAPTURED_PREFIX + "trajectory-0"
         assert got["deterministic_unlisted"] == "trajectory-0"
