@@ -123,7 +123,7 @@ def trim(batch: Any, *, bypass_mode: bool = False) -> Any:
     return batch
 
 
-def check_v1_config(rollout_corr_config: Any) -> None:
+def check_v1_config(rollout_corr_config: Any, reward_config: Any = None) -> None:
     """verl 0.9 V1 ``PPOTrainer._compute_old_log_prob``: refuse what the V1 trim cannot serve.
 
     TransferQueue cannot drop ``rollout_log_probs``, so :func:`trim_sample` fills it with NaN
@@ -131,8 +131,23 @@ def check_v1_config(rollout_corr_config: Any) -> None:
     correction's IS weights and rejection sampling (``rollout_is``, ``rollout_rs``) would then
     turn NaN into the loss: they are refused too (``algorithm.rollout_correction=null``, which
     the verl-consistency run command passes, turns all three off).
+
+    A reward model colocated with the trainer (``reward.reward_model.enable=true`` without
+    ``enable_resource_pool``) scores the batch in the trainer, after the agent loop's trim
+    (``PPOTrainer._compute_reward_colocate``), so it would overwrite the zeroed reward of the
+    trimmed response and make the policy gradient non-zero: refused as well.
     """
-    if not enabled() or rollout_corr_config is None:
+    if not enabled():
+        return
+    model = (reward_config or {}).get("reward_model", None) or {}
+    if model.get("enable", False) and not model.get("enable_resource_pool", False):
+        raise PromptsOnlyError(
+            "PROMPTS_ONLY=1 on verl 0.9's V1 trainer zeroes the reward of the trimmed response in the "
+            "agent loop, but a reward model colocated with the trainer scores the batch afterwards. "
+            "Use a rule-based reward or give the reward model its own pool "
+            "('reward.reward_model.enable_resource_pool=true')."
+        )
+    if rollout_corr_config is None:
         return
     check_config(bool(rollout_corr_config.get("bypass_mode", False)))
     used = [k for k in ("rollout_is", "rollout_rs") if rollout_corr_config.get(k, None) is not None]

@@ -48,7 +48,7 @@ def test_the_trim_sits_where_the_set_builds_the_training_batch(root: Path) -> No
         assert body.index("field['position_ids'] = position_ids") < trim < body.index("fields.append(field)")
         assert trim < body.index("'prompt_len': prompt_len"), "the tags are computed from the trimmed sample"
         base = (root / "verl/trainer/ppo/v1/trainer_base.py").read_text()
-        assert "prompts_only.check_v1_config(rollout_corr_config)" in base
+        assert "prompts_only.check_v1_config(rollout_corr_config, reward_config=" in base
         for rel in (
             "verl/trainer/ppo/ray_trainer.py",
             "verl/experimental/fully_async_policy/fully_async_trainer.py",
@@ -103,11 +103,15 @@ def test_v1_old_log_prob_pass_is_finite_and_writes_no_token_records(po: dict[str
 
 
 @pytest.mark.skipif(not V1, reason="verl 0.9.1's V1 trainer (TransferQueue)")
-def test_v1_refuses_bypass_and_rollout_correction(po: dict[str, Any]) -> None:
+def test_v1_refuses_bypass_rollout_correction_and_a_colocated_reward_model(po: dict[str, Any]) -> None:
     assert "PromptsOnlyError" in po["refusals"]["bypass"]
     assert prompts_only.BYPASS_OVERRIDE in po["refusals"]["bypass"]
     assert "PromptsOnlyError" in po["refusals"]["rollout_is"]
     assert "algorithm.rollout_correction=null" in po["refusals"]["rollout_is"]
+    assert "reward.reward_model.enable_resource_pool=true" in po["refusals"]["colocated_reward_model"]
+    assert po["refusals"]["reward_model_own_pool"] is None, (
+        "a reward model on its own pool scores before the trim"
+    )
 
 
 def test_trim_sample_refuses_unknown_response_shaped_fields(monkeypatch: pytest.MonkeyPatch) -> None:

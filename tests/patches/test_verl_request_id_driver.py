@@ -239,11 +239,12 @@ class _StandInActorWG:
         return batch
 
 
-def _trainer(rollout_correction: Any) -> Any:
+def _trainer(rollout_correction: Any, reward: Any = None) -> Any:
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.create(
         {
+            "reward": reward,
             "algorithm": {"rollout_correction": rollout_correction},
             "actor_rollout_ref": {
                 "rollout": {"temperature": 1.0, "calculate_log_probs": True},
@@ -352,12 +353,18 @@ def _v1_batch(report: dict[str, Any], parts: set[str], run_dir: Path) -> None:
         )
         v1["prompts_only"]["token_records_written"] = after - before
         refusals = {}
-        for name, corr in (
-            ("bypass", {"bypass_mode": True}),
-            ("rollout_is", {"bypass_mode": False, "rollout_is": "token", "rollout_rs": None}),
+        for name, corr, reward in (
+            ("bypass", {"bypass_mode": True}, None),
+            ("rollout_is", {"bypass_mode": False, "rollout_is": "token", "rollout_rs": None}, None),
+            (
+                "colocated_reward_model",
+                None,
+                {"reward_model": {"enable": True, "enable_resource_pool": False}},
+            ),
+            ("reward_model_own_pool", None, {"reward_model": {"enable": True, "enable_resource_pool": True}}),
         ):
             try:
-                PPOTrainer._compute_old_log_prob(_trainer(corr), po_meta, {})
+                PPOTrainer._compute_old_log_prob(_trainer(corr, reward), po_meta, {})
                 refusals[name] = None
             except Exception as exc:
                 refusals[name] = f"{type(exc).__name__}: {exc}"
