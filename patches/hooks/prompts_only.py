@@ -1,7 +1,11 @@
 """PROMPTS_ONLY: make the training forward recompute exactly what vLLM's prompt-only prefill computed.
 
 Called from the patched ``RayPPOTrainer.fit`` (hybrid) and ``FullyAsyncTrainer._fit_generate``
-(fully async) on the rollout batch, before old log-probs are computed.
+(fully async) on the rollout batch, before old log-probs are computed (verl 0.8.0: :func:`trim`).
+verl 0.9's V1 trainer keeps each trajectory in TransferQueue as 1-D tensors and cannot delete a
+field there, so its patched ``AgentLoopWorkerTQ._agent_loop_postprocess`` trims each training
+sample before it is stored (:func:`trim_sample`), and ``PPOTrainer._compute_old_log_prob``
+checks the config (:func:`check_v1_config`).
 
 The public recipe cut the responses to **zero** tokens. Every loss then averages over an empty
 mask: the actor update's loss is NaN, and verl's rollout-correction code raises
@@ -117,6 +121,122 @@ def trim(batch: Any, *, bypass_mode: bool = False) -> Any:
     if "global_token_num" in batch.meta_info:
         batch.meta_info["global_token_num"] = td["attention_mask"].sum(dim=-1).tolist()
     return batch
+
+
+def check_v1_config(rollout_corr_config: Any, reward_config: Any = None) -> None:
+    """verl 0.9 V1 ``PPOTrainer._compute_old_log_prob``: refuse what the V1 trim cannot serve.
+
+    TransferQueue cannot drop ``rollout_log_probs``, so :func:`trim_sample` fills it with NaN
+    (vLLM never computed a log-prob for the last prompt token). Besides bypass mode, rollout
+    correction's IS weights and rejection sampling (``rollout_is``, ``rollout_rs``) would then
+    turn NaN into the loss: they are refused too (``algorithm.rollout_correction=null``, which
+    the verl-consistency run command passes, turns all three off).
+
+    A reward model colocated with the trainer (``reward.reward_model.enable=true`` without
+    ``enable_resource_pool``) scores the batch in the trainer, after the agent loop's trim
+    (``PPOTrainer._compute_reward_colocate``), so it would overwrite the zeroed reward of the
+    trimmed response and make the policy gradient non-zero: refused as well.
+    """
+    if not enabled():
+        return
+    model = (reward_config or {}).get("reward_model", None) or {}
+    if model.get("enable", False) and not model.get("enable_resource_pool", False):
+        raise PromptsOnlyError(
+            "PROMPTS_ONLY=1 on verl 0.9's V1 trainer zeroes the reward of the trimmed response in the "
+            "agent loop, but a reward model colocated with the trainer scores the batch afterwards. "
+            "Use a rule-based reward or give the reward model its own pool "
+            "('reward.reward_model.enable_resource_pool=true')."
+        )
+    if rollout_corr_config is None:
+        return
+    check_config(bool(rollout_corr_config.get("bypass_mode", False)))
+    used = [k for k in ("rollout_is", "rollout_rs") if rollout_corr_config.get(k, None) is not None]
+    if used:
+        raise PromptsOnlyError(
+            f"PROMPTS_ONLY=1 on verl 0.9's V1 trainer leaves no vLLM log-prob for the trimmed response, "
+            f"so rollout correction ({', '.join('algorithm.rollout_correction.' + k for k in used)}) "
+            "would train on NaN weights. Pass the override 'algorithm.rollout_correction=null' "
+            "(the verl-consistency run command does)."
+        )
+
+
+_SAMPLE_HANDLED = frozenset(
+    {
+        "prompts",
+        "responses",
+        "response_mask",
+        "loss_mask",
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "rm_scores",
+        "rollout_log_probs",
+        "routed_experts",
+    }
+)
+
+
+def trim_sample(field: dict[str, Any], *, validate: bool = False) -> dict[str, Any]:
+    """verl 0.9 V1: trim one trajectory before it goes into TransferQueue (see the module docstring).
+
+    ``field`` is what ``AgentLoopWorkerTQ._agent_loop_postprocess`` stores for one sample: 1-D
+    tensors without padding (``prompts`` P, ``responses``/``response_mask``/``loss_mask``/
+    ``rm_scores``/``rollout_log_probs`` R, ``input_ids`` P+R, ``position_ids`` ``[..., P+R]``,
+    ``routed_experts`` ``[P+R, ...]``). Afterwards the forward input is the prompt and nothing
+    else, the last prompt token is a one-token response with mask 1 and reward 0, and
+    ``rollout_log_probs`` is ``[NaN]`` (TransferQueue cannot delete a field; see
+    :func:`check_v1_config`). Validation samples, and everything when ``PROMPTS_ONLY`` is off,
+    are left alone. Returns ``field``.
+    """
+    if validate or not enabled():
+        return field
+    import torch
+
+    for key in ("prompts", "responses", "input_ids", "position_ids"):
+        if not isinstance(field.get(key), torch.Tensor):
+            raise PromptsOnlyError(f"PROMPTS_ONLY: the trajectory has no tensor {key!r}; cannot trim it")
+    prompts = field["prompts"]
+    prompt_len, resp_len = int(prompts.shape[0]), int(field["responses"].shape[0])
+    total = int(field["input_ids"].shape[0])
+    if prompt_len < 2 or total != prompt_len + resp_len:
+        raise PromptsOnlyError(
+            f"PROMPTS_ONLY: expected input_ids of prompt+response length ({prompt_len}+{resp_len}), "
+            f"got {total}"
+        )
+    unknown = sorted(
+        k
+        for k, v in field.items()
+        if k not in _SAMPLE_HANDLED
+        and isinstance(v, torch.Tensor)
+        and v.dim() >= 1
+        and int(v.shape[0]) in (resp_len, total)
+    )
+    if unknown:
+        raise PromptsOnlyError(
+            f"PROMPTS_ONLY: does not know how to trim the response-shaped fields {unknown} "
+            "(distillation and other extensions are not supported in a collection run)"
+        )
+
+    from verl_consistency.patches.hooks import token_mismatch
+
+    token_mismatch.stash_next_token_sample(field)
+    one = torch.ones(1, dtype=field["response_mask"].dtype if "response_mask" in field else torch.int64)
+    field["input_ids"] = field["input_ids"][:prompt_len]
+    field["position_ids"] = field["position_ids"][..., :prompt_len]
+    if isinstance(field.get("attention_mask"), torch.Tensor):
+        field["attention_mask"] = field["attention_mask"][:prompt_len]
+    if isinstance(field.get("routed_experts"), torch.Tensor):
+        field["routed_experts"] = field["routed_experts"][:prompt_len]
+    field["responses"] = prompts[-1:].clone()
+    field["prompts"] = prompts[:-1].clone()
+    field["response_mask"] = one
+    if "loss_mask" in field:
+        field["loss_mask"] = one
+    if isinstance(field.get("rm_scores"), torch.Tensor):
+        field["rm_scores"] = torch.zeros(1, dtype=field["rm_scores"].dtype)
+    if isinstance(field.get("rollout_log_probs"), torch.Tensor):
+        field["rollout_log_probs"] = torch.full((1,), float("nan"), dtype=field["rollout_log_probs"].dtype)
+    return field
 
 
 def apply(batch: Any, *, bypass_mode: bool) -> Any:

@@ -2,8 +2,13 @@
 
 Called from the patched ``LLMServerClient.generate`` (every vLLM call), the patched
 ``FullyAsyncLLMServerClient.generate`` (partial-rollout resumes) and the patched
-``ToolAgentLoop`` (later turns). verl's agent loop copies ``TokenOutput.extra_fields`` into
+``ToolAgentLoop`` (later turns). verl 0.8.0's agent loop copies ``TokenOutput.extra_fields`` into
 ``DataProto.non_tensor_batch``, so the two keys below reach the training engine's micro batches.
+verl 0.9's V1 trainer stores each trajectory in TransferQueue with ``extra_fields`` as ONE
+field (a dict per sample), so the patched ``AgentLoopWorkerTQ._agent_loop_postprocess`` lifts the
+two keys to fields of their own (:func:`lift_fields`); the engines then see them by name, as in
+0.8.0. verl 0.9's synthetic padding samples copy a real sample's fields, so the patched
+``upsample_batch_to_divisible_size`` blanks them (:func:`clear_padding`).
 
 * ``request_id``: the id of the trajectory's FIRST vLLM request. That request's first step is the
   prefill of the prompt alone, which is what the PROMPTS_ONLY training forward recomputes.
@@ -64,6 +69,43 @@ def merge_turn(agent_fields: dict[str, Any], output_fields: dict[str, Any]) -> N
     merge_resume(agent_fields, output_fields)
 
 
+def lift_fields(field: dict[str, Any]) -> None:
+    """verl 0.9 ``AgentLoopWorkerTQ._agent_loop_postprocess``: one TransferQueue sample's fields.
+
+    Copies ``request_id`` and ``request_ids_all`` out of the sample's ``extra_fields`` dict into
+    fields of their own, always both, so every sample of a partition has the same fields
+    (TransferQueue refuses a batch where some samples lack a field). A sample whose agent loop
+    never went through the patched client gets ``""`` and ``[]``.
+    """
+    extra = field.get("extra_fields")
+    extra = extra if isinstance(extra, Mapping) else {}
+    rid = extra.get(REQUEST_ID)
+    field[REQUEST_ID] = "" if rid is None else str(rid)
+    field[REQUEST_IDS_ALL] = _ids(dict(extra))
+
+
+def clear_padding(sample: dict[str, Any]) -> None:
+    """verl 0.9 ``upsample_batch_to_divisible_size``: a synthetic padding sample is no request.
+
+    verl builds the padding samples from a copy of the batch's first real sample, so without this
+    they would carry that sample's vLLM id into the training engine: the dump of an all-EOS
+    padding forward would then be paired with a real request's prefill.
+    """
+    if REQUEST_ID in sample:
+        sample[REQUEST_ID] = ""
+    if REQUEST_IDS_ALL in sample:
+        sample[REQUEST_IDS_ALL] = []
+    extra = sample.get("extra_fields")
+    if isinstance(extra, dict):
+        extra.pop(REQUEST_ID, None)
+        extra.pop(REQUEST_IDS_ALL, None)
+    from verl_consistency.patches.hooks import token_mismatch
+
+    for key in (token_mismatch.NEXT_TOKEN, token_mismatch.NEXT_TOKEN_ROLLOUT_LOG_PROB):
+        if key in sample:
+            sample[key] = None
+
+
 # --- capture by prompt (``prompts:FILE``, patches/verl/0006-capture-prompts) -------------------
 # Only verl's agent loop knows a request's prompt; it marks the id it sends to vLLM, so both
 # sides decide on the id alone (the rule itself is ``contracts.capture``).
@@ -95,3 +137,14 @@ def new_request_id() -> str:
     if _PROMPT.get():
         return capture.CAPTURED_PREFIX + rid[len(capture.CAPTURED_PREFIX) :]
     return rid
+
+
+def mark_listed(request_id: str) -> str:
+    """verl 0.9 with ``rollout.full_determinism``: the caller's id goes to vLLM unchanged.
+
+    That id is the same in every run (deterministic), so it is not overwritten like a fresh
+    uuid: a listed prompt's id gets :data:`capture.CAPTURED_PREFIX` in front instead.
+    """
+    if _PROMPT.get() and not request_id.startswith(capture.CAPTURED_PREFIX):
+        return capture.CAPTURED_PREFIX + request_id
+    return request_id

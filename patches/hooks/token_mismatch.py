@@ -371,6 +371,56 @@ def _record(
     return n
 
 
+V1_FIELDS = ("request_id", "index", "uid")
+"""What :func:`record_v1` reads from TransferQueue beside the batch verl's metrics saw."""
+
+
+def record_v1(
+    data: Any,
+    meta: Any,
+    *,
+    global_step: int,
+    verl_metrics: Mapping[str, Any] | MutableMapping[str, Any] | None = None,
+    fetch: Any = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """verl 0.9 V1 ``PPOTrainer._compute_old_log_prob``, right after ``calculate_debug_metrics(data)``.
+
+    ``data`` is the padded ``DataProto`` verl's metrics saw (``old_log_probs``,
+    ``rollout_log_probs``, ``response_mask``, ``responses``; no per-sample ids), ``meta`` the
+    step's ``KVBatchMeta``. The ids are read from TransferQueue (``fetch``: ``tq.kv_batch_get``
+    unless a test passes its own) only when the records are on, and verl's synthetic padding
+    rows (``is_padding`` tags) are left out. A PROMPTS_ONLY batch has no vLLM log-prob to
+    compare (the trim leaves NaN in ``rollout_log_probs``), so it writes nothing, as in 0.8.0
+    where the trim drops that key. Never raises (see :func:`record`).
+    """
+    e = os.environ if environ is None else environ
+    if not enabled(e) or env.flag(env.PROMPTS_ONLY, dict(e)):
+        return 0
+    try:
+        import numpy as np
+
+        if fetch is None:
+            import transfer_queue as tq
+
+            fetch = tq.kv_batch_get
+        got = fetch(keys=list(meta.keys), partition_id=meta.partition_id, select_fields=list(V1_FIELDS))
+        n = len(meta.keys)
+        for key in V1_FIELDS:
+            if key in got.keys():  # noqa: SIM118 (a TensorDict refuses `key in td`)
+                values = list(got[key].tolist() if hasattr(got[key], "tolist") else got[key])
+                column = np.empty(n, dtype=object)
+                column[:] = values
+                data.non_tensor_batch[key] = column
+        keep = [i for i, tag in enumerate(meta.tags) if not (tag or {}).get("is_padding", False)]
+        if len(keep) != n:
+            data = data.select_idxs(np.array(keep, dtype=np.int64))
+    except Exception as exc:
+        _warn(f"token records of step {global_step} skipped: {type(exc).__name__}: {exc}")
+        return 0
+    return record(data, global_step=global_step, verl_metrics=verl_metrics, environ=e)
+
+
 # --------------------------------------------------------------------------------------------
 # The output row: both engines' prediction for the prompt's next token (PROMPTS_ONLY runs)
 # --------------------------------------------------------------------------------------------
@@ -499,3 +549,23 @@ class NextTokenProbe:
         )
         with (dump_dir / NEXT_TOKEN_LOG).open("ab") as fh:
             fh.write(orjson.dumps(rec.model_dump(mode="json", exclude_none=True)) + b"\n")
+
+
+def stash_next_token_sample(field: dict[str, Any]) -> bool:
+    """verl 0.9 V1: :func:`stash_next_token` for one TransferQueue sample (1-D tensors).
+
+    The V1 trim runs per sample in the agent loop, before TransferQueue; the two keys become
+    fields of their own, which the engines see in every micro batch as they see ``request_id``.
+    Always sets both keys when the records are on and the sample has rollout log-probs, so that
+    every sample of a partition has the same fields.
+    """
+    if not enabled():
+        return False
+    logps, responses = field.get("rollout_log_probs"), field.get("responses")
+    if logps is None or responses is None:
+        return False
+    mask = field.get("response_mask")
+    valid = len(responses) > 0 and len(logps) > 0 and (mask is None or int(mask[0]) != 0)
+    field[NEXT_TOKEN] = int(responses[0]) if valid else None
+    field[NEXT_TOKEN_ROLLOUT_LOG_PROB] = float(logps[0]) if valid else None
+    return True

@@ -1,20 +1,23 @@
-"""Fixtures of the patch tests that read the pin set's real upstream sources.
+"""Fixtures of the patch tests that read the pin set's real upstream sources or run its patched verl.
 
 Each reads the distribution of the set in force (``VERL_CONSISTENCY_PIN_SET``), so one test runs
-against vLLM 0.18.0 / vllm-ascend 0.18.0 on the current set and vLLM 0.23.0 / vllm-ascend
-0.23.0.post1 on the next one.
+against vLLM 0.18.0 / vllm-ascend 0.18.0 / verl 0.8.0 on the current set and vLLM 0.23.0 /
+vllm-ascend 0.23.0.post1 / verl 0.9.1 on the next one.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import os
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.fixtures.verl_support import patched_verl, run_patched
 from tests.patches.test_vllm_patch import read_member
 from verl_consistency.patches import upstream
 
@@ -57,3 +60,21 @@ def attn_states() -> list[str]:
                 if isinstance(t, ast.Name)
             ]
     raise AssertionError("AscendAttentionState not found in the pinned vllm-ascend")
+
+
+DRIVER = Path(__file__).with_name("test_verl_request_id_driver.py")
+
+
+@pytest.fixture(scope="session")
+def verl_driver_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One run of ``test_verl_request_id_driver.py`` on the set in force's patched verl.
+
+    It starts a local Ray (and, on verl 0.9, a TransferQueue), so the request-id, capture and
+    token-record tests share one run instead of starting Ray each.
+    """
+    root = patched_verl(tmp_path_factory.getbasetemp())
+    out = run_patched(
+        root, f"import runpy; runpy.run_path({str(DRIVER)!r}, run_name='__main__')", timeout=280
+    )
+    line = next(x for x in out.splitlines() if x.startswith("VC_REPORT "))
+    return json.loads(line.removeprefix("VC_REPORT "))

@@ -2,8 +2,10 @@
 
 The ids are made the way the patched verl agent loop makes them (``request_ids.enter_prompt`` in one
 asyncio task per sample, then ``request_ids.new_request_id``); the vLLM side's decision is the
-dispatch hook's own ``request_scope.should_dump``; the training side is the real verl 0.8.0 FSDP
-engine on CPU with real msprobe dumps.
+dispatch hook's own ``request_scope.should_dump``; the training side is the real verl FSDP
+engine on CPU with real msprobe dumps. Both pin sets (``pinset``): the patched files are those of
+the set in force; the ids made through verl's real client are checked in
+``test_verl_request_ids.py`` (one Ray run shared with it).
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.verl_support import patched_verl
+from tests.fixtures.verl_support import patched_verl, series_has
 from tests.patches.test_training_fsdp import _drive, _msprobe_config, _records
 from verl_consistency.entrypoints.overrides import Mode
 from verl_consistency.entrypoints.run_plan import CAPTURE_PROMPTS, PlanError, build_plan
+from verl_consistency.patches import pins
 from verl_consistency.patches.contracts import capture, env, records
 from verl_consistency.patches.contracts.records import ScheduledRequest
 from verl_consistency.patches.hooks import request_ids, request_scope
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
 
 
 def _file(tmp_path: Path, text: str) -> Path:
@@ -93,15 +96,33 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return patched_verl(tmp_path_factory.getbasetemp())
 
 
+def _function(tree: ast.AST, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+    (fn,) = [
+        n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name
+    ]
+    return fn
+
+
 def test_patch_marks_ids_where_verl_makes_them(root: Path) -> None:
     tree = ast.parse((root / "verl/experimental/agent_loop/agent_loop.py").read_text())
-    (fn,) = [n for n in ast.walk(tree) if isinstance(n, ast.AsyncFunctionDef) and n.name == "_run_agent_loop"]
-    assert "request_ids.enter_prompt(kwargs)" in ast.unparse(fn.body[1])
-    server = (root / "verl/workers/rollout/llm_server.py").read_text()
-    assert "vllm_request_id = request_ids.new_request_id()" in server
-    assert "request_id=vllm_request_id" in server
+    fn = _function(tree, "_run_agent_loop")
+    assert "request_ids.enter_prompt(kwargs)" in ast.unparse(fn.body[1]), "before the agent loop runs"
+    server_src = (root / "verl/workers/rollout/llm_server.py").read_text()
+    if pins.get("set.name") == "next":
+        # verl 0.9.1 makes the vLLM id in LLMServerClient._vllm_request_id; generate sends its result
+        made = ast.unparse(_function(ast.parse(server_src), "_vllm_request_id"))
+        assert "return request_ids.new_request_id()" in made
+        assert "return request_ids.mark_listed(request_id)" in made, "the full_determinism branch"
+        assert "uuid4()" not in made
+        assert "vllm_request_id = self._vllm_request_id(request_id)" in server_src
+    else:
+        assert "vllm_request_id = request_ids.new_request_id()" in server_src
+    assert "request_id=vllm_request_id" in server_src
 
 
+@pytest.mark.skipif(
+    not series_has("verl", "0002-"), reason="the set in force carries no FSDP training-dump patch (0002) yet"
+)
 def test_the_real_fsdp_engine_dumps_exactly_the_listed_prompts(root: Path, tmp_path: Path) -> None:
     listed = _file(tmp_path, "index:1\nindex:3\n")
     run_dir = tmp_path / "run"

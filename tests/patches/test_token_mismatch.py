@@ -1,9 +1,11 @@
 """Token records (``hooks/token_mismatch.py``, ``patches/verl/0005-token-records.patch``).
 
-The figures are checked against verl 0.8.0's own ``calculate_debug_metrics`` and
+The figures are checked against the pinned verl's own ``calculate_debug_metrics`` and
 ``compute_offpolicy_metrics`` on the same real ``DataProto`` (patched verl in a subprocess), and
 the hook runs on old log-probs that the real FSDP engine computed on CPU
-(``test_training_fsdp_driver.py`` with ``VC_TEST_TOKEN_LEVEL=1``).
+(``test_training_fsdp_driver.py`` with ``VC_TEST_TOKEN_LEVEL=1``). Both pin sets (``pinset``): on
+verl 0.9.1 the patched V1 ``PPOTrainer._compute_old_log_prob`` itself runs on a real
+TransferQueue with a stand-in actor worker group (``test_verl_request_id_driver.py``).
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.verl_support import patched_verl, run_patched
+from tests.fixtures.verl_support import patched_verl, run_patched, series_has
 from tests.patches.test_training_fsdp import _drive
+from verl_consistency.patches import pins
 from verl_consistency.patches.contracts import env, token_records
 from verl_consistency.patches.hooks import token_mismatch as tm
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
+
+V1 = pins.get("set.name") == "next"
+"""The next set pins verl 0.9.1, whose default trainer is V1 (TransferQueue)."""
 
 VERL_VS_OURS = {
     "training/rollout_probs_diff_max": "probs_diff_max",
@@ -176,23 +182,83 @@ def test_bad_threshold_is_a_clear_error(raw: str) -> None:
         tm.threshold({env.TOKEN_THRESHOLD: raw})
 
 
+def _calls_after(tree: ast.AST, verl_call: str, our_call: str) -> int:
+    found = 0
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for a, b in zip(body, body[2:], strict=False):
+            if verl_call in ast.unparse(a) and our_call in ast.unparse(b):
+                found += 1
+    return found
+
+
 def test_patch_calls_the_hook_right_after_verls_metrics(root: Path) -> None:
-    """Both trainers: the call follows ``calculate_debug_metrics`` inside the rollout_log_probs branch."""
-    for rel in ("verl/trainer/ppo/ray_trainer.py", "verl/experimental/separation/ray_trainer.py"):
+    """Every trainer of the set: the call follows ``calculate_debug_metrics`` in the same branch."""
+    legacy = ("verl/trainer/ppo/ray_trainer.py", "verl/experimental/separation/ray_trainer.py")
+    if V1:
+        # verl 0.9.1: the V1 trainer's one old-log-prob pass; the legacy trainers are not targets
+        tree = ast.parse((root / "verl/trainer/ppo/v1/trainer_base.py").read_text())
+        assert (
+            _calls_after(tree, "calculate_debug_metrics(data)", "token_mismatch.record_v1(data, batch") == 1
+        )
+        for rel in legacy:
+            assert "token_mismatch" not in (root / rel).read_text(), rel
+        return
+    for rel in legacy:
         tree = ast.parse((root / rel).read_text())
-        found = 0
-        for node in ast.walk(tree):
-            body = getattr(node, "body", None)
-            if not isinstance(body, list):
-                continue
-            for a, b in zip(body, body[2:], strict=False):
-                if "calculate_debug_metrics(batch)" in ast.unparse(a) and "token_mismatch.record(batch" in (
-                    ast.unparse(b)
-                ):
-                    found += 1
-        assert found == 1, rel
+        assert _calls_after(tree, "calculate_debug_metrics(batch)", "token_mismatch.record(batch") == 1, rel
 
 
+@pytest.mark.skipif(not V1, reason="verl 0.9.1's V1 trainer (TransferQueue)")
+def test_v1_records_from_verls_real_old_log_prob_pass(verl_driver_report: dict[str, Any]) -> None:
+    """The patched ``PPOTrainer._compute_old_log_prob``: ids from TransferQueue, no padding rows."""
+    v1 = verl_driver_report["v1"]
+    first = [
+        verl_driver_report["hybrid"]["server_saw"][0][0],
+        verl_driver_report["fully_async"]["server_saw"][0][0],
+    ]
+    assert v1["is_padding"] == [False, False, True, True]
+    recs = [tm.TokenRecord.model_validate(x) for x in v1["token_records"]]
+    assert [r.request_id for r in recs] == first, "verl's two padding samples are left out"
+    assert [r.index for r in recs] == [0, 1]
+    assert [r.uid for r in recs] == ["u0", "u1"]
+    assert [r.response_length for r in recs] == [2, 4]
+    assert [r.global_step for r in recs] == [7, 7]
+    for rec in recs:
+        assert rec.abs_logp_diff == pytest.approx([v1["delta"]] * rec.response_length, abs=1e-6)
+    (step,) = [tm.StepRecord.model_validate(x) for x in v1["step_records"]]
+    assert step.responses == 2
+    verl = v1["verl_metrics"]
+    assert verl["training/rollout_probs_diff_valid"] == 1
+    for vk, ours in VERL_VS_OURS.items():
+        assert _close(getattr(step, ours), verl[vk], rel=1e-4), (vk, getattr(step, ours), verl[vk])
+        assert step.verl[vk] == pytest.approx(verl[vk])
+
+
+def test_record_v1_is_off_without_the_flag_and_in_prompts_only(tmp_path: Path) -> None:
+    """No TransferQueue read at all when off; a PROMPTS_ONLY batch has no vLLM log-prob to compare."""
+    from types import SimpleNamespace
+
+    def fetch(**_: Any) -> Any:
+        raise AssertionError("must not read TransferQueue")
+
+    meta = SimpleNamespace(keys=["k"], partition_id="train", tags=[{}])
+    on = {"VERL_CONSISTENCY_TOKEN_LEVEL": "1", "VERL_CONSISTENCY_RUN_DIR": str(tmp_path)}
+    assert (
+        tm.record_v1(
+            None, meta, global_step=1, fetch=fetch, environ={"VERL_CONSISTENCY_RUN_DIR": str(tmp_path)}
+        )
+        == 0
+    )
+    assert tm.record_v1(None, meta, global_step=1, fetch=fetch, environ={**on, "PROMPTS_ONLY": "1"}) == 0
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(
+    not series_has("verl", "0002-"), reason="the set in force carries no FSDP training-dump patch (0002) yet"
+)
 def test_hook_on_the_real_fsdp_engines_log_probs(root: Path, tmp_path: Path) -> None:
     """Old log-probs from the real FSDP engine on CPU; vLLM's stand-in log-probs = those + one drift."""
     run_dir = tmp_path / "run"

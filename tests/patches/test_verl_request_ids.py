@@ -1,23 +1,29 @@
-"""Request-id threading through the patched real verl clients, on a local Ray.
+"""Request-id threading through the patched real verl clients, on a local Ray (both pin sets).
 
-``test_verl_request_id_driver.py`` runs in a subprocess with the patched verl first on
-``sys.path``; only the vLLM server is a stand-in (``StandInVLLMServer``).
+``test_verl_request_id_driver.py`` runs in a subprocess with the patched verl of the set in force
+first on ``sys.path`` (fixture ``verl_driver_report`` in ``conftest.py``); only the vLLM server is
+a stand-in (``StandInVLLMServer``). On verl 0.8.0 the ids go on through ``AgentLoopWorker._postprocess``
+to a ``DataProto``; on verl 0.9.1 through the V1 trainer's TransferQueue path to the engines'
+micro batches.
 """
 
 from __future__ import annotations
 
 import ast
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fixtures.verl_support import patched_verl, run_patched
+from tests.fixtures.verl_support import patched_verl
+from verl_consistency.patches import pins
+from verl_consistency.patches.contracts import capture
 from verl_consistency.patches.hooks import request_ids
 
-DRIVER = Path(__file__).with_name("test_verl_request_id_driver.py")
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
+
+V1 = pins.get("set.name") == "next"
+"""The next set pins verl 0.9.1, whose default trainer is V1 (TransferQueue)."""
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +32,9 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def report(root: Path) -> dict[str, Any]:
-    out = run_patched(
-        root, f"import runpy; runpy.run_path({str(DRIVER)!r}, run_name='__main__')", timeout=280
-    )
-    line = next(x for x in out.splitlines() if x.startswith("VC_REPORT "))
-    return json.loads(line.removeprefix("VC_REPORT "))
+def report(verl_driver_report: dict[str, Any]) -> dict[str, Any]:
+    assert verl_driver_report["verl"] == pins.get("upstream.verl")
+    return verl_driver_report
 
 
 def test_hybrid_client_tags_the_id_it_sent(report: dict[str, Any]) -> None:
@@ -54,13 +57,51 @@ def test_fully_async_resume_keeps_the_first_id_and_lists_all(report: dict[str, A
     assert fa["extra_fields"]["max_global_steps"] == 3
 
 
-def test_ids_reach_the_dataproto_and_the_engine_tensordict(report: dict[str, Any]) -> None:
+def _expected(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     hybrid_id = report["hybrid"]["server_saw"][0][0]
     fa_first, fa_second = (x[0] for x in report["fully_async"]["server_saw"])
-    expected_first = [hybrid_id, fa_first]
-    expected_all = [[hybrid_id], [fa_first, fa_second]]
-    assert report["non_tensor_batch"] == {"request_id": expected_first, "request_ids_all": expected_all}
-    assert report["tensordict"] == {"request_id": expected_first, "request_ids_all": expected_all}
+    return [hybrid_id, fa_first], [[hybrid_id], [fa_first, fa_second]]
+
+
+@pytest.mark.skipif(V1, reason="verl 0.8.0's DataProto path; verl 0.9.1's V1 path is tested below")
+def test_ids_reach_the_dataproto_and_the_engine_tensordict(report: dict[str, Any]) -> None:
+    first, every = _expected(report)
+    assert report["non_tensor_batch"] == {"request_id": first, "request_ids_all": every}
+    assert report["tensordict"] == {"request_id": first, "request_ids_all": every}
+
+
+@pytest.mark.skipif(not V1, reason="verl 0.9.1's V1 trainer (TransferQueue)")
+def test_v1_ids_reach_the_workers_fields_and_the_engines_micro_batches(report: dict[str, Any]) -> None:
+    """AgentLoopWorkerTQ -> TransferQueue -> what tqbridge hands compute_log_prob -> micro batches."""
+    first, every = _expected(report)
+    v1 = report["v1"]
+    assert v1["is_padding"] == [False, False, True, True], "verl padded 2 samples up to a multiple of 4"
+    fields = v1["worker_fields"]
+    assert fields["request_id"][:2] == first
+    assert fields["request_ids_all"][:2] == every
+    assert fields["extra_fields_request_id"][:2] == first, "upstream's extra_fields dict is kept as it was"
+    assert v1["micro_batches"][:2] == [[first[0]], [first[1]]]
+
+
+@pytest.mark.skipif(not V1, reason="verl 0.9.1's synthetic padding samples (padding_utils)")
+def test_v1_padding_samples_carry_no_request_id(report: dict[str, Any]) -> None:
+    """Upstream copies the first real sample into each padding sample; its id must not come along."""
+    v1 = report["v1"]
+    assert v1["worker_fields"]["request_id"][2:] == ["", ""]
+    assert v1["worker_fields"]["request_ids_all"][2:] == [[], []]
+    assert v1["worker_fields"]["extra_fields_request_id"][2:] == [None, None]
+    assert v1["micro_batches"][2:] == [[""], [""]]
+
+
+def test_capture_marks_the_listed_prompts_id_in_the_real_client(report: dict[str, Any]) -> None:
+    got = report["capture"]
+    assert got["listed"].startswith(capture.CAPTURED_PREFIX)
+    assert len(got["listed"]) == 32
+    assert not got["unlisted"].startswith(capture.CAPTURED_PREFIX)
+    assert len(got["unlisted"]) == 32
+    if V1:  # rollout.full_determinism passes the caller's id through (verl 0.9's _vllm_request_id)
+        assert got["deterministic_listed"] == capture.CAPTURED_PREFIX + "trajectory-0"
+        assert got["deterministic_unlisted"] == "trajectory-0"
 
 
 def test_tool_loop_later_turns_append_their_ids() -> None:
@@ -75,6 +116,16 @@ def test_tool_loop_later_turns_append_their_ids() -> None:
         request_ids.merge_turn(agent, turn)
     assert agent["request_id"] == "t1"
     assert agent["request_ids_all"] == ["t1", "t2", "t3"]
+
+
+def test_lift_fields_always_sets_both_fields() -> None:
+    """TransferQueue refuses a batch where some samples lack a field, so a sample never lacks one."""
+    tagged = {"extra_fields": {"request_id": "a", "request_ids_all": ["a", "b"]}}
+    request_ids.lift_fields(tagged)
+    assert (tagged["request_id"], tagged["request_ids_all"]) == ("a", ["a", "b"])
+    bare: dict[str, Any] = {"extra_fields": {}}
+    request_ids.lift_fields(bare)
+    assert (bare["request_id"], bare["request_ids_all"]) == ("", [])
 
 
 def test_patched_tool_loop_merges_only_on_later_turns(root: Path) -> None:
