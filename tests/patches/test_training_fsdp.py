@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.verl_support import patched_verl, run_patched
+from tests.fixtures.verl_support import patched_verl, run_patched, series_has
 from verl_consistency.patches import pins
 from verl_consistency.patches.contracts import capture, records
 
@@ -181,7 +181,8 @@ def test_capture_mode_and_a_borrowed_debugger(root: Path, model_cache: Path, tmp
 def test_v1_transfer_queue_path_dumps_every_micro_batch_with_its_ids(
     root: Path, model_cache: Path, tmp_path: Path
 ):
-    """verl 0.9's V1 path: ids stay in ``extra_fields``; the trainer's padding row copies row 0."""
+    """verl 0.9's V1 path: upstream keeps the ids inside ``extra_fields`` (one dict per row), patch
+    0001 lifts them into fields of their own; the trainer's padding row copies row 0's fields."""
     run_dir = tmp_path / "dumps" / "hybrid-20261201-000000-abcd"
     cfg = _msprobe_config(tmp_path / "msprobe_actor.json", tmp_path / "unused")
     report = _drive(
@@ -195,7 +196,9 @@ def test_v1_transfer_queue_path_dumps_every_micro_batch_with_its_ids(
     )
     assert report["error"] is None
     assert report["finite"]
-    assert not report["has_request_id_column"], "V1 keeps extra_fields as one dict per row"
+    assert report["has_request_id_column"] == series_has("verl", "0001-"), (
+        "0001 lifts the id out of extra_fields"
+    )
     ids = report["request_ids"]
     assert len(report["uids"]) == 4, "the trainer padded the batch"
     assert report["uids"][3].startswith("pad")
