@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
                 env={**os.environ, **plan["env"]},  # RunPlan.child_env, as `run` starts verl
             )
             lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
-            record["placement"] = json.loads(lines[-1][len("RESULT ") :])["job"] if lines else None
+            record["placement"] = json.loads(lines[-1][len("RESULT ") :])["job"]["pgs"] if lines else None
             record["placement_log"] = res.stderr[-5000:] if res.returncode or not lines else ""
             rc = rc or res.returncode
     finally:
