@@ -125,7 +125,7 @@ def build_fully_async_policy(scenario: dict[str, Any]) -> None:
     # fully_async_main.main copies the top-level rollout block into actor_rollout_ref.rollout.
     config.actor_rollout_ref.rollout.nnodes = config.rollout.nnodes
     config.actor_rollout_ref.rollout.n_gpus_per_node = config.rollout.n_gpus_per_node
-    timeout = scenario.get("ready_timeout_s", 20)
+    timeout = scenario.get("ready_timeout_s", 120)  # a stage that places returns at once
 
     if scenario.get("trainer", True):
 
@@ -212,7 +212,7 @@ def build_v1_separate_async(scenario: dict[str, Any]) -> None:
         ],
     )
     trainer = PPOTrainerSeparateAsync(config)
-    timeout = scenario.get("ready_timeout_s", 20)
+    timeout = scenario.get("ready_timeout_s", 120)  # a stage that places returns at once
     hybrid_replicas: list[Any] = []
 
     if scenario.get("trainer", True):
