@@ -218,7 +218,7 @@ def build_v1_separate_async(scenario: dict[str, Any]) -> None:
     if scenario.get("trainer", True):
 
         def trainer_pools() -> None:
-            # PPOTrainer._setup, trainer_base.py:230-231, then one worker group per pool (L323-331).
+            # PPOTrainer._setup, trainer_base.py:230-231, then one worker group per pool (L306-314).
             trainer._init_resource_pool_mgr()
             trainer.resource_pool_manager.create_resource_pool()
             groups = {
@@ -226,7 +226,8 @@ def build_v1_separate_async(scenario: dict[str, Any]) -> None:
                 for pool in trainer.resource_pool_manager.resource_pool_dict.values()
             }
             if trainer._enable_hybrid_replicas:
-                # PPOTrainer._setup step 9: replicas colocated with the actor's worker group (no own pool).
+                # PPOTrainer._setup step 9 (L371-376): replicas on the actor's worker group, no pool
+                # of their own. The first role that _init_resource_pool_mgr maps is the actor's.
                 actor_role = next(iter(trainer.role_worker_mapping))
                 actor_wg = groups[trainer.resource_pool_manager.get_resource_pool(actor_role)]
                 manager = StandInServerManager(config=config, worker_group=actor_wg)
@@ -238,7 +239,7 @@ def build_v1_separate_async(scenario: dict[str, Any]) -> None:
         raise ValueError("hybrid replicas come first, so the standalone ranks need the trainer: build it")
 
     if scenario.get("rollout", True):
-        # PPOTrainerSeparateAsync._setup: standalone replicas start at rank = number of hybrid replicas.
+        # PPOTrainerSeparateAsync._setup (L153-156): standalone ranks start at the number of hybrid replicas.
         standalone = StandInServerManager(config=config, start_rank=len(hybrid_replicas))
         run_bounded(lambda: asyncio.run(standalone._initialize_llm_servers()), timeout)
 
