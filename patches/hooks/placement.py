@@ -78,12 +78,15 @@ def installed_verl_version() -> str | None:
         return None
 
 
+def has_v1_trainer(verl_version: str | None) -> bool:
+    """Whether this verl release runs fully async as the V1 ``separate_async`` trainer (0.9 on)."""
+    m = re.match(r"(\d+)\.(\d+)", verl_version or "")
+    return bool(m) and (int(m[1]), int(m[2])) >= (0, 9)
+
+
 def default_pool_resources(verl_version: str | None) -> dict[str, str]:
     """The defaults for the verl release that runs: V1's names from 0.9 on, else 0.8.0's."""
-    m = re.match(r"(\d+)\.(\d+)", verl_version or "")
-    if m and (int(m[1]), int(m[2])) >= (0, 9):
-        return dict(V1_POOL_RESOURCES)
-    return dict(DEFAULT_POOL_RESOURCES)
+    return dict(V1_POOL_RESOURCES if has_v1_trainer(verl_version) else DEFAULT_POOL_RESOURCES)
 
 
 BUNDLE_AMOUNT = 0.001

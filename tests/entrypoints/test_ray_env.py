@@ -1,6 +1,8 @@
-"""The run's environment reaches Ray worker processes, not just the driver: the set's verl's own run_ppo
-starts a real Ray on loopback from the composed config, and a nested actor created the way verl
-creates its vLLM servers (with its own runtime_env env_vars) sees every variable."""
+"""The run's environment reaches Ray worker processes, not just the driver: the pin set's verl's own
+run_ppo (``verl.trainer.main_ppo``, on 0.8.0 and 0.9) starts a real Ray on loopback from the
+composed config, and a nested actor created the way verl creates its vLLM servers (with its own
+runtime_env env_vars) sees every variable. No TransferQueue is started (the task runner is a
+stand-in), so two Ray CPUs are enough on both sets."""
 
 from __future__ import annotations
 

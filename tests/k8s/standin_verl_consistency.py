@@ -11,8 +11,8 @@ then does the parts of the run that can happen on a CPU host, for real:
 3. for ``run fully-async``: placement_driver.py on the job's own Ray cluster, with the pool sizes
    that arrived, in the environment the real ``verl-consistency run`` gives verl (the dry
    run's ``env``, e.g. ``RAY_OVERRIDE_JOB_RUNTIME_ENV``), and no runtime env of its own: the
-   placement hook can only come from the submitted runtime env. It builds verl 0.8.0's real
-   trainer and rollout pools.
+   placement hook can only come from the submitted runtime env. It builds the installed verl's
+   real trainer and rollout pools (0.8.0's fully_async_policy, or 0.9's V1 separate_async).
 
 The record is one JSON file per call in ``$STANDIN_VERL_CONSISTENCY_RECORDS`` (a variable that
 only the test's head process has).
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
                 env={**os.environ, **plan["env"]},  # RunPlan.child_env, as `run` starts verl
             )
             lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
-            record["placement"] = json.loads(lines[-1][len("RESULT ") :])["job"] if lines else None
+            record["placement"] = json.loads(lines[-1][len("RESULT ") :])["job"]["pgs"] if lines else None
             record["placement_log"] = res.stderr[-5000:] if res.returncode or not lines else ""
             rc = rc or res.returncode
     finally:

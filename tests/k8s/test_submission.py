@@ -14,7 +14,8 @@ For each rendered manifest (k8s/fully-async-rayjob.yaml, k8s/hybrid-rayjob.yaml)
 4. Ray's job supervisor starts the driver on the head, where a stand-in ``verl-consistency``
    (standin_verl_consistency.py; a real run needs NPUs) is first on PATH. It records the argv and
    the job config, parses the argv with the real CLI (``--dry-run --json``) and, for fully-async,
-   builds verl 0.8.0's real pools with the submitted runtime env only (placement_driver.py).
+   builds the installed verl's real pools with the submitted runtime env only (placement_driver.py:
+   verl 0.8.0's fully_async_policy on the current pin set, verl 0.9's V1 separate_async on next).
 
 The test then asserts that the driver got the run id, model path, phase, capture and pool sizes
 of the run ConfigMap, the runtime env with ``worker_process_setup_hook``, and that every pool
@@ -44,11 +45,14 @@ from tests.k8s.conftest import FILES, expand_entrypoint, of_kind
 from tests.k8s.raycluster import LoopbackCluster, NodeSpec
 from verl_consistency.patches.hooks import placement
 
-pytestmark = [pytest.mark.ray, pytest.mark.verl, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ray, pytest.mark.verl, pytest.mark.pinset, pytest.mark.timeout(900)]
 
 STANDIN = Path(__file__).with_name("standin_verl_consistency.py")
 HOOK = "verl_consistency.patches.hooks.placement.install"
 RAY_CLI = "from ray.scripts.scripts import main; main()"
+# The trainer's pool: verl 0.9's V1 trainer_base._init_resource_pool_mgr, or 0.8.0's fully_async_policy.
+V1 = placement.has_v1_trainer(placement.installed_verl_version())
+TRAINER_POOL = "global_pool" if V1 else "trainer_pool"
 
 
 def manifest(name: str) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
@@ -173,11 +177,17 @@ def assert_pools_on_their_groups(rec: dict[str, Any], settings: dict[str, str]) 
     report = rec["placement"]
     assert report, rec.get("placement_log")
     npus, trainer_nodes = int(settings["NPUS_PER_NODE"]), int(settings["TRAINER_NODES"])
-    trainer = [r for r in report if r["pg"].startswith("trainer_pool")]
+    trainer = [r for r in report if r["pg"].startswith(TRAINER_POOL)]
     rollout = [r for r in report if r["pg"].startswith("rollout_pool_")]
+    assert len(trainer) + len(rollout) == len(report), f"a pool of another name: {report}"
     # verl's own pools: the trainer pool (nnodes x NPUs bundles), one 1-NPU-per-bundle pool per replica
-    assert [r["pg"] for r in trainer] == [f"trainer_poolverl_group_{'_'.join([str(npus)] * trainer_nodes)}:0"]
-    assert len(rollout) == int(settings["ROLLOUT_NODES"]) * npus  # tensor parallel 1: a replica per NPU
+    counts = "_".join([str(npus)] * trainer_nodes)
+    assert [r["pg"] for r in trainer] == [f"{TRAINER_POOL}verl_group_{counts}:0"]
+    # tensor parallel 1: a replica per NPU. verl 0.9's separate_async first makes one hybrid replica
+    # per trainer NPU (on the trainer's workers, no pool), so its standalone ranks start after them.
+    first = npus * trainer_nodes if V1 else 0
+    ranks = range(first, first + int(settings["ROLLOUT_NODES"]) * npus)
+    assert {r["pg"] for r in rollout} == {f"rollout_pool_{i}verl_group_1:0" for i in ranks}
     assert all(r["state"] == "CREATED" for r in report), report
     assert {n.rsplit("-", 1)[0] for r in trainer for n in r["nodes"]} == {"trainer"}
     assert {n.rsplit("-", 1)[0] for r in rollout for n in r["nodes"]} == {"rollout"}
