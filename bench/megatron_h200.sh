@@ -1,9 +1,14 @@
 #!/bin/bash
-# The patched verl 0.8.0 Megatron engine on an NVIDIA GPU machine with no package registry.
+# The patched verl Megatron engine on an NVIDIA GPU machine with no package registry.
 #
 #   bash bench/megatron_h200.sh prepare          # here (network to PyPI): fills build/dev16 (~32 MB)
 #   bash build/dev16/megatron_h200.sh [func|bench|all]   # there, from the repository root, with
 #                                                # build/dev16 carried; logs and runs.tgz land in $OUT
+#
+# The pin set in force (VERL_CONSISTENCY_PIN_SET) picks verl and its series: `current` (verl 0.8.0)
+# fills build/dev16, `next` (verl 0.9.1, patches/next/verl/series) fills build/devnext and adds the
+# transformers/tokenizers of .venv-next (verl 0.9.1 wants transformers <5.11; the machine has 5.17).
+# Both use megatron-core 0.16.1 and mbridge 0.15.1 (verl 0.9.1's vanilla_mbridge flavour).
 #
 # What the device machine has: torch (CUDA), transformers, numpy, pandas, ... (no verl, no Megatron).
 # `prepare` brings the rest as py3.12 wheels: megatron-core, mbridge, mindstudio-probe and verl's own
@@ -14,20 +19,31 @@
 #
 # Runs (tests/patches/test_training_megatron_driver.py): tp1 (statistics, log_prob + update_actor,
 # weights exported as mbridge hands them to vLLM), tensor1 (tensor mode, log_prob), tp2 (TP=2 over
-# NCCL when 2 GPUs are present), bench05b (Qwen2-0.5B-shaped model, dump off/on per micro batch).
+# NCCL when 2 GPUs are present), padmax1 (next set only: statistics, log_prob, with verl 0.9.1's
+# default pad_bshd_to_minibatch_max kept), bench05b (Qwen2-0.5B-shaped model, dump off/on per micro
+# batch).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 if [ "${1:-}" = prepare ]; then
   REPO=$(cd "$HERE/.." && pwd)
-  B=$REPO/build/dev16
-  PY=${PY:-$REPO/.venv/bin/python}
-  mkdir -p "$B/whl" "$B/wt/tests/patches"
+  SET=${VERL_CONSISTENCY_PIN_SET:-current}
+  if [ "$SET" = next ]; then B=$REPO/build/devnext; PY=${PY:-$REPO/.venv-next/bin/python}
+  else B=$REPO/build/dev16; PY=${PY:-$REPO/.venv/bin/python}; fi
+  export VERL_CONSISTENCY_PIN_SET=$SET
+  rm -rf "$B"
+  mkdir -p "$B/whl" "$B/wt/tests/patches" "$B/wt/tests/fixtures"
   P="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any"
-  pin() { "$PY" -c "import tomllib;d=tomllib.load(open('$REPO/patches/pins.toml','rb'));print(d$1)"; }
-  for p in "megatron-core==$(pin "['install']['megatron_core']")" "mbridge==$(pin "['install']['mbridge']")" \
-      "mindstudio-probe==$(pin "['upstream']['mindstudio_probe']")" hydra-core==1.3.8 omegaconf==2.3.1 \
+  pin() { "$PY" -c "from verl_consistency.patches import pins; print(pins.get('$1'))"; }
+  EXTRA=""
+  if [ "$SET" = next ]; then
+    for d in transformers tokenizers; do
+      EXTRA="$EXTRA $d==$("$PY" -c "import importlib.metadata as m; print(m.version('$d'))")"
+    done
+  fi
+  for p in "megatron-core==$(pin install.megatron_core)" "mbridge==$(pin install.mbridge)" \
+      "mindstudio-probe==$(pin upstream.mindstudio_probe)" $EXTRA hydra-core==1.3.8 omegaconf==2.3.1 \
       tensordict==0.10.0 pydantic pydantic_core annotated-types typing-inspection orjson codetiming datasets \
       dill multiprocess jsonschema jsonschema-specifications referencing rpds-py cachetools pyvers zstandard \
       openpyxl et_xmlfile pytz; do
@@ -37,7 +53,7 @@ if [ "${1:-}" = prepare ]; then
   "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$B/whl" "$REPO" || exit 1
   T=$(mktemp -d)
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux2014_x86_64 -d "$T" "ray==$(pin "['image']['ray']")" || exit 1
+    --platform manylinux2014_x86_64 -d "$T" "ray==$(pin image.ray)" || exit 1
   (cd "$T" && unzip -q ray-*.whl && rm ray-*.whl \
     && rm -rf ray/core/src/ray/gcs/gcs_server ray/core/src/ray/raylet/raylet ray/jars ray/dashboard/client/build \
     && tar -cJf "$B/ray-importonly.tar.xz" .)
@@ -47,7 +63,9 @@ from pathlib import Path; import tempfile
 from tests.fixtures.verl_support import patched_verl
 print(patched_verl(Path(tempfile.mkdtemp())))") > "$B/.verl-root" || exit 1
   tar -cJf "$B/verl.tar.xz" -C "$(cat "$B/.verl-root")" verl
-  cp "$REPO/tests/__init__.py" "$REPO/tests/tiny_qwen2.py" "$B/wt/tests/"
+  cp "$REPO/tests/__init__.py" "$B/wt/tests/"
+  cp "$REPO/tests/fixtures/__init__.py" "$REPO/tests/fixtures/tiny_qwen2.py" "$B/wt/tests/fixtures/"
+  echo "$SET" > "$B/.pin-set"
   cp "$REPO/tests/patches/__init__.py" "$REPO/tests/patches/test_training_fsdp_driver.py" \
     "$REPO/tests/patches/test_training_megatron_driver.py" "$B/wt/tests/patches/"
   for t in statistics tensor; do
@@ -75,7 +93,7 @@ export PYTHONPATH=/tmp/verlp:/tmp/site
 nvidia-smi -L
 NGPU=$(python3 -c "import torch;print(torch.cuda.device_count())")
 python3 -c "import torch,ray,megatron.core,mbridge,msprobe,tensordict,verl
-print('imports ok', torch.__version__, megatron.core.__version__)" 2>&1 | tail -3
+import transformers; print('imports ok', torch.__version__, megatron.core.__version__, verl.__version__, transformers.__version__)" 2>&1 | tail -3
 W=/tmp/w; R=/tmp/runs; mkdir -p $W $R
 run() {  # name tp env...
   local name=$1 tp=$2; shift 2
@@ -88,17 +106,29 @@ run() {  # name tp env...
   grep -a -E "Error|error:" "$OUT/$name.log" | grep -v Warning | tail -4
 }
 A=VERL_CONSISTENCY_ACTOR_CONFIG; D=VERL_CONSISTENCY_RUN_DIR
+# run folders: <tag>-<date>-<time>-<seq>; the next set's get their own tag and sequence numbers
+if [ "$(cat "$B/.pin-set" 2>/dev/null)" = next ]; then
+  T1=mcorenextstats-20261201-000000-0041; T2=mcorenexttensor-20261201-000000-0042
+  T3=mcorenexttp2-20261201-000000-0043; T4=benchnext-20261201-000000-0044
+else
+  T1=mcorestats-20261130-000000-0021; T2=mcoretensor-20261130-000000-0022
+  T3=mcoretp2-20261130-000000-0023; T4=bench-20261130-000000-0024
+fi
 if [ "$STAGE" = all ] || [ "$STAGE" = func ]; then
-  run tp1 1 DUMP_ON=1 DUMP_PHASE=all $A="$B/statistics.json" $D=$R/mcorestats-20261130-000000-0021 \
+  run tp1 1 DUMP_ON=1 DUMP_PHASE=all $A="$B/statistics.json" $D=$R/$T1 \
     VC_TEST_EXPORT=$R/weights.safetensors
-  run tensor1 1 DUMP_ON=1 DUMP_PHASE=log_prob $A="$B/tensor.json" $D=$R/mcoretensor-20261130-000000-0022
+  run tensor1 1 DUMP_ON=1 DUMP_PHASE=log_prob $A="$B/tensor.json" $D=$R/$T2
+  if [ "$(cat "$B/.pin-set" 2>/dev/null)" = next ]; then  # verl 0.9.1's default bshd padding kept
+    run padmax1 1 VC_TEST_PAD_BSHD_MAX=1 DUMP_ON=1 DUMP_PHASE=log_prob $A="$B/statistics.json" \
+      $D=$R/mcorenextpadmax-20261201-000000-0045
+  fi
   if [ "$NGPU" -ge 2 ]; then
-    run tp2 2 DUMP_ON=1 DUMP_PHASE=all $A="$B/statistics.json" $D=$R/mcoretp2-20261130-000000-0023
+    run tp2 2 DUMP_ON=1 DUMP_PHASE=all $A="$B/statistics.json" $D=$R/$T3
   fi
 fi
 if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
   run bench05b 1 VC_TEST_MODEL=qwen2-0.5b VC_TEST_BENCH="${BENCH_N:-5}" VC_TEST_BENCH_TOKENS=512 DUMP_PHASE=all \
-    $A="$B/statistics.json" $D=$R/bench-20261130-000000-0024
+    $A="$B/statistics.json" $D=$R/$T4
   rm -rf $R/bench-*/actor/*/step*
 fi
 tar czf "$OUT/runs.tgz" -C $R . && ls -la "$OUT"

@@ -154,10 +154,13 @@ def serve_cpu_platform() -> None:
     set_platform(PlatformCPU())
 
 
-def serve_pure_torch_attention_helpers() -> None:
-    """verl's pure-torch padding helpers: flash_attn does not import off NPU/GPU. On verl 0.9 the
-    CPU platform is served first (``serve_cpu_platform``)."""
-    serve_cpu_platform()
+def serve_pure_torch_attention_helpers(cpu_platform: bool = True) -> None:
+    """verl's pure-torch padding helpers: flash_attn does not import off NPU/GPU (nor on a GPU
+    machine without its wheel). On verl 0.9 the CPU platform is served first
+    (``serve_cpu_platform``) unless ``cpu_platform`` is False: on a GPU verl's own CUDA platform
+    must stay, or its device calls go to ``torch.cpu``."""
+    if cpu_platform:
+        serve_cpu_platform()
     import verl.utils.attention_utils as au
     from verl.utils import npu_flash_attn_utils as pt
 

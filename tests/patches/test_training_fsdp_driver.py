@@ -65,8 +65,8 @@ def _init_dist() -> None:
     dist.init_process_group("gloo", rank=0, world_size=1)
 
 
-def _serve_pure_torch_attention_helpers() -> None:
-    demo_stages.serve_pure_torch_attention_helpers()
+def _serve_pure_torch_attention_helpers(cpu_platform: bool = True) -> None:
+    demo_stages.serve_pure_torch_attention_helpers(cpu_platform=cpu_platform)
 
 
 def _tiny_qwen2(work: Path) -> Path:

@@ -1,21 +1,27 @@
-"""Driver for verl 0.8.0's Megatron engine on an NVIDIA GPU (no tests here; run as a script).
+"""Driver for verl's Megatron engine (0.8.0 or 0.9.1) on an NVIDIA GPU (no tests here; run as a script).
 
 megatron-core cannot run on a CPU: verl's ``set_random_seed`` calls Megatron's
 ``model_parallel_cuda_manual_seed`` (``AssertionError: Torch not compiled with CUDA enabled``), and
 the tensor-parallel layers allocate on ``torch.cuda.current_device()``. ``bench/megatron_h200.sh``
 runs this driver on the H200 device machine; CI reads the dumps it wrote there.
 
-It runs inside a process whose ``sys.path`` starts with a freshly patched verl 0.8.0 (see
-``test_verl_support``), so every verl line executed is the pinned upstream plus our series, with
-real megatron-core 0.16.1 and mbridge 0.15.1 underneath:
+It runs inside a process whose ``sys.path`` starts with a freshly patched verl of the pin set in
+force (``tests.fixtures.verl_support.patched_verl``: 0.8.0 with ``patches/verl/series``, 0.9.1 with
+``patches/next/verl/series``), so every verl line executed is the pinned upstream plus our series,
+with real megatron-core 0.16.1 and mbridge 0.15.1 underneath (verl 0.9.1's Megatron engine imports
+nothing newer from megatron-core; checked with an import on CPU):
 
 1. builds verl's real ``MegatronEngineWithLMHead`` (``actor.strategy=megatron``, verl's own Hydra
-   defaults, ``use_mbridge`` + ``vanilla_mbridge`` as verl 0.8.0 requires) over the tiny random
+   defaults, ``use_mbridge`` + ``vanilla_mbridge``: 0.8.0's default; 0.9.1 defaults to NVIDIA's
+   Megatron-Bridge, which needs Transformer Engine, and keeps mbridge as its deprecated
+   ``vanilla_mbridge=True`` flavour) over the tiny random
    Qwen2 of the FSDP driver (or Qwen2-0.5B's shape for the benchmark), world size ``WORLD_SIZE``
    (TP = ``VC_TEST_TP``, default the world size), NCCL (gloo with ``VC_TEST_DEVICE=cpu``); with
    ``VC_TEST_EXPORT=PATH`` it saves the weights as the engine exports them for vLLM;
 2. makes the same rollout batch as the FSDP driver (``request_id``/``request_ids_all``), trims it
-   with the PROMPTS_ONLY hook, then follows ``RayPPOTrainer``: old log-probs (``infer_batch``,
+   with the PROMPTS_ONLY hook (on verl >= 0.9 the ids then move into each row's ``extra_fields``
+   dict, where verl 0.9.1's V1 TransferQueue path leaves them: :func:`_ids_as_v1_extra_fields`),
+   then follows ``RayPPOTrainer``: old log-probs (``infer_batch``,
    phase log_prob), GRPO advantages, one actor update (``train_batch`` with verl's ``ppo_loss``,
    phase update_actor);
 3. prints one JSON line (rank 0) with what the pytest side asserts on; with ``VC_TEST_BENCH=N`` it
@@ -32,10 +38,12 @@ Substitutions, each forced by a missing dependency and named here:
   ``use_remove_padding=False`` (verl's ``bshd`` data format, a documented engine option); its
   attention mask is converted to the local module's convention (:func:`megatron_mask`).
 * flash_attn is absent (its padding helpers are all verl's batch packing uses from it): verl's
-  own pure-torch copies are served in their place, as in the FSDP driver.
+  own pure-torch copies are served in their place, as in the FSDP driver (on a GPU without the
+  FSDP driver's CPU platform for verl 0.9, whose device calls must reach CUDA).
 * the local spec keeps the RMSNorms as modules (TE fuses them into the next linear), so mbridge's
   Qwen2 name map gets their two local names (``input_layernorm``, ``pre_mlp_layernorm``).
 * megatron-core's torch RMSNorm refuses sequence parallelism: ``sequence_parallel=False``.
+* verl 0.9.1 only: ``pad_bshd_to_minibatch_max=False`` (:func:`_bshd_padding_overrides`).
 * a tiny word-level tokenizer is written next to the model (verl reads ``pad_token_id`` from it),
   and ``optim.total_training_steps`` is set (the trainer fills it in from the data set).
 
@@ -186,6 +194,46 @@ def _local_layer_specs() -> None:
     }
 
 
+def _verl_minor() -> tuple[int, int]:
+    import verl
+    from packaging.version import Version
+
+    v = Version(verl.__version__)
+    return v.major, v.minor
+
+
+def _ids_as_v1_extra_fields(batch: Any) -> None:
+    """Move the id columns into one ``extra_fields`` dict per row, as verl 0.9.1's V1 path has them.
+
+    ``AgentLoopWorkerTQ._agent_loop_postprocess`` stores ``AgentLoopOutput.as_dict()`` unflattened,
+    so the engine's micro batches carry no ``request_id`` column (patches/next/verl/README.md); the
+    training hook then reads the ids from ``extra_fields``. Done after the PROMPTS_ONLY trim, which
+    works on the DataProto the V0 path still hands it.
+    """
+    import numpy as np
+
+    nt = batch.non_tensor_batch
+    rows = np.empty(len(nt["request_id"]), dtype=object)
+    rows[:] = [
+        {"request_id": str(rid), "request_ids_all": [str(x) for x in every]}
+        for rid, every in zip(nt.pop("request_id"), nt.pop("request_ids_all"), strict=True)
+    ]
+    nt["extra_fields"] = rows
+
+
+def _bshd_padding_overrides() -> list[str]:
+    """verl 0.9.1 pads every bshd micro batch to the mini batch's longest sequence by default
+    (``pad_bshd_to_minibatch_max``, ``forward_backward_batch`` L864-871; 0.8.0 padded each micro
+    batch to its own longest). The bshd format is this driver's substitution (the THD path that
+    real runs use is untouched by the option), and those padding positions would enter every
+    per-module statistic of a shorter request's dump, so it is off unless ``VC_TEST_PAD_BSHD_MAX=1``
+    asks for verl's default (the run that shows the effect)."""
+    if _verl_minor() < (0, 9):
+        return []
+    keep = os.environ.get("VC_TEST_PAD_BSHD_MAX") == "1"
+    return [f"actor_rollout_ref.actor.megatron.pad_bshd_to_minibatch_max={keep}"]
+
+
 def _actor_config(model_dir: Path, tp: int) -> Any:
     """verl's own Hydra defaults for the Megatron actor, as the worker builds them."""
     import verl
@@ -209,6 +257,9 @@ def _actor_config(model_dir: Path, tp: int) -> Any:
                 # the trainer fills this in from the data set's length; the LR scheduler needs it
                 "actor_rollout_ref.actor.optim.total_training_steps=10",
                 "actor_rollout_ref.actor.megatron.seed=0",
+                # mbridge (0.8.0's default; 0.9.1's default Megatron-Bridge needs Transformer Engine)
+                "actor_rollout_ref.actor.megatron.vanilla_mbridge=True",
+                *_bshd_padding_overrides(),
             ],
         )
     return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
@@ -281,7 +332,7 @@ def main() -> None:
     torch.distributed.barrier()
     model_dir = _tiny_qwen2(work)
     _local_layer_specs()
-    _serve_pure_torch_attention_helpers()
+    _serve_pure_torch_attention_helpers(cpu_platform=_device() == "cpu")
 
     from verl.trainer.config import CheckpointConfig
     from verl.trainer.ppo import core_algos
@@ -304,6 +355,7 @@ def main() -> None:
     engine.initialize()
 
     import megatron.core
+    import verl
 
     report: dict[str, Any] = {
         "world_size": torch.distributed.get_world_size(),
@@ -311,6 +363,8 @@ def main() -> None:
         "device": _device(),
         "torch": torch.__version__,
         "megatron_core": megatron.core.__version__,
+        "verl": verl.__version__,
+        "pad_bshd_to_minibatch_max": getattr(actor_cfg.engine, "pad_bshd_to_minibatch_max", None),
         "module_class": type(engine.module[0]).__name__,
         "model": os.environ.get("VC_TEST_MODEL", "tiny"),
     }
@@ -367,6 +421,9 @@ def main() -> None:
     else:
         batch = prompts_only.trim(_rollout_batch())
         report["request_ids"] = list(batch.non_tensor_batch["request_id"])
+        if _verl_minor() >= (0, 9):
+            _ids_as_v1_extra_fields(batch)
+        report["ids_in"] = "extra_fields" if "extra_fields" in batch.non_tensor_batch else "request_id"
         td, out = old_log_probs(batch)
         if "model_output" in out:
             log_probs = no_padding_2_padding(tu.get(out["model_output"], "log_probs"), td)

@@ -1,12 +1,13 @@
 """Megatron-layout runs for compare tests: real Megatron dumps (committed) against vLLM-side dumps.
 
-``build_runs(dump_root)`` makes two run folders in the standard layout, each with:
+``build_runs(dump_root, fixture)`` makes two run folders in the standard layout, each with:
 
-* **Training side — real, committed** (``fixtures/megatron-h200/``): the patched verl 0.8.0
-  Megatron engine (``MegatronEngineWithLMHead``, megatron-core 0.16.1, TP=1, bf16) ran on an
-  NVIDIA H200 with ``DUMP_ON=1``; its log_prob phase wrote one msprobe statistics dump per micro
-  batch (one request each) and the ``update_actor_log.jsonl`` lines that name them. megatron-core
-  cannot run on CPU (README, "NVIDIA GPUs"), so CI reads these files.
+* **Training side — real, committed**: the patched Megatron engine (``MegatronEngineWithLMHead``,
+  megatron-core 0.16.1, TP=1, bf16) ran on an NVIDIA H200 with ``DUMP_ON=1``; its log_prob phase
+  wrote one msprobe statistics dump per micro batch (one request each) and the
+  ``update_actor_log.jsonl`` lines that name them. ``FIXTURE`` (``fixtures/megatron-h200/``) is
+  verl 0.8.0's, ``FIXTURE_NEXT`` (``fixtures/megatron-h200-next/``) verl 0.9.1's (the ``next`` pin
+  set). megatron-core cannot run on CPU (README, "NVIDIA GPUs"), so CI reads these files.
 * **Inference side — STAND-IN** (:mod:`tests.fixtures.vllm_qwen2`) with vLLM's Qwen2 module names,
   loaded with ``weights.safetensors``: the engine's own weights as verl hands them to vLLM (mbridge's
   Megatron → HF export). Generated here on CPU in bf16, in a child process (msprobe's debugger is a
@@ -29,19 +30,20 @@ from typing import Any
 from tests.fixtures import realdumps
 
 FIXTURE = Path(__file__).with_name("fixtures") / "megatron-h200"
+FIXTURE_NEXT = Path(__file__).with_name("fixtures") / "megatron-h200-next"
 RUNS = {"ok": "mcoreok-20261130-000000-0031", "diff": "mcorediff-20261130-000000-0032"}
 CHANGED_MODULE = realdumps.CHANGED_MODULE
 
 
-def meta() -> dict[str, Any]:
-    return json.loads((FIXTURE / "meta.json").read_text())
+def meta(fixture: Path = FIXTURE) -> dict[str, Any]:
+    return json.loads((fixture / "meta.json").read_text())
 
 
 def _vid(rid: str) -> str:
     return f"{rid}-{rid[:8]}"
 
 
-def _rollout(run_dir: Path, perturb: bool) -> None:
+def _rollout(run_dir: Path, perturb: bool, fixture: Path) -> None:
     """One rollout worker process: the stand-in with the exported weights, one prefill per request."""
     import os
 
@@ -54,12 +56,12 @@ def _rollout(run_dir: Path, perturb: bool) -> None:
     from verl_consistency.patches.contracts import layout, records
 
     torch.set_num_threads(1)
-    info = meta()
+    info = meta(fixture)
     run = layout.RunLayout(run_dir.parent, run_dir.name)
     dump_dir = layout.process_dump_dir(run.rollout_dir, os.getpid())
     debugger = PrecisionDebugger(config_path=str(run.rollout_config), dump_path=str(dump_dir))
     hf = tiny_qwen2(tiny_qwen2_config(**info["model_config"]))
-    missing, unexpected = hf.load_state_dict(load_file(str(FIXTURE / "weights.safetensors")), strict=False)
+    missing, unexpected = hf.load_state_dict(load_file(str(fixture / "weights.safetensors")), strict=False)
     if missing or unexpected:
         raise SystemExit(f"exported weights do not fit the model: missing {missing}, unexpected {unexpected}")
     model = Qwen2ForCausalLM.from_hf(hf.to(torch.bfloat16)).eval()
@@ -100,7 +102,7 @@ def _rollout(run_dir: Path, perturb: bool) -> None:
     log.close()
 
 
-def generate(dump_root: Path) -> None:
+def generate(dump_root: Path, fixture: Path = FIXTURE) -> None:
     """Both runs under ``dump_root`` (run in a throwaway process: see the module docstring)."""
     import torch  # noqa: F401  (imported once, before forking)
 
@@ -109,11 +111,11 @@ def generate(dump_root: Path) -> None:
     jobs = []
     for kind, run_id in RUNS.items():
         run = layout.RunLayout(dump_root, run_id)
-        shutil.copytree(FIXTURE / "actor", run.actor_dir)
+        shutil.copytree(fixture / "actor", run.actor_dir)
         for path, task_cfg in ((run.rollout_config, "statistics"), (run.actor_config, "statistics")):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(realdumps.msprobe_config(task_cfg), indent=2))
-        jobs.append((_rollout, (run.run_dir, kind == "diff")))
+        jobs.append((_rollout, (run.run_dir, kind == "diff", fixture)))
     realdumps.run_forked(jobs, "rollout workers")
 
 
@@ -123,24 +125,27 @@ class MegatronRuns:
     ok: Path
     diff: Path
     request_ids: tuple[str, ...]
+    fixture: Path = FIXTURE
 
 
-_CACHE: dict[Path, MegatronRuns] = {}
+_CACHE: dict[tuple[Path, Path], MegatronRuns] = {}
 
 
-def build_runs(dump_root: Path) -> MegatronRuns:
-    """Generate (once per process and ``dump_root``) and describe the two runs."""
-    dump_root = dump_root.resolve()
-    if dump_root not in _CACHE:
-        realdumps.generate_once("tests.postprocess.megatrondumps", dump_root)
-        _CACHE[dump_root] = MegatronRuns(
+def build_runs(dump_root: Path, fixture: Path = FIXTURE) -> MegatronRuns:
+    """Generate (once per process, ``dump_root`` and ``fixture``) and describe the two runs."""
+    dump_root, fixture = dump_root.resolve(), fixture.resolve()
+    key = (dump_root, fixture)
+    if key not in _CACHE:
+        realdumps.generate_once("tests.postprocess.megatrondumps", dump_root, str(fixture))
+        _CACHE[key] = MegatronRuns(
             dump_root=dump_root,
             ok=dump_root / RUNS["ok"],
             diff=dump_root / RUNS["diff"],
-            request_ids=tuple(meta()["prompts"]),
+            request_ids=tuple(meta(fixture)["prompts"]),
+            fixture=fixture,
         )
-    return _CACHE[dump_root]
+    return _CACHE[key]
 
 
 if __name__ == "__main__":
-    generate(Path(sys.argv[1]))
+    generate(Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else FIXTURE)
