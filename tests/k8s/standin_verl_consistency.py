@@ -58,12 +58,14 @@ def main(argv: list[str]) -> int:
         if res.returncode == 0 and argv[:2] == ["run", "fully-async"]:
             plan = json.loads(res.stdout)
             ov = overrides(argv)
+            # verl 0.9 (the next pin set) reads the rollout pool's size under actor_rollout_ref
+            rollout = "rollout" if "rollout.nnodes" in ov else "actor_rollout_ref.rollout"
             scenario = {
                 "name": "job",
                 "trainer_nodes": int(ov["trainer.nnodes"]),
                 "trainer_npus": int(ov["trainer.n_gpus_per_node"]),
-                "rollout_nodes": int(ov["rollout.nnodes"]),
-                "rollout_npus": int(ov["rollout.n_gpus_per_node"]),
+                "rollout_nodes": int(ov[f"{rollout}.nnodes"]),
+                "rollout_npus": int(ov[f"{rollout}.n_gpus_per_node"]),
             }
             res = subprocess.run(
                 [sys.executable, str(DRIVER), str(os.environ["RAY_ADDRESS"]), json.dumps([scenario])],

@@ -41,8 +41,9 @@ import pytest
 import yaml
 
 from tests.k8s import kuberay_submit
-from tests.k8s.conftest import FILES, expand_entrypoint, of_kind
+from tests.k8s.conftest import FILES, expand_entrypoint, of_kind, render
 from tests.k8s.raycluster import LoopbackCluster, NodeSpec
+from verl_consistency.patches import pins
 from verl_consistency.patches.hooks import placement
 
 pytestmark = [pytest.mark.ray, pytest.mark.verl, pytest.mark.pinset, pytest.mark.timeout(900)]
@@ -55,9 +56,24 @@ V1 = placement.has_v1_trainer(placement.installed_verl_version())
 TRAINER_POOL = "global_pool" if V1 else "trainer_pool"
 
 
+# What a user of the pin set in force applies: the plain files (current), or the next set's
+# overlay and component (`kubectl apply -k k8s/overlays/next`), whose run ConfigMap names the set.
+SOURCES = (
+    {"file:fully-async": "file:fully-async", "file:hybrid": "file:hybrid"}
+    if pins.selected() == "current"
+    else {"file:fully-async": "kustomize:overlays/next", "file:hybrid": "compose:hybrid:next"}
+)
+# verl 0.9 reads the rollout pool's size under actor_rollout_ref (0.8.0: the top-level block).
+ROLLOUT = "actor_rollout_ref.rollout" if V1 else "rollout"
+
+
 def manifest(name: str) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
-    """(RayJob, {ConfigMap name: data}) of a plain file as `kubectl apply -f` would send it."""
-    docs = [d for d in yaml.safe_load_all(FILES[name].read_text()) if d]
+    """(RayJob, {ConfigMap name: data}) of the set's manifest as `kubectl apply` would send it."""
+    source = SOURCES[name]
+    if source in FILES:
+        docs = [d for d in yaml.safe_load_all(FILES[source].read_text()) if d]
+    else:
+        docs = render(source)[1]
     (job,) = of_kind(docs, "RayJob")
     return job, {c["metadata"]["name"]: c["data"] for c in of_kind(docs, "ConfigMap")}
 
@@ -168,8 +184,8 @@ def assert_driver_got_the_run(result: dict[str, Any], job: dict[str, Any], setti
     assert ov["trainer.n_gpus_per_node"] == settings["NPUS_PER_NODE"]
     runtime_env = rec["job_config"]["runtime_env"]
     if "ROLLOUT_NODES" in settings:
-        assert ov["rollout.nnodes"] == settings["ROLLOUT_NODES"]
-        assert ov["rollout.n_gpus_per_node"] == settings["NPUS_PER_NODE"]
+        assert ov[f"{ROLLOUT}.nnodes"] == settings["ROLLOUT_NODES"]
+        assert ov[f"{ROLLOUT}.n_gpus_per_node"] == settings["NPUS_PER_NODE"]
         assert runtime_env.get("worker_process_setup_hook") == HOOK
 
 
