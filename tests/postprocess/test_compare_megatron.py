@@ -1,9 +1,12 @@
 """Real Megatron training dumps through pair -> compare -> report (tests/postprocess/megatrondumps.py).
 
-The training side is what verl 0.8.0's patched Megatron engine wrote on an H200 (committed, since
-megatron-core needs CUDA); the inference side is the vLLM-layout stand-in loaded with the weights
-that engine exported for vLLM. msprobe's ``--consistent_check --backend megatron`` name map
-(``linear_qkv`` -> ``qkv_proj``, ``linear_fc1`` -> ``gate_up_proj``, ...) does the matching.
+The training side is what the patched Megatron engine wrote on an H200 (committed, since
+megatron-core needs CUDA): verl 0.8.0's (the current pin set) and verl 0.9.1's (the next set;
+what only that fixture shows is in test_compare_megatron_next.py). Each pairing and compare test
+runs on both fixtures, whichever set is in force: they read committed files. The inference side
+is the vLLM-layout stand-in loaded with the weights that engine exported for vLLM. msprobe's
+``--consistent_check --backend megatron`` name map (``linear_qkv`` -> ``qkv_proj``,
+``linear_fc1`` -> ``gate_up_proj``, ...) does the matching.
 """
 
 from __future__ import annotations
@@ -21,9 +24,15 @@ from verl_consistency.postprocess.compare import PairComparison
 pytestmark = pytest.mark.msprobe
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> megatrondumps.MegatronRuns:
-    return megatrondumps.build_runs(tmp_path_factory.getbasetemp() / "megatrondumps")
+ENGINES = {"verl-0.8.0": megatrondumps.FIXTURE, "verl-0.9.1": megatrondumps.FIXTURE_NEXT}
+
+
+@pytest.fixture(scope="module", params=sorted(ENGINES))
+def runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> megatrondumps.MegatronRuns:
+    base = tmp_path_factory.getbasetemp() / f"megatrondumps-{request.param}"
+    return megatrondumps.build_runs(base, ENGINES[request.param])
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ The training side is what verl 0.9.1's Megatron engine, patched with
 ids reached the engine only inside each row's ``extra_fields`` dict, as verl 0.9.1's V1 data path
 hands them over. The inference side is the vLLM-layout stand-in loaded with the weights that engine
 exported for vLLM (:mod:`tests.postprocess.megatrondumps`). The tests read committed files only, so
-they hold on either pin set.
+they hold on either pin set. Pairing and compare run on this fixture in test_compare_megatron.py
+(parametrized over both engines); here is what only verl 0.9.1's dump shows.
 """
 
 from __future__ import annotations
@@ -18,10 +19,7 @@ from typing import Any
 import pytest
 
 from tests.postprocess import megatrondumps
-from tests.postprocess.test_compare_real import _tree_digest
 from verl_consistency.patches.contracts import records
-from verl_consistency.postprocess import pipeline
-from verl_consistency.postprocess.compare import PairComparison
 
 pytestmark = pytest.mark.msprobe
 
@@ -35,27 +33,6 @@ def _records(log: Path) -> list[records.UpdateActorRecord]:
 
 def _data(dump: Path) -> dict[str, Any]:
     return json.loads(dump.read_text())["data"]
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> megatrondumps.MegatronRuns:
-    return megatrondumps.build_runs(tmp_path_factory.getbasetemp() / "megatrondumps-next", FIXTURE)
-
-
-@pytest.fixture(scope="module")
-def outcomes(runs: megatrondumps.MegatronRuns, tmp_path_factory: pytest.TempPathFactory):
-    out = {}
-    for kind, run_dir in (("ok", runs.ok), ("diff", runs.diff)):
-        before = _tree_digest(run_dir)
-        dst = tmp_path_factory.mktemp(f"mcore-next-{kind}")
-        res = pipeline.postprocess(run_dir, out=dst, jobs=2)
-        assert _tree_digest(run_dir) == before, "the postprocess modified its inputs"
-        out[kind] = (res, dst)
-    return out
-
-
-def _comparisons(outcome: pipeline.Outcome) -> list[PairComparison]:
-    return [PairComparison.model_validate(c) for c in outcome.manifest.comparisons]
 
 
 def test_fixture_is_verl_091_megatron_engine_dump() -> None:
@@ -111,36 +88,3 @@ def test_default_bshd_padding_puts_pad_tokens_into_the_statistics() -> None:
     assert padded[EMBEDDING]["output"][0]["shape"] == [1, 6, 32]
     assert padded[EMBEDDING]["input_args"][0]["Min"] == 0, "the pad token id"
     assert padded[EMBEDDING]["output"][0] != _data(plain)[EMBEDDING]["output"][0]
-
-
-def test_every_request_pairs_with_backend_megatron(outcomes, runs: megatrondumps.MegatronRuns) -> None:
-    for res, _ in outcomes.values():
-        assert res.code == pipeline.Exit.OK
-        assert sorted(p.request_id for p in res.result.pairs) == sorted(runs.request_ids)
-        assert {p.backend for p in res.result.pairs} == {"megatron"}
-        assert not res.result.unpaired
-
-
-def test_equal_weights_compare_healthy(outcomes) -> None:
-    res, dst = outcomes["ok"]
-    comps = _comparisons(res)
-    assert len(comps) == 4
-    for c in comps:
-        assert c.status == "ok", c.error
-        assert c.backend == "megatron"
-        assert c.rows_matched >= 50
-        assert c.verdict == "healthy", c.worst_rows
-        assert c.first_divergence is None
-        assert c.max_rel_err is not None
-        assert c.max_rel_err < 0.01
-    assert (dst / f"work-{res.manifest.run_id}" / "results" / "report.html").is_file()
-
-
-def test_perturbed_weight_is_the_first_divergence(outcomes) -> None:
-    res, _ = outcomes["diff"]
-    for c in _comparisons(res):
-        assert c.status == "ok", c.error
-        assert c.verdict == "diverged"
-        assert c.first_divergence == megatrondumps.CHANGED_MODULE
-        assert c.first_divergence_target is not None
-        assert ".decoder.layers.1.mlp.linear_fc2." in c.first_divergence_target
