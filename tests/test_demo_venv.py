@@ -52,3 +52,38 @@ def test_extras_and_foreign_platforms_are_dropped(requirements):
     assert "pandas" not in names  # extra "bench"
     assert {"intel-openmp", "numba", "xgrammar", "pyzmq", "msgspec"} <= names  # x86_64 Linux ones kept
     assert all(";" not in r for r in requirements), "markers are evaluated, not passed on"
+
+
+@pytest.mark.parametrize(
+    ("stamped", "in_force"),
+    [({"set": "next"}, "current"), ({}, "next"), ({"set": "current"}, "next")],
+    ids=["next-venv-on-current", "pre-set-stamp-on-next", "current-venv-on-next"],
+)
+def test_a_venv_built_for_another_set_is_refused_before_patching(tmp_path, monkeypatch, stamped, in_force):
+    """One demo venv per set: patching the other set's venv with this set's series would corrupt it.
+
+    A stamp without ``set`` predates pin sets and is the current set's (``.cache/demo-venv``).
+    """
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / demo_venv.STAMP).write_text(json.dumps({**stamped, "install_seconds": 1, "size_bytes": 1}))
+    applied: list[str] = []
+    monkeypatch.setattr(demo_venv, "apply_patches", lambda v, s: applied.append(s))
+    monkeypatch.setenv("VERL_CONSISTENCY_PIN_SET", in_force)
+    built_for = stamped.get("set", "current")
+    with pytest.raises(SystemExit, match=f"built for pin set '{built_for}', not '{in_force}'"):
+        demo_venv.main(["--venv", str(venv)])
+    assert applied == []
+
+
+@pytest.mark.parametrize("set_name", ["current", "next"])
+def test_a_finished_venv_is_patched_with_its_own_sets_series(tmp_path, monkeypatch, set_name):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    stamp = {"set": set_name} if set_name != "current" else {}
+    (venv / demo_venv.STAMP).write_text(json.dumps({**stamp, "install_seconds": 1, "size_bytes": 1}))
+    applied: list[str] = []
+    monkeypatch.setattr(demo_venv, "apply_patches", lambda v, s: applied.append(s))
+    monkeypatch.delenv("VERL_CONSISTENCY_PIN_SET", raising=False)
+    assert demo_venv.main(["--venv", str(venv), "--set", set_name]) == 0
+    assert applied == [set_name]
