@@ -66,6 +66,12 @@ DRIVER = Path(__file__).with_name("test_verl_request_id_driver.py")
 
 
 @pytest.fixture(scope="session")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The set in force's verl, unpacked from its pinned wheel and patched (once per session)."""
+    return patched_verl(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="session")
 def verl_driver_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One run of ``test_verl_request_id_driver.py`` on the set in force's patched verl.
 

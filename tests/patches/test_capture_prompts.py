@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.verl_support import patched_verl, series_has
+from tests.fixtures.verl_support import series_has
 from tests.patches.test_training_fsdp import _drive, _msprobe_config, _records
 from verl_consistency.entrypoints.overrides import Mode
 from verl_consistency.entrypoints.run_plan import CAPTURE_PROMPTS, PlanError, build_plan
@@ -89,11 +89,6 @@ def test_both_sides_capture_exactly_the_listed_prompts(
     # every other mode keeps verl's own ids
     plain = _ids(monkeypatch, "fraction:0.5", 8)
     assert not any(rid.startswith(capture.CAPTURED_PREFIX) for rid in plain)
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return patched_verl(tmp_path_factory.getbasetemp())
 
 
 def _function(tree: ast.AST, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.verl_support import patched_verl, run_patched, series_has
+from tests.fixtures.verl_support import run_patched, series_has
 from tests.patches.test_training_fsdp import _drive
 from verl_consistency.patches import pins
 from verl_consistency.patches.contracts import env, token_records
@@ -89,11 +89,6 @@ for i in range(B):
 out = {"n": n, "verl": metrics, "offpolicy": off, "rows": rows, "unchanged": unchanged}
 print("VC_REPORT " + json.dumps(out))
 """
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return patched_verl(tmp_path_factory.getbasetemp())
 
 
 def _close(a: float | None, b: float, rel: float = 1e-5, abs_: float = 1e-7) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.verl_support import patched_verl, run_patched, series_has
+from tests.fixtures.verl_support import run_patched, series_has
 from verl_consistency.patches import pins
 from verl_consistency.patches.contracts import capture, records
 
@@ -74,11 +74,6 @@ def _embed_tokens(dump_json: Path) -> int:
     data = json.loads(dump_json.read_text())["data"]
     key = next(k for k in data if ".embed_tokens." in k and ".forward." in k)
     return int(data[key]["output"][0]["shape"][1])
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return patched_verl(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.fixtures.verl_support import patched_verl
 from verl_consistency.patches.hooks import prompts_only, training
 
 torch = pytest.importorskip("torch")
@@ -120,11 +119,6 @@ def test_prompts_only_is_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None
     batch = _rollout_batch()
     assert prompts_only.apply(batch, bypass_mode=True) is batch
     assert batch.batch["responses"].shape == (2, 3)
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return patched_verl(tmp_path_factory.getbasetemp())
 
 
 def _method(tree: ast.Module, cls: str, name: str) -> ast.FunctionDef:

@@ -16,18 +16,12 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.verl_support import patched_verl
 from verl_consistency.patches import pins
 from verl_consistency.patches.hooks import prompts_only
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
 
 V1 = pins.get("set.name") == "next"
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return patched_verl(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.verl_support import patched_verl
 from verl_consistency.patches import pins
 from verl_consistency.patches.contracts import capture
 from verl_consistency.patches.hooks import request_ids
@@ -24,11 +23,6 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
 
 V1 = pins.get("set.name") == "next"
 """The next set pins verl 0.9.1, whose default trainer is V1 (TransferQueue)."""
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return patched_verl(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="module")
