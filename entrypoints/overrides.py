@@ -774,9 +774,11 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
     Refusal(
         key="trainer.test_freq",
-        allowed=(-1, 0),
+        allowed=(-1,),
         why="validation during training runs vLLM generations that have no training "
-        "counterpart and use up msprobe's dump steps; keep trainer.test_freq=-1",
+        "counterpart and use up msprobe's dump steps; keep trainer.test_freq=-1 (0 turns "
+        "validation off too, but verl 0.8.0's fully-async trainer divides by it when training "
+        "ends, fully_async_trainer.py:407: a ZeroDivisionError after the dumps are written)",
     ),
     Refusal(
         key="actor_rollout_ref.rollout.mode",

@@ -23,6 +23,7 @@ SET = pin_set()
 # (mode, extra options, the refused override, words the message must contain)
 CONFLICTS = [
     ("hybrid", [], "actor_rollout_ref.rollout.enforce_eager=False", "eager mode"),
+    ("fully-async", [], "trainer.test_freq=0", "ZeroDivisionError"),
     ("fully-async", [], "actor_rollout_ref.rollout.enforce_eager=false", "eager mode"),
     ("hybrid", [], "actor_rollout_ref.actor.use_dynamic_bsz=True", "several samples into one micro batch"),
     ("fully-async", [], "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true", "mixes samples"),
