@@ -8,7 +8,6 @@ anything is written (exit code 2).
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 import os
 import re
@@ -34,7 +33,7 @@ from verl_consistency.patches import pins
 from verl_consistency.patches.contracts import dataset, env, layout
 from verl_consistency.patches.contracts.env import DUMP_PHASE, DumpPhase
 from verl_consistency.patches.contracts.run_manifest import MsprobeConfigs, RunManifest, now_utc
-from verl_consistency.patches.hooks import token_mismatch
+from verl_consistency.patches.hooks import placement, token_mismatch
 
 EXIT_REFUSED = 2
 _STEP_LINE = re.compile(r"\bstep:(\d+)\b")
@@ -357,11 +356,8 @@ def installed_verl_mismatch() -> str | None:
     in torch_npu. No verl at all is not a mismatch here (a dry run on a laptop).
     """
     p = pins.load()
-    try:
-        have = md.version("verl")
-    except md.PackageNotFoundError:
-        return None
-    if have.split("+", 1)[0] == p.upstream.verl:
+    have = placement.installed_verl_version()
+    if have is None or have.split("+", 1)[0] == p.upstream.verl:
         return None
     return (
         f"pin set {p.set.name!r} is for verl {p.upstream.verl}, but verl {have} is installed here. "

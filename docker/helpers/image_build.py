@@ -125,9 +125,10 @@ def check_args(environ: dict[str, str]) -> list[str]:
     except KeyError as exc:
         return [f"build arg {SET_ARG}: {exc.args[0]}"]
     base = environ.get("BASE_IMAGE", "")
-    if base in _other_sets_bases(name):
+    owner = _other_sets_bases(name).get(base)
+    if owner:
         errors.append(
-            f"build arg BASE_IMAGE={base!r} is the base of pin set {_other_sets_bases(name)[base]!r}, "
+            f"build arg BASE_IMAGE={base!r} is the base of pin set {owner!r}, "
             f"but {SET_ARG}={name!r}: build with `make image PINS={name}`, which passes the set's "
             f"base and versions (`python3 docker/helpers/image_build.py build-args` prints them)"
         )
