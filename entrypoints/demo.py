@@ -259,6 +259,10 @@ def _outcome(run_dir: Path, bundles: Path, timings: dict[str, float], info: dict
             "exit_code": int(outcome.code),
             "counts": outcome.result.counts,
             "paired_request_ids": sorted({p.request_id for p in outcome.result.pairs}),
+            # why each request the pairing listed was left out (its manifest's `unpaired`)
+            "unpaired_requests": {
+                u.ref: str(u.reason) for u in outcome.result.unpaired if u.subject == "request"
+            },
         },
     )
 

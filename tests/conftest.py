@@ -12,3 +12,10 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+def lean_disk() -> bool:
+    """``$VERL_CONSISTENCY_LEAN_DISK`` (``.ci/run``): delete heavy test artefacts once used."""
+    from verl_consistency.patches.contracts import env
+
+    return env.flag(env.LEAN_DISK)

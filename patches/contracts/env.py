@@ -64,6 +64,13 @@ CHECKOV = "VERL_CONSISTENCY_CHECKOV"
 DEMO_VENV = "VERL_CONSISTENCY_DEMO_VENV"
 """The venv with real vLLM 0.18.0 for CPU that ``make demo`` builds (``entrypoints/demo_venv.py``)."""
 
+LEAN_DISK = "VERL_CONSISTENCY_LEAN_DISK"
+"""``1`` (``.ci/run`` sets it): the tests delete each heavy thing they built once they are done
+with it — a demo venv (7-9 GB) after the demo tests, the images and stand-in bases after the image
+tests — so that one machine's disk holds one pin set's heavy artefacts at a time. A CI machine
+ran out of disk with both sets' venvs and the images at once (about 25 GB); leave it unset where
+the venvs and images should stay for the next run."""
+
 KUBERAY_CRD = "VERL_CONSISTENCY_KUBERAY_CRD"
 """The KubeRay RayJob CRD the k8s tests validate against (default: found beside the checkout)."""
 

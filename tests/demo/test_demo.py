@@ -26,7 +26,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,8 @@ import pytest
 from verl_consistency.entrypoints.demo_venv import STAMP
 from verl_consistency.patches import pins
 from verl_consistency.patches.contracts.records import base_request_id
+
+from ..conftest import lean_disk
 
 pytestmark = [pytest.mark.demo, pytest.mark.pinset, pytest.mark.timeout(1500)]
 
@@ -45,7 +49,7 @@ CPU_BLOCK = 128
 
 
 @pytest.fixture(scope="module")
-def demo_python() -> Path:
+def demo_python() -> Iterator[Path]:
     name = pins.get("set.name")
     make = "make demo-venv" + ("" if name == "current" else f" PINS={name}")
     venv = os.environ.get(DEMO_VENV_ENV)
@@ -61,7 +65,9 @@ def demo_python() -> Path:
     # stamps from before pin sets carry no "set": those venvs are the current set's
     built_for = json.loads(stamp.read_text()).get("set", "current")
     assert built_for == name, f"{venv} was built for pin set {built_for!r}, the tests run {name!r}"
-    return py
+    yield py
+    if lean_disk():  # CI: the next set's demo venv needs the disk this one holds
+        shutil.rmtree(venv)
 
 
 @pytest.fixture(scope="module")
@@ -174,11 +180,15 @@ def test_real_prefix_cache_hits_are_recorded_and_left_unpaired(demo):
     for q in hits:
         assert q["num_computed_tokens"] % CPU_BLOCK == 0, "vLLM caches whole blocks"
         assert q["tokens"] == q["prompt_tokens"] - q["num_computed_tokens"]
-    # never paired: the pairing calls the step prefix_cache_hit, or multi_request_step when the
-    # hit shared its step with other requests (one reason per step)
-    assert not {base_request_id(q["request_id"]) for q in hits} & set(same["paired_request_ids"])
-    reasons = same["counts"]["rollout_step"]
-    assert reasons.get("prefix_cache_hit", 0) + reasons.get("multi_request_step", 0) >= 1
+    # never paired, and each hit's own verdict says why: prefix_cache_hit when it was its step's
+    # target, multi_request_step when it shared a step whose target was another request (which
+    # of the two depends on how vLLM's scheduler happened to batch the copies, so either holds)
+    hit_ids = {base_request_id(q["request_id"]) for q in hits}
+    assert not hit_ids & set(same["paired_request_ids"])
+    verdicts = same["unpaired_requests"]
+    assert {verdicts.get(h) for h in hit_ids} <= {"prefix_cache_hit", "multi_request_step"}, verdicts
+    if any(verdicts[h] == "prefix_cache_hit" for h in hit_ids):
+        assert same["counts"]["rollout_step"]["prefix_cache_hit"] >= 1
 
 
 def test_msprobe_dumps_vllms_own_module_classes(demo):

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,8 @@ import pytest
 
 from verl_consistency.patches import pins
 from verl_consistency.patches.contracts import env
+
+from ..conftest import lean_disk
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "docker/standin"))
@@ -75,6 +78,15 @@ def image_size(ref: str) -> int:
     return int(out.stdout.strip())
 
 
+def discard_images(*refs: str) -> None:
+    """Under ``$VERL_CONSISTENCY_LEAN_DISK`` (CI), remove images the tests are done with, and the
+    layers only they used: each pin set's images and stand-in bases are 3-6 GB."""
+    if not lean_disk():
+        return
+    subprocess.run(["buildah", "rmi", "-f", *refs], capture_output=True, check=False)
+    subprocess.run(["buildah", "rmi", "--prune"], capture_output=True, check=False)
+
+
 @dataclass(frozen=True)
 class BuiltImage:
     ref: str
@@ -85,7 +97,7 @@ class BuiltImage:
 
 
 @pytest.fixture(scope="session")
-def standin_base() -> str:
+def standin_base() -> Iterator[str]:
     require_tools()
     tag = pins.load().image.base.a2
     script = str(REPO / "docker/standin/build_standin.py")
@@ -96,11 +108,12 @@ def standin_base() -> str:
         check=False,
     )
     assert res.returncode == 0, f"stand-in base build failed:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}"
-    return tag
+    yield tag
+    discard_images(tag)
 
 
 @pytest.fixture(scope="session")
-def built_image(standin_base: str) -> BuiltImage:
+def built_image(standin_base: str) -> Iterator[BuiltImage]:
     git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
     rev = git.stdout.strip()
     start = time.monotonic()
@@ -113,7 +126,8 @@ def built_image(standin_base: str) -> BuiltImage:
         f"image {built.size / 1e9:.2f} GB = base {built.base_size / 1e9:.2f} GB "
         f"+ {(built.size - built.base_size) / 1e9:.2f} GB"
     )
-    return built
+    yield built
+    discard_images(IMAGE)
 
 
 _METRICS: list[str] = []

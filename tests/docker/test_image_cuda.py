@@ -10,20 +10,21 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from verl_consistency.patches import apply, pins
 
 from . import conftest
-from .conftest import REPO, buildah_bud, image_size, labels, podman_run, require_tools
+from .conftest import REPO, buildah_bud, discard_images, image_size, labels, podman_run, require_tools
 
 pytestmark = pytest.mark.image
 IMAGE = "localhost/verl-consistency:pytest-cuda"
 
 
 @pytest.fixture(scope="module")
-def cuda_image() -> str:
+def cuda_image() -> Iterator[str]:
     require_tools()
     base = pins.load().image.base.cuda
     start = time.monotonic()
@@ -52,7 +53,8 @@ def cuda_image() -> str:
         f"image-cuda: stand-in base {standin:.0f} s, build {seconds:.0f} s, image "
         f"{image_size(IMAGE) / 1e9:.2f} GB = base {image_size(base) / 1e9:.2f} GB + the bundle's layers"
     )
-    return IMAGE
+    yield IMAGE
+    discard_images(IMAGE, base)
 
 
 def sh(image: str, script: str) -> subprocess.CompletedProcess[str]:
