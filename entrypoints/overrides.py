@@ -15,7 +15,7 @@ Every key was checked against the real Hydra config of the set's verl
 the tests in ``tests/entrypoints`` compose every mode of the set in force again from the command
 this table produces.
 
-Four kinds of rows:
+Five kinds of rows:
 
 * :data:`ENV` — environment variables. They are set on the verl driver *and* passed as
   ``+ray_kwargs.ray_init.runtime_env.env_vars.<NAME>``: verl's ``run_ppo`` (0.8.0 and 0.9.1) hands
@@ -28,6 +28,8 @@ Four kinds of rows:
 * :data:`DEFAULTS` — what makes a run work out of the box (the generated prompt set, a small
   batch, console logging). The user may override any of them.
 * :data:`REFUSALS` — user overrides refused although we do not set the key ourselves.
+* :data:`MATCHED` — keys whose values must stay equal: a user override of one alone is refused
+  (what a row per key cannot say, e.g. the train batch against the mini batch).
 """
 
 from __future__ import annotations
@@ -222,6 +224,11 @@ class Refusal(_Row):
     """Refuse these values."""
     allowed: tuple[Any, ...] | None = None
     """Refuse every value but these. With neither ``bad`` nor ``allowed``, refuse any value."""
+
+
+class Matched(_Row):
+    keys: tuple[str, str]
+    """Both keys' values as the run composes them (the user's override, else ours) must be equal."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -833,6 +840,30 @@ REFUSALS: tuple[Refusal, ...] = (
         why="a custom replay buffer owns which trajectories a step trains on, so the run's "
         "one-weight-version rule (max_off_policy_threshold=1) would no longer hold",
     ),
+    Refusal(
+        key="actor_rollout_ref.actor.ppo_epochs",
+        allowed=(1,),
+        phases=frozenset({DumpPhase.UPDATE_ACTOR, DumpPhase.ALL}),
+        why="a second PPO epoch runs the update_actor forward again on weights the first epoch "
+        "already stepped (update_actor gets epochs=ppo_epochs: verl 0.8.0 ray_trainer.py:1312-1322, "
+        "0.9.1 trainer/ppo/v1/trainer_base.py:1853), which the rollout never had: its dumps would "
+        "compare as diverged although nothing is wrong",
+    ),
+)
+
+_UPDATE_PHASES: frozenset[DumpPhase] = frozenset({DumpPhase.UPDATE_ACTOR, DumpPhase.ALL})
+
+MATCHED: tuple[Matched, ...] = (
+    Matched(
+        keys=("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size"),
+        modes=SHARED_POOL_MODES,
+        phases=_UPDATE_PHASES,
+        why="update_actor splits a step's batch into train_batch_size / ppo_mini_batch_size mini "
+        "batches and steps the optimizer after each (verl 0.8.0 ray_trainer.py:1310-1326, 0.9.1 "
+        "trainer/ppo/v1/trainer_base.py:1827-1853), so from the second mini batch on the forward "
+        "runs on weights the rollout never had and its dumps would compare as diverged although "
+        "nothing is wrong. Dump --phase log_prob to keep a larger train batch",
+    ),
 )
 
 # --------------------------------------------------------------------------------------------
@@ -932,6 +963,13 @@ def refusal_rows(
     return [row for row in REFUSALS if row.applies(mode, phase, kind, name)]
 
 
+def matched_rows(
+    mode: Mode, phase: DumpPhase, kind: RunKind = _C, set_name: str | None = None
+) -> list[Matched]:
+    name = set_name or pin_set()
+    return [row for row in MATCHED if row.applies(mode, phase, kind, name)]
+
+
 def spell(row: Override, run: Mapping[str, str]) -> str:
     return f"{'+' if row.add else ''}{row.key}={hydra_value(resolve(row.value, run))}"
 
@@ -1004,11 +1042,47 @@ def find_conflicts(
     conflicts: list[Conflict] = []
     required = required_rows(mode, phase, kind, set_name)
     refusals = refusal_rows(mode, phase, kind, set_name)
+    user = list(user)
     for ov in user:
         message = _conflict_with_required(ov, required, run) or _refused(ov, refusals)
         if message is not None:
             conflicts.append(Conflict(override=ov.text, message=f"refused `{ov.text}`: {message}"))
+    composed = [*default_rows(mode, phase, kind, set_name), *required]
+    for row in matched_rows(mode, phase, kind, set_name):
+        conflict = _unmatched(row, user, composed, run)
+        if conflict is not None:
+            conflicts.append(conflict)
     return conflicts
+
+
+def _unmatched(
+    row: Matched, user: list[UserOverride], composed: list[Override], run: Mapping[str, str]
+) -> Conflict | None:
+    """The user's overrides of ``row.keys`` when they leave the two values unequal."""
+    mine = [ov for ov in user if ov.key in row.keys]
+    if not mine:
+        return None  # ours are equal (tests/entrypoints checks every mode and phase)
+    values: dict[str, Any] = {}
+    for key in row.keys:
+        given = [ov for ov in mine if ov.key == key]
+        if given:
+            values[key] = _DELETED if given[-1].delete else given[-1].value
+        else:
+            values[key] = next((resolve(r.value, run) for r in composed if r.key == key), _DELETED)
+    a, b = (values[k] for k in row.keys)
+    if a is not _DELETED and _same(a, b):
+        return None
+    shown = ", ".join(f"{k}={'<deleted>' if v is _DELETED else hydra_value(v)}" for k, v in values.items())
+    texts = " ".join(f"`{ov.text}`" for ov in mine)
+    return Conflict(
+        override=" ".join(ov.text for ov in mine),
+        message=f"refused {texts}: the run needs {row.keys[0]} == {row.keys[1]} (here {shown}); "
+        f"set both to the same value: {row.why}",
+    )
+
+
+_DELETED = object()
+"""A key the user deleted (``~key``): verl's own default then applies, which we do not assume."""
 
 
 def _conflict_with_required(ov: UserOverride, required: list[Override], run: Mapping[str, str]) -> str | None:
@@ -1091,6 +1165,7 @@ class Table(BaseModel):
     required: tuple[Override, ...] = REQUIRED
     defaults: tuple[Override, ...] = DEFAULTS
     refusals: tuple[Refusal, ...] = REFUSALS
+    matched: tuple[Matched, ...] = MATCHED
     launch: dict[str, dict[Mode, Launch | Unsupported]] = LAUNCH
     modules: dict[str, str] = Field(
         default_factory=lambda: {

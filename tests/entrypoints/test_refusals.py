@@ -70,6 +70,18 @@ CONFLICTS = [
     ),
     ("hybrid", [], "~actor_rollout_ref.rollout.enforce_eager", "eager mode"),
     ("hybrid", [], "actor_rollout_ref.rollout={}", "it replaces"),
+    # update_actor: one optimizer step per training step, before which every forward is dumped
+    ("hybrid", ["--phase", "update_actor"], "actor_rollout_ref.actor.ppo_epochs=2", "second PPO epoch"),
+    ("fully-async", ["--phase", "all"], "actor_rollout_ref.actor.ppo_epochs=3", "already stepped"),
+    (
+        "hybrid",
+        ["--phase", "update_actor"],
+        "data.train_batch_size=16",
+        "data.train_batch_size == actor_rollout_ref.actor.ppo_mini_batch_size "
+        "(here data.train_batch_size=16, actor_rollout_ref.actor.ppo_mini_batch_size=8)",
+    ),
+    ("hybrid", ["--phase", "all"], "actor_rollout_ref.actor.ppo_mini_batch_size=4", "second mini batch"),
+    ("hybrid", ["--phase", "update_actor"], "~data.train_batch_size", "data.train_batch_size=<deleted>"),
 ]
 
 # verl 0.9.1's V1 trainer: the legacy trainer and fully_async_main, the trainer mode, one weight version.
@@ -101,6 +113,7 @@ NEXT_CONFLICTS = [
     ("fully-async", [], "actor_rollout_ref.hybrid_engine=true", "training NPUs"),
     ("colocate-async", [], "actor_rollout_ref.rollout.enforce_eager=False", "eager mode"),
     ("colocate-async", [], "data.shuffle=true", "prompt order"),
+    ("colocate-async", ["--phase", "update_actor"], "data.train_batch_size=32", "set both to the same value"),
 ]
 
 # verl 0.8.0's fully_async_main: one weight version per pair (async_training.*).
@@ -405,3 +418,43 @@ def test_current_set_log_prob_run_may_batch_several_steps_per_sync(overrides: li
     for override in overrides:
         key = override.split("=")[0]
         assert sum(o.split("=")[0] == key for o in plan.overrides) == 1, key
+
+
+@pytest.mark.parametrize(
+    ("phase", "overrides"),
+    [
+        (
+            DumpPhase.UPDATE_ACTOR,
+            ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16"],
+        ),
+        (
+            DumpPhase.ALL,
+            ["actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_epochs=1"],
+        ),
+        (DumpPhase.LOG_PROB, ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_epochs=2"]),
+    ],
+)
+def test_batch_sizes_set_together_or_for_log_prob_pass_through(
+    phase: DumpPhase, overrides: list[str]
+) -> None:
+    """The train batch may grow with the mini batch; a log_prob run (old log-probs are computed
+    before any optimizer step) takes any batch sizes and epochs."""
+    plan = build_plan(
+        Mode.HYBRID, dump_root="/dump", run_id="r", phase=phase, environ={}, extra_args=overrides
+    )
+    for override in overrides:
+        key = override.split("=")[0]
+        assert sum(o.split("=")[0] == key for o in plan.overrides) == 1, key
+
+
+def test_the_runs_own_values_satisfy_every_matched_row() -> None:
+    """Untouched keys are not checked at run time, so the run's own values must match wherever a
+    row applies; and every row of the set applies somewhere."""
+    applied = set()
+    for mode, phase, kind in _plans():
+        composed = [*table.default_rows(mode, phase, kind), *table.required_rows(mode, phase, kind)]
+        for row in table.matched_rows(mode, phase, kind):
+            values = [next(r.value for r in composed if r.key == key) for key in row.keys]
+            assert values[0] == values[1], (mode, phase, row.keys, values)
+            applied.add(row.keys)
+    assert applied == {r.keys for r in table.MATCHED if SET in r.sets}
