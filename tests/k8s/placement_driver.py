@@ -49,6 +49,8 @@ from typing import Any
 import ray
 import yaml
 
+RESULT = "RESULT "
+"""The prefix of the one stdout line that carries the driver's JSON result."""
 FULLY_ASYNC_CONFIG = "experimental/fully_async_policy/config"  # verl 0.8.0
 PPO_CONFIG = "trainer/config"  # verl >= 0.9: fully async is main_ppo's V1 separate_async mode
 
@@ -296,11 +298,26 @@ def main(address: str, scenarios: list[dict[str, Any]], runtime_env_file: str | 
     # optional config argument only adds CUDA_DEVICE_MAX_CONNECTIONS for Megatron on Hopper/Ampere.
     runtime_env = OmegaConf.to_container(OmegaConf.merge(get_ppo_ray_runtime_env(), {}))
     # The nodes listen on loopback; without this the driver looks for a raylet on the host's IP.
-    ray.init(address=address, runtime_env=runtime_env, _node_ip_address="127.0.0.1", logging_level="ERROR")
+    # log_to_driver=False: Ray's log thread would print the workers' lines into this stdout, and
+    # once one landed on the RESULT line itself (CI: "Extra data" at its end).
+    ray.init(
+        address=address,
+        runtime_env=runtime_env,
+        _node_ip_address="127.0.0.1",
+        logging_level="ERROR",
+        log_to_driver=False,
+    )
     builder = PoolBuilder.remote()
     out = {s["name"]: ray.get(builder.build.remote(s)) for s in scenarios}
-    print("RESULT " + json.dumps(out))
+    sys.stdout.write(f"{RESULT}{json.dumps(out)}\n")  # one write: print() writes the newline apart
+    sys.stdout.flush()
     ray.shutdown()
+
+
+def read_result(stdout: str) -> Any:
+    """The last RESULT line's JSON document (whatever follows it on that line is ignored), or None."""
+    lines = [ln for ln in stdout.splitlines() if ln.startswith(RESULT)]
+    return json.JSONDecoder().raw_decode(lines[-1], len(RESULT))[0] if lines else None
 
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ from typing import Any
 from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
 
 DRIVER = Path(__file__).with_name("placement_driver.py")
+sys.path.insert(0, str(DRIVER.parent))  # run as a script on the Ray head, beside the driver
+from placement_driver import read_result  # noqa: E402
+
 RECORDS_ENV = "STANDIN_VERL_CONSISTENCY_RECORDS"
 
 
@@ -74,9 +77,9 @@ def main(argv: list[str]) -> int:
                 timeout=600,
                 env={**os.environ, **plan["env"]},  # RunPlan.child_env, as `run` starts verl
             )
-            lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
-            record["placement"] = json.loads(lines[-1][len("RESULT ") :])["job"]["pgs"] if lines else None
-            record["placement_log"] = res.stderr[-5000:] if res.returncode or not lines else ""
+            result = read_result(res.stdout)
+            record["placement"] = result["job"]["pgs"] if result else None
+            record["placement_log"] = res.stderr[-5000:] if res.returncode or not result else ""
             rc = rc or res.returncode
     finally:
         tmp = records / f".record-{os.getpid()}.tmp"

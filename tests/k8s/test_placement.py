@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from tests.k8s.conftest import K8S
+from tests.k8s.placement_driver import read_result
 from tests.k8s.raycluster import LoopbackCluster, NodeSpec
 from verl_consistency.patches import pins
 from verl_consistency.patches.contracts.env import POOL_RESOURCES
@@ -87,10 +88,9 @@ def run_driver(
         path.write_text(yaml.safe_dump(runtime_env))
         args.append(str(path))
     res = subprocess.run(args, capture_output=True, text=True, timeout=600)
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
+    out = read_result(res.stdout)
     assert res.returncode == 0, f"driver failed:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}"
-    assert lines, f"driver failed:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}"
-    out = json.loads(lines[-1][len("RESULT ") :])
+    assert out, f"driver failed:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}"
     assert {s["verl"] for s in out.values()} == {VERL}, "the Ray workers run another verl than the test"
     return {name: s["pgs"] for name, s in out.items()}
 
