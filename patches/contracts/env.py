@@ -67,9 +67,9 @@ DEMO_VENV = "VERL_CONSISTENCY_DEMO_VENV"
 LEAN_DISK = "VERL_CONSISTENCY_LEAN_DISK"
 """``1`` (``.ci/run`` sets it): the tests delete each heavy thing they built once they are done
 with it — a demo venv (7-9 GB) after the demo tests, the images and stand-in bases after the image
-tests — so that one machine's disk holds one pin set's heavy artefacts at a time. A CI machine
-ran out of disk with both sets' venvs and the images at once (about 25 GB); leave it unset where
-the venvs and images should stay for the next run."""
+tests, and ``.venv`` once ``make test-current`` has passed — so that one machine's disk holds one
+pin set's heavy artefacts at a time. A CI machine ran out of disk with both sets' venvs and the
+images at once (about 25 GB); leave it unset where the venvs and images should stay."""
 
 KUBERAY_CRD = "VERL_CONSISTENCY_KUBERAY_CRD"
 """The KubeRay RayJob CRD the k8s tests validate against (default: found beside the checkout)."""
