@@ -159,6 +159,8 @@ SHARED_POOL_MODES: frozenset[Mode] = frozenset({Mode.HYBRID, Mode.COLOCATE_ASYNC
 ONLY_CURRENT: frozenset[str] = frozenset({CURRENT})
 ONLY_NEXT: frozenset[str] = frozenset({NEXT})
 ALL_PHASES: frozenset[DumpPhase] = frozenset(DumpPhase)
+UPDATE_PHASES: frozenset[DumpPhase] = frozenset({DumpPhase.UPDATE_ACTOR, DumpPhase.ALL})
+"""The phases that dump update_actor, whose forward an earlier optimizer step can spoil."""
 COLLECTION_ONLY: frozenset[RunKind] = frozenset({RunKind.COLLECTION})
 TOKEN_LEVEL_ONLY: frozenset[RunKind] = frozenset({RunKind.TOKEN_LEVEL})
 ALL_KINDS: frozenset[RunKind] = frozenset(RunKind)
@@ -504,7 +506,7 @@ REQUIRED: tuple[Override, ...] = (
         key="async_training.trigger_parameter_sync_step",
         value=1,
         modes=frozenset({Mode.FULLY_ASYNC}),
-        phases=frozenset({DumpPhase.UPDATE_ACTOR, DumpPhase.ALL}),
+        phases=UPDATE_PHASES,
         sets=ONLY_CURRENT,
         why="the k-th trainer step of a sync cycle updates the actor with weights already updated k-1 "
         "times, which the rollout never had (verl restores the cycle's first version for old "
@@ -515,7 +517,7 @@ REQUIRED: tuple[Override, ...] = (
         key="async_training.require_batches",
         value=1,
         modes=frozenset({Mode.FULLY_ASYNC}),
-        phases=frozenset({DumpPhase.UPDATE_ACTOR, DumpPhase.ALL}),
+        phases=UPDATE_PHASES,
         sets=ONLY_CURRENT,
         why="a trainer step takes require_batches mini batches (fully_async_trainer.py:150-151) and "
         "update_actor steps the optimizer after each (ray_trainer.py:1310-1326), so the second mini "
@@ -560,7 +562,7 @@ REQUIRED: tuple[Override, ...] = (
         key="trainer.v1.separate_async.parameter_sync_step",
         value=1,
         modes=frozenset({Mode.FULLY_ASYNC}),
-        phases=frozenset({DumpPhase.UPDATE_ACTOR, DumpPhase.ALL}),
+        phases=UPDATE_PHASES,
         sets=ONLY_NEXT,
         why="within a sync cycle the k-th mini batch is trained by weights already updated k times, "
         "while the rollout still has the cycle's first version (verl restores that version for "
@@ -843,7 +845,7 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal(
         key="actor_rollout_ref.actor.ppo_epochs",
         allowed=(1,),
-        phases=frozenset({DumpPhase.UPDATE_ACTOR, DumpPhase.ALL}),
+        phases=UPDATE_PHASES,
         why="a second PPO epoch runs the update_actor forward again on weights the first epoch "
         "already stepped (update_actor gets epochs=ppo_epochs: verl 0.8.0 ray_trainer.py:1312-1322, "
         "0.9.1 trainer/ppo/v1/trainer_base.py:1853), which the rollout never had: its dumps would "
@@ -851,13 +853,11 @@ REFUSALS: tuple[Refusal, ...] = (
     ),
 )
 
-_UPDATE_PHASES: frozenset[DumpPhase] = frozenset({DumpPhase.UPDATE_ACTOR, DumpPhase.ALL})
-
 MATCHED: tuple[Matched, ...] = (
     Matched(
         keys=("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size"),
         modes=SHARED_POOL_MODES,
-        phases=_UPDATE_PHASES,
+        phases=UPDATE_PHASES,
         why="update_actor splits a step's batch into train_batch_size / ppo_mini_batch_size mini "
         "batches and steps the optimizer after each (verl 0.8.0 ray_trainer.py:1310-1326, 0.9.1 "
         "trainer/ppo/v1/trainer_base.py:1827-1853), so from the second mini batch on the forward "
@@ -1055,6 +1055,10 @@ def find_conflicts(
     return conflicts
 
 
+_DELETED = object()
+"""A key the user deleted (``~key``): verl's own default then applies, which we do not assume."""
+
+
 def _unmatched(
     row: Matched, user: list[UserOverride], composed: list[Override], run: Mapping[str, str]
 ) -> Conflict | None:
@@ -1079,10 +1083,6 @@ def _unmatched(
         message=f"refused {texts}: the run needs {row.keys[0]} == {row.keys[1]} (here {shown}); "
         f"set both to the same value: {row.why}",
     )
-
-
-_DELETED = object()
-"""A key the user deleted (``~key``): verl's own default then applies, which we do not assume."""
 
 
 def _conflict_with_required(ov: UserOverride, required: list[Override], run: Mapping[str, str]) -> str | None:
