@@ -33,7 +33,8 @@ from verl_consistency.patches import pins
 from verl_consistency.patches.contracts import dataset, env, layout
 from verl_consistency.patches.contracts.env import DUMP_PHASE, DumpPhase
 from verl_consistency.patches.contracts.run_manifest import MsprobeConfigs, RunManifest, now_utc
-from verl_consistency.patches.hooks import placement, token_mismatch
+from verl_consistency.patches.contracts.token_records import STEP_LOG, TOKEN_LOG
+from verl_consistency.patches.hooks import placement
 
 EXIT_REFUSED = 2
 _STEP_LINE = re.compile(r"\bstep:(\d+)\b")
@@ -54,7 +55,7 @@ def format_dry_run(plan: RunPlan) -> str:
         f"# run folder: {plan.run_dir}" + (" (--token-level: no msprobe dump)" if token_level else ""),
         f"#   msprobe configs: {plan.paths['rollout_config']}, {plan.paths['actor_config']}",
         f"#   prompt set: {plan.paths['train_data']}, reward: {plan.paths['reward_fn']}",
-        f"#   token records: {token_mismatch.TOKEN_LOG}, {token_mismatch.STEP_LOG}"
+        f"#   token records: {TOKEN_LOG}, {STEP_LOG}"
         if token_level
         else f"#   dumps: {plan.paths['rollout_dir']}/<pid>/, {plan.paths['actor_dir']}/<pid>/",
         f"# then: verl-consistency postprocess {plan.run_dir}",
@@ -81,10 +82,9 @@ def prepare_run_dir(plan: RunPlan) -> RunManifest:
         )
     mscfg.write(lay, plan.msprobe)
     if plan.capture_source is not None:
-        from verl_consistency.entrypoints.run_plan import CAPTURE_PROMPTS
         from verl_consistency.patches.contracts.atomic import atomic_path
 
-        with atomic_path(lay.run_dir / CAPTURE_PROMPTS) as tmp:
+        with atomic_path(lay.run_dir / layout.CAPTURE_PROMPTS) as tmp:
             shutil.copyfile(plan.capture_source, tmp)
     dataset.write_parquet(lay.train_data)
     dataset.write_reward_fn(lay.reward_fn)

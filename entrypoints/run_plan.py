@@ -30,11 +30,12 @@ from verl_consistency.entrypoints.msprobe_config import (
 )
 from verl_consistency.entrypoints.overrides import Conflict, EnvConflict, Mode, RunKind
 from verl_consistency.patches.contracts import capture as capture_mod
-from verl_consistency.patches.contracts import env
+from verl_consistency.patches.contracts import env, token_records
 from verl_consistency.patches.contracts.env import DUMP_PHASE, DumpPhase
 from verl_consistency.patches.contracts.layout import (
     ACTOR_CONFIG,
     ACTOR_DIR,
+    CAPTURE_PROMPTS,
     REWARD_FN,
     ROLLOUT_CONFIG,
     ROLLOUT_DIR,
@@ -42,10 +43,6 @@ from verl_consistency.patches.contracts.layout import (
     TRAIN_DATA,
     RunLayout,
 )
-from verl_consistency.patches.hooks import token_mismatch
-
-CAPTURE_PROMPTS = "config/capture-prompts.txt"
-"""Run-relative copy of the ``--capture prompts:FILE`` list: every Ray worker reads it from the run folder."""
 
 DEFAULT_MODEL = "/models/Qwen2.5-0.5B-Instruct"
 
@@ -94,7 +91,7 @@ class RunPlan(BaseModel):
     phase: DumpPhase
     capture: str
     capture_source: str | None = None
-    """``--capture prompts:FILE``: the user's FILE, copied to :data:`CAPTURE_PROMPTS` by the run."""
+    """``--capture prompts:FILE``: the user's FILE, copied to ``layout.CAPTURE_PROMPTS`` by the run."""
     dump: DumpOptions
     python: str
     module: str
@@ -312,7 +309,7 @@ def build_plan(
     problems += [c.message for c in conflicts] + [c.message for c in env_conflicts]
     if environ.get(env.TOKEN_THRESHOLD):
         try:
-            token_mismatch.threshold(environ)
+            token_records.threshold(environ)
         except ValueError as exc:
             problems.append(str(exc))
     if problems:
