@@ -13,8 +13,8 @@ in its own modules, read through this one (every name below is importable from h
 
 This module composes the rows for one run (:func:`required_rows`, :func:`environment`, ...)
 and finds the user's overrides and environment variables that would spoil the data
-(:func:`find_conflicts`, :func:`find_env_conflicts`). Adding a required override is one line
-in :data:`REQUIRED`.
+(:func:`find_conflicts`, :func:`find_env_conflicts`). Adding a required override is one row
+in ``override_rows.REQUIRED``.
 
 There is one table for every pin set of ``patches/pins.toml``: a row names the sets it applies
 to (``sets``, every set unless it says otherwise), so a row that both verl releases
