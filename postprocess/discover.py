@@ -271,13 +271,11 @@ def iter_jsonl(log: LogFile, report: Report) -> Iterator[tuple[int, dict[str, An
                 for line in lines:
                     lineno += 1
                     if line is None:
-                        report(
-                            Unpaired(
-                                subject="log_line",
-                                ref=f"{log.virtual}:{lineno}",
-                                reason=UnpairedReason.BAD_LOG_LINE,
-                                detail=f"longer than {MAX_LINE:,} bytes: not a log record (skipped unread)",
-                            )
+                        bad_line(
+                            report,
+                            log,
+                            lineno,
+                            f"longer than {MAX_LINE:,} bytes: not a log record (skipped unread)",
                         )
                         continue
                     try:
@@ -287,24 +285,10 @@ def iter_jsonl(log: LogFile, report: Report) -> Iterator[tuple[int, dict[str, An
                             continue
                         obj = _lenient(line) if b"NaN" in line or b"Infinity" in line else None
                         if obj is None:
-                            report(
-                                Unpaired(
-                                    subject="log_line",
-                                    ref=f"{log.virtual}:{lineno}",
-                                    reason=UnpairedReason.BAD_LOG_LINE,
-                                    detail=f"not JSON: {exc}",
-                                )
-                            )
+                            bad_line(report, log, lineno, f"not JSON: {exc}")
                             continue
                     if type(obj) is not dict:
-                        report(
-                            Unpaired(
-                                subject="log_line",
-                                ref=f"{log.virtual}:{lineno}",
-                                reason=UnpairedReason.BAD_LOG_LINE,
-                                detail="not a JSON object",
-                            )
-                        )
+                        bad_line(report, log, lineno, "not a JSON object")
                         continue
                     yield lineno, obj
         except OSError as exc:
@@ -316,6 +300,18 @@ def iter_jsonl(log: LogFile, report: Report) -> Iterator[tuple[int, dict[str, An
                     detail=f"read failed part-way: {_os_why(exc)}; earlier lines were used",
                 )
             )
+
+
+def bad_line(report: Report, log: LogFile, lineno: int, detail: str) -> None:
+    """Report line ``lineno`` of ``log`` as a ``bad_log_line`` (``file:line``); its reader skips it."""
+    report(
+        Unpaired(
+            subject="log_line",
+            ref=f"{log.virtual}:{lineno}",
+            reason=UnpairedReason.BAD_LOG_LINE,
+            detail=detail,
+        )
+    )
 
 
 def _os_why(exc: OSError) -> str:
