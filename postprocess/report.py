@@ -17,7 +17,8 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from verl_consistency.patches.contracts.atomic import write_text_atomic
-from verl_consistency.postprocess.compare import (
+from verl_consistency.postprocess.model import Pair, Unpaired
+from verl_consistency.postprocess.verdict import (
     DIVERGED_COSINE,
     DIVERGED_REL_ERR,
     HEALTHY_COSINE,
@@ -25,7 +26,6 @@ from verl_consistency.postprocess.compare import (
     STRUCTURAL,
     PairComparison,
 )
-from verl_consistency.postprocess.model import Pair, Unpaired
 
 REPORT_HTML = "report.html"
 SUMMARY_MD = "summary.md"
