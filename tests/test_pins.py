@@ -92,7 +92,7 @@ def test_pins_script_runs_without_the_package(tmp_path, repo):
 
 def test_next_set_overlays_only_what_it_changes():
     cur, nxt = pins.load(set_name="current"), pins.load(set_name="next")
-    assert (cur.set.name, cur.set.series) == ("current", ".")
+    assert (cur.set.name, cur.set.series) == ("current", "current")
     assert (nxt.set.name, nxt.set.series) == ("next", "next")
     assert nxt.upstream.verl == "0.9.1"
     assert nxt.upstream.vllm_ascend.startswith(nxt.upstream.vllm)

@@ -1,4 +1,4 @@
-"""Token records (``hooks/token_mismatch.py``, ``patches/verl/0005-token-records.patch``).
+"""Token records (``hooks/token_mismatch.py``, ``patches/current/verl/0005-token-records.patch``).
 
 The figures are checked against the pinned verl's own ``calculate_debug_metrics`` and
 ``compute_offpolicy_metrics`` on the same real ``DataProto`` (patched verl in a subprocess), and
