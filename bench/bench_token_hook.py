@@ -3,7 +3,7 @@
     python bench/bench_token_hook.py [--steps N] [--sizes 64x1024,256x4096,...]
 
 1. **Per training step** (the ratio). The real verl 0.8.0 FSDP engine on CPU (patched copy of the
-   pinned wheel, tiny random Qwen2, as in tests/patches/test_training_fsdp_driver.py) runs what
+   pinned wheel, tiny random Qwen2, as in tests/patches/fsdp_driver.py) runs what
    ``RayPPOTrainer.fit`` runs per step around the hook: old log-probs (``infer_batch``), verl's
    own ``calculate_debug_metrics``, one actor update (``train_batch``). Steps alternate with the
    hook off and on (``token_mismatch.record`` writing to a temp run folder); medians are compared.
@@ -151,7 +151,7 @@ def main() -> int:
             STEP_SCRIPT,
             {
                 "VC_REPO": str(REPO),
-                "VC_DRIVER": str(REPO / "tests/patches/test_training_fsdp_driver.py"),
+                "VC_DRIVER": str(REPO / "tests/patches/fsdp_driver.py"),
                 "VC_TEST_WORK": str(base / "work"),
                 "VC_TEST_PORT": "29611",
                 "VC_RUN_DIR": str(base / "run"),

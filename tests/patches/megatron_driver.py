@@ -65,7 +65,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # before the verl wheel's own top-level ``tests`` package
 
-from tests.patches.test_training_fsdp_driver import (  # noqa: E402
+from tests.patches.fsdp_driver import (  # noqa: E402
     BATCH,
     _rollout_batch,
     _serve_pure_torch_attention_helpers,
