@@ -9,7 +9,7 @@
 | ``capture`` | which requests a collection run captures | entrypoints | hooks (both sides) |
 | ``run_manifest`` | ``run.json`` | entrypoints | postprocess |
 | ``dataset`` | the embedded prompt set (verl's parquet schema) | entrypoints | verl, ``reward`` |
-| ``reward`` | the prompt set's rule-based score, a standard-library file copied into the run | entrypoints | verl's reward workers |
+| ``reward`` | the prompt set's rule-based score (copied into the run) | entrypoints | verl's reward |
 | ``atomic`` | how every file is written (temp file, then rename) | every stage | |
 
 The version pins are the one contract kept outside, in ``patches/pins.toml`` beside their
