@@ -17,7 +17,7 @@ the whole window, because every decode step pays msprobe's per-module host work;
 stays within a few percent of ``off``. Broken: ``selective`` close to ``recipe`` means steps are
 being dumped that cannot be paired.
 
-Run on a GPU (``python bench/bench_overhead_gpu.py``); without CUDA it runs a small model on the
+Run on a GPU (``python -m bench.bench_overhead_gpu``); without CUDA it runs a small model on the
 CPU so that the script itself stays tested by ``make bench``, and says so.
 """
 
@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 SIZES = {
     # name: (layers, hidden, heads, kv heads, intermediate, vocab) — Qwen2 family shapes
@@ -228,7 +227,8 @@ def main() -> None:
             subprocess.run(
                 [
                     sys.executable,
-                    __file__,
+                    "-m",
+                    "bench.bench_overhead_gpu",
                     "--child",
                     mode,
                     "--size",
@@ -241,10 +241,7 @@ def main() -> None:
                     str(out),
                 ],
                 check=True,
-                env={
-                    **os.environ,
-                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-                },
+                cwd=REPO,
             )
             results[mode] = json.loads(out.read_text())
     hw = results["off"]["device"]
