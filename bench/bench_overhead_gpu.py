@@ -222,28 +222,34 @@ def main() -> None:
             f"{prefill_steps} of them admit new requests; model {size}; capture fraction {args.fraction:g}"
         )
         results = {}
-        for mode in MODES:
-            out = Path(tmp) / f"{mode}.json"
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.bench_overhead_gpu",
-                    "--child",
-                    mode,
-                    "--size",
-                    size,
-                    "--window",
-                    str(window_file),
-                    "--fraction",
-                    str(args.fraction),
-                    "--out",
-                    str(out),
-                ],
-                check=True,
-                cwd=REPO,
-            )
-            results[mode] = json.loads(out.read_text())
+        # msprobe prints an INFO line at every start/stop of the children's dumped steps (242 of
+        # them on CPU); they go to a file, named once, so that the bench prints its own lines only
+        msprobe_log = Path(tempfile.gettempdir()) / "bench-overhead-msprobe.log"
+        print(f"msprobe's log: {msprobe_log}")
+        with msprobe_log.open("w") as log_fh:
+            for mode in MODES:
+                out = Path(tmp) / f"{mode}.json"
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench.bench_overhead_gpu",
+                        "--child",
+                        mode,
+                        "--size",
+                        size,
+                        "--window",
+                        str(window_file),
+                        "--fraction",
+                        str(args.fraction),
+                        "--out",
+                        str(out),
+                    ],
+                    check=True,
+                    cwd=REPO,
+                    stdout=log_fh,
+                )
+                results[mode] = json.loads(out.read_text())
     hw = results["off"]["device"]
     print(
         f"hardware: {hw}, torch {results['off']['torch']}, {os.cpu_count()} CPU cores, {platform.machine()}"
