@@ -22,10 +22,14 @@
 #      (default: hybrid and colocate-async, log_prob then update_actor), the real CLI:
 #        VERL_CONSISTENCY_PIN_SET=next verl-consistency run MODE --device cuda --phase PHASE
 #          --capture fraction:1 --dump-root /tmp/vgpu/dump model=... <sizes and GPU overrides below>
-#      then postprocess + verify, and writes to $OUT one trimmed run folder (tar.xz, <= 8 MiB) and
-#      one bundle per run, plus the logs.
-#   3. here: unpack the run folders under tests/postprocess/fixtures/h200-next-<mode>[-<phase>]/
-#      (tests/postprocess/test_compare_h200_next.py re-pairs them on CPU in `make test`).
+#      then postprocess + verify, and writes to $OUT one <run id>.tar.xz per run: logs/<run id>/ (the
+#      run, postprocess and verify logs) and trim/<run id>/, the run folder trimmed by trim_run.py to
+#      <= 6 MiB (the pairs with the shortest prompts). The bundles (30-40 MB) stay on the device.
+#      Measured (issue 25, NOTE-25): a run 215-280 s, its postprocess 100-140 s; two runs side by side
+#      (PARALLEL=1 GPU_UTIL=0.25) worked, so four runs fit in three calls.
+#   3. here: unpack trim/<run id>/ as tests/postprocess/fixtures/h200-next/<run id>/
+#      (tests/postprocess/test_compare_h200_next.py re-pairs them on CPU in `make test`; its recorded
+#      pair counts and verdicts change with a new run).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 cmd=${1:-}; shift || true
@@ -154,7 +158,7 @@ if [ "$cmd" = run ]; then
       trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.total_training_steps=${STEPS:-8} trainer.test_freq=-1 \
       >"$log/run.log" 2>&1
     rc=$?; echo "RUN $id rc=$rc wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
-    [ "$rc" = 0 ] && echo $(( $(date +%s) - s )) >"$G/last_wall"
+    [ "$rc" = 0 ] && [ "${PARALLEL:-0}" != 1 ] && echo $(( $(date +%s) - s )) >"$G/last_wall"
     s=$(date +%s)
     verl-consistency postprocess "$G/dump/$id" >"$log/postprocess.log" 2>&1
     echo "POST $id rc=$? wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
@@ -163,10 +167,12 @@ if [ "$cmd" = run ]; then
       verl-consistency verify "$b" >"$log/verify.log" 2>&1; echo "VERIFY $id rc=$?" | tee -a "$OUT/stages.txt"
       cp "$b" "$log/"
     done
-    rm -rf "$G/trim/$id" && python3 "$G/parts/trim_run.py" "$G/dump/$id" "$G/trim/$id" 2>&1 | tee -a "$OUT/stages.txt"
+    rm -rf "$G/trim/$id" && python3 "$G/parts/trim_run.py" "$G/dump/$id" "$G/trim/$id" --max-mib 6 --min-pairs 1 2>&1 | tee -a "$OUT/stages.txt"
     nvidia-smi --query-gpu=memory.used --format=csv >>"$log/postprocess.log" 2>&1
-    tar -cf - -C "$G/logs" "$id" -C "$G/trim" "$id" 2>/dev/null | xz -T4 -6 >"$OUT/$id.tar.xz"
-    [ -f "$G/last_wall" ] && echo $(( $(cat "$G/last_wall") + $(date +%s) - s )) >"$G/last_wall"
+    # logs/<id>/ (run, postprocess, verify logs; the bundle stays there: 30-40 MB, over what $OUT
+    # brings back) and trim/<id>/, the run folder as committed.
+    tar -cf - --exclude='*.tar.zst' -C "$G" "logs/$id" "trim/$id" | xz -T4 -6 >"$OUT/$id.tar.xz"
+    [ -f "$G/last_wall" ] && [ "${PARALLEL:-0}" != 1 ] && echo $(( $(cat "$G/last_wall") + $(date +%s) - s )) >"$G/last_wall"
     tail -30 "$log/postprocess.log"; grep -E "step:[0-9]+ |Traceback|Error|error" "$log/run.log" | tail -12
   }
   todo=()
