@@ -225,3 +225,52 @@ def test_bundle_shape(bundle: tuple[str, dict[str, Any]]) -> None:
     tensors = 2 * LAYERS + (LAYERS if recomputed else 0) + 3 * LAYERS
     per_pair = 2 * 3 + tensors + 5  # 3 JSON a side, the tensors, 5 compare outputs
     assert len(paths) == exp.pairs * per_pair + 7
+
+
+def test_trim_keeps_the_shortest_prompt_pairs(tmp_path: Path) -> None:
+    """bench/gpu/trim_run.py, as the run script calls it: under the size bound, the longest-prompt
+    pairs go first (their step folders too, so they re-pair as ``dump_missing``)."""
+    from verl_consistency.postprocess import discover
+    from verl_consistency.postprocess.pairing import pair_run
+
+    src = FIXTURES / "h200-next-hybrid-update-actor"
+    before = sorted(pair_run(discover.Roots.open(src)).pairs, key=lambda p: (p.prompt_tokens, p.pair_id))
+    dest = tmp_path / "trimmed"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench/gpu/trim_run.py"), str(src), str(dest), "--max-mib", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1, "3 MiB cannot hold the 8 pairs --min-pairs asks for by default"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench/gpu/trim_run.py"),
+            str(src),
+            str(dest),
+            "--max-mib",
+            "3",
+            "--min-pairs",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sum(f.stat().st_size for f in dest.rglob("*") if f.is_file()) <= 3 * 2**20
+    after = pair_run(discover.Roots.open(dest))
+    kept = [p.pair_id for p in after.pairs]
+    assert 0 < len(kept) < len(before)
+    assert sorted(kept) == sorted(p.pair_id for p in before[: len(kept)]), "the shortest prompts stay"
+    gone = len(before) - len(kept)
+    assert (
+        after.counts["actor_step"]["dump_missing"]
+        == RUNS[src.name].unpaired["actor_step"]["dump_missing"] + gone
+    )
+    assert (dest / "run.json").read_bytes() == (src / "run.json").read_bytes()
