@@ -10,7 +10,7 @@ real CLI: ``postprocess`` (pair, compare with msprobe, report, bundle), ``verify
 
 What this pins down: the pairs and why the rest did not pair, the bundle's file layout, and the
 verdicts of real bf16 kernels. Every pair is ``suspicious`` under the thresholds of
-``postprocess/compare.py`` (relative L2 error 0.0108-0.0116 > 0.01, cosine >= 0.99993): see
+``postprocess/verdict.py`` (relative L2 error 0.0108-0.0116 > 0.01, cosine >= 0.99993): see
 "Measured on real kernels" in ``postprocess/README-compare.md``. When the tensor-mode thresholds
 change, the recorded verdicts below must change with them.
 """
