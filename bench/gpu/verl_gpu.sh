@@ -1,0 +1,205 @@
+#!/bin/bash
+# verl's own drivers, whole, on one NVIDIA GPU: `verl-consistency run hybrid|colocate-async --device cuda`
+# on the `next` pin set (verl 0.9.1's main_ppo, V1 trainer, vLLM 0.23.0 rollout, FSDP actor, GRPO), then
+# `verl-consistency postprocess` and `verify`. Issue 25; the hand-made run it replaces is described in
+# ../shared/tools/gpu-stage/README.md (its traps are kept here as comments where they are handled).
+#
+# How to repeat the run (the device tool's nvidia-h200: torch 2.11.0+cu130, Python 3.12, no registry):
+#   1. here, with network to PyPI:   bash bench/gpu/verl_gpu.sh prepare [STAGE]
+#      STAGE (default: .gpu-stage of the checkout that the device tool sends, listed in
+#      .git/info/exclude) gets p1/ p2/ p3/ of at most ~60 MB each, plus this script and make_assets.py.
+#   2. on the device, calls back to back (the machine stays warm 30 s between calls; each call's
+#      working tree is a fresh copy, so `stage` copies its part to /tmp/vgpu); S=.gpu-stage:
+#        run(carry=[S/p1, S/verl_gpu.sh]):                 bash .gpu-stage/verl_gpu.sh stage p1
+#        run(carry=[S/p2, S/verl_gpu.sh]):                 bash .gpu-stage/verl_gpu.sh stage p2
+#        run(carry=[S/p3, S/verl_gpu.sh, S/SHA256, S/make_assets.py, S/trim_run.py]):
+#                                                          bash .gpu-stage/verl_gpu.sh run
+#        run(carry=[S/verl_gpu.sh]):                       bash .gpu-stage/verl_gpu.sh run   (again)
+#        ... until every run is done: one call holds what fits in its 600 s (a run is ~5 min: Ray,
+#        TransferQueue, FSDP and the vLLM server start take ~3 of them); a run tried once is skipped.
+#      `run` unpacks, installs, patches vLLM and verl with `verl-consistency patches apply --set next`,
+#      builds a random bf16 Qwen2 (hidden 512, 4 layers, head_dim 64) and runs, for each MODE:PHASE
+#      (default: hybrid and colocate-async, log_prob then update_actor), the real CLI:
+#        VERL_CONSISTENCY_PIN_SET=next verl-consistency run MODE --device cuda --phase PHASE
+#          --capture fraction:1 --dump-root /tmp/vgpu/dump model=... <sizes and GPU overrides below>
+#      then postprocess + verify, and writes to $OUT one <run id>.tar.xz per run: logs/<run id>/ (the
+#      run, postprocess and verify logs) and trim/<run id>/, the run folder trimmed by trim_run.py to
+#      <= 6 MiB (the pairs with the shortest prompts). The bundles (30-40 MB) stay on the device.
+#      Measured (issue 25, NOTE-25): a run 215-280 s, its postprocess 100-140 s; two runs side by side
+#      (PARALLEL=1 GPU_UTIL=0.25) worked, so four runs fit in three calls.
+#   3. here: unpack trim/<run id>/ as tests/postprocess/fixtures/h200-next/<run id>/
+#      (tests/postprocess/test_compare_h200_next.py re-pairs them on CPU in `make test`; its recorded
+#      pair counts and verdicts change with a new run).
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+cmd=${1:-}; shift || true
+
+if [ "$cmd" = prepare ]; then
+  set -euo pipefail
+  REPO=$(cd "$HERE/../.." && pwd)
+  STAGE=$(readlink -f "${1:-$REPO/.gpu-stage}")
+  PY=${PY:-$REPO/.venv/bin/python}   # needs pip and wheel (the bundle is built --no-build-isolation)
+  pin() { "$PY" "$REPO/patches/pins.py" --set next "$1"; }
+  VLLM=$(pin upstream.vllm); VERL=$(pin upstream.verl); RAY=$(pin image.ray); MSP=$(pin upstream.mindstudio_probe)
+  W=${WORK:-$(mktemp -d)}; mkdir -p "$W"
+  DL=("$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+      --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64
+      --platform manylinux_2_26_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux_2_31_x86_64
+      --platform any)
+  [ -f "$W"/wheel/vllm-"$VLLM"-*.whl ] 2>/dev/null || "${DL[@]}" -d "$W/wheel" "vllm==$VLLM"
+  wheel=$(ls "$W"/wheel/vllm-"$VLLM"-*.whl)
+  # What vLLM imports for a dense bf16 model on Hopper and the device image lacks. Version traps:
+  # xgrammar 0.2.9 fails with apache-tvm-ffi 0.1.9 (load_lib_module extra_lib_paths) -> 0.2.5.post1;
+  # openai 3.x needs httpx2 -> 2.54.0; vLLM needs fastapi < 0.137.
+  "${DL[@]}" -d "$W/deps" pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+    typing-extensions==4.16.0 msgspec==0.23.0 pyzmq==27.3.0 gguf==0.19.0 pybase64==1.5.1 cbor2==6.3.0 \
+    cachetools==8.0.2 openai-harmony==0.0.8 openai==2.54.0 distro==1.9.0 sniffio==1.3.1 llguidance==1.7.6 \
+    xgrammar==0.2.5.post1 apache-tvm-ffi==0.1.9 fastapi==0.136.3 starlette==0.52.1 opentelemetry-api==1.45.2 \
+    partial-json-parser==0.2.1.1.post7
+  "${DL[@]}" -d "$W/vdeps" "verl==$VERL" "ray==$RAY" jsonschema==4.26.0 referencing==0.37.0 rpds-py==2026.9.1 \
+    jsonschema-specifications==2025.9.1 tensordict==0.10.0 pyvers==0.1.0 importlib-metadata==10.2.0 \
+    omegaconf==2.4.0 codetiming==1.4.0 torchdata==0.11.0 orjson==3.13.0 datasets==5.2.0 multiprocess==0.70.19 \
+    dill==0.4.1 uvicorn==0.54.0
+  # What verl's main_ppo (V1 trainer, vLLM server, TransferQueue) imports beyond the above, and this
+  # bundle's own needs there: mindstudio-probe (imports pytz) and zstandard (the bundle archive).
+  "${DL[@]}" -d "$W/xdeps" hydra-core==1.3.8 transferqueue==0.1.11 watchfiles==1.3.0 ijson==3.6.0 \
+    mistral_common==1.13.1 pydantic-extra-types==2.11.1 pycountry==26.2.16 model-hosting-container-standards==0.1.16 \
+    jmespath==1.1.0 prometheus-fastapi-instrumentator==8.1.0 "mindstudio-probe==$MSP" zstandard pytz
+  "$PY" -m pip wheel -q --no-deps -w "$W/xdeps" antlr4-python3-runtime==4.9.3     # an sdist only
+  rm -f "$W"/xdeps/verl_consistency-*.whl
+  "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$W/xdeps" "$REPO"        # this bundle
+  # vLLM: the wheel unzipped, minus what a dense bf16 model on Hopper never loads (FlashAttention 2,
+  # MoE kernels, deep_gemm for other Pythons); xz -9 packs the CUDA libraries ~10x (minutes on 2 cores).
+  if [ ! -f "$W/site.tar.xz" ]; then
+    rm -rf "$W/site" && mkdir -p "$W/site" && (cd "$W/site" && unzip -q "$wheel" &&
+      rm -f vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/vllm-rs vllm/_moe_C.abi3.so \
+            vllm/third_party/deep_gemm/_C.cpython-31[0134]-x86_64-linux-gnu.so &&
+      rm -rf vllm/third_party/deep_gemm/include &&
+      for w in "$W"/deps/*.whl; do unzip -q -o "$w"; done && rm -f xgrammar/lib/libxgrammar.a)
+    (cd "$W" && tar -cf - site | xz -T2 -9 >site.tar.xz.tmp && mv site.tar.xz.tmp site.tar.xz)
+  fi
+  rm -rf "$STAGE/p1" "$STAGE/p2" "$STAGE/p3" "$STAGE/parked" && mkdir -p "$STAGE/p1" "$STAGE/p2" "$STAGE/p3"
+  (cd "$W" && sha256sum site.tar.xz >"$STAGE/SHA256" && split -n 2 -d -a 1 site.tar.xz "$STAGE/site.tar.xz.part-" &&
+    mv "$STAGE/site.tar.xz.part-0" "$STAGE/p1/" && mv "$STAGE/site.tar.xz.part-1" "$STAGE/p2/")
+  # verl + Ray (Ray minus its Java jars, dashboard web build and rllib)
+  rm -rf "$W/vsite" && mkdir -p "$W/vsite" && (cd "$W/vsite" && for w in "$W"/vdeps/*.whl; do unzip -q -o "$w"; done &&
+    rm -rf ray/jars ray/dashboard/client/build ray/rllib)
+  (cd "$W" && tar -cf - vsite | xz -T2 -6 >"$STAGE/p3/vsite.tar.xz")    # -6: 4x faster, ~10% larger
+  # TransferQueue ships top-level recipe/ scripts/ tests/ tutorial/ folders: dropped.
+  rm -rf "$W/extra" && mkdir -p "$W/extra" && (cd "$W/extra" && for w in "$W"/xdeps/*.whl; do unzip -q -o "$w"; done &&
+    rm -rf recipe scripts tests tutorial)
+  (cd "$W" && tar -cf - extra | xz -T2 -6 >"$STAGE/p3/extra.tar.xz")
+  cp "$HERE/verl_gpu.sh" "$HERE/make_assets.py" "$HERE/trim_run.py" "$STAGE/"
+  du -sh "$STAGE"/p*
+  exit 0
+fi
+
+G=/tmp/vgpu
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+if [ "$cmd" = stage ]; then
+  mkdir -p "$G/parts" && cp "$HERE/$1"/* "$G/parts/" && ls -la "$G/parts" && df -h /tmp | tail -1
+  exit 0
+fi
+
+if [ "$cmd" = run ]; then
+  # Each argument is MODE:PHASE (default: both modes' log_prob, then both modes' update_actor).
+  RUNS=${*:-"hybrid:log_prob colocate-async:log_prob hybrid:update_actor colocate-async:update_actor"}
+  OUT=${OUT:-$G/out}; mkdir -p "$OUT"
+  t0=$(date +%s); stamp() { echo "STAGE $1 $(( $(date +%s) - t0 ))s" | tee -a "$OUT/stages.txt"; }
+  set -o pipefail
+  if [ ! -f "$G/.installed" ]; then
+    cp "$HERE"/p3/* "$HERE/SHA256" "$HERE/make_assets.py" "$HERE/trim_run.py" "$G/parts/" || exit 3
+    (cd "$G/parts" && cat site.tar.xz.part-0 site.tar.xz.part-1 >"$G/site.tar.xz" && cd "$G" && sha256sum -c parts/SHA256) || exit 3
+    for a in "$G/site.tar.xz" "$G/parts/vsite.tar.xz" "$G/parts/extra.tar.xz"; do tar -xJf "$a" -C "$G" || exit 3; done
+    rm -f "$G/site.tar.xz" "$G"/parts/site.tar.xz.part-*
+    touch "$G/.installed"; stamp unpacked
+  fi
+  # A later call may carry a fixed script or bundle wheel (S/verl_consistency-*.whl): it replaces the old.
+  for f in make_assets.py trim_run.py; do [ -f "$HERE/$f" ] && cp "$HERE/$f" "$G/parts/"; done
+  for w in "$HERE"/verl_consistency-*.whl; do [ -f "$w" ] && (cd "$G/extra" && unzip -q -o "$w") && echo "bundle: $w"; done
+  # The bundle's wheel is unpacked into extra/ (no registry there, no console script): this is the
+  # `verl-consistency` command, the same entry point.
+  export PYTHONPATH=$G/extra:$G/vsite:$G/site
+  mkdir -p "$G/bin" && printf '#!/bin/sh\nexec python3 -c "import sys; from verl_consistency.entrypoints.cli import main; sys.argv[0] = \\"verl-consistency\\"; sys.exit(main())" "$@"\n' >"$G/bin/verl-consistency" && chmod +x "$G/bin/verl-consistency"
+  export PATH=$G/bin:$PATH VERL_CONSISTENCY_PIN_SET=next
+  if [ ! -f "$G/.patched" ]; then
+    { verl-consistency patches apply --set next -c vllm --root "$G/site" &&
+      verl-consistency patches apply --set next -c verl --root "$G/vsite"; } 2>&1 | tee "$OUT/patch.log" || exit 4
+    touch "$G/.patched"; stamp patched
+  fi
+  if [ ! -d "$G/assets/model" ]; then
+    python3 "$G/parts/make_assets.py" "$G/assets" 2>&1 | tail -3 | tee "$OUT/assets.log" || exit 5; stamp assets
+  fi
+  # The runtime traps (each met on the way, ../shared/tools/gpu-stage/README.md): flashinfer is not
+  # carried and vLLM's top-k/top-p check imports it; fork after torch use hung the engine; the machine
+  # has no flash-attn (verl 0.9.1 defaults the actor to flash_attention_2); TransferQueue reserves one
+  # Ray CPU per storage unit (8 by default) plus one for its controller.
+  export PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+    VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn RAY_USAGE_STATS_ENABLED=0 HYDRA_FULL_ERROR=1 \
+    WANDB_MODE=disabled
+  # One device call may run 600 s: a run starts only if ~EST s are left of BUDGET (from this call's
+  # start), and a run tried in an earlier call is skipped, so the same command can be repeated call
+  # after call until every run is done. PARALLEL=1 starts the runs of this call together (STAGGER s
+  # apart; two Ray clusters and two vLLM servers share the GPU at GPU_UTIL each).
+  BUDGET=${BUDGET:-575}; EST=${EST:-320}; mkdir -p "$G/done"
+  one_run() {  # MODE PHASE TIMEOUT
+    local mode=$1 phase=$2 id=h200-next-$1-${2/_/-} s rc; local log=$G/logs/$id; mkdir -p "$log"
+    rm -rf "${G:?}/dump/$id"; s=$(date +%s)
+    timeout -k 10 "$3" verl-consistency run "$mode" --device cuda --phase "$phase" \
+      --capture fraction:1 --dump-root "$G/dump" --run-id "$id" model="$G/assets/model" \
+      data.max_response_length=16 data.dataloader_num_workers=0 \
+      +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
+      actor_rollout_ref.rollout.gpu_memory_utilization=${GPU_UTIL:-0.3} \
+      actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
+      actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2 \
+      transfer_queue.backend.SimpleStorage.num_data_storage_units=2 ray_kwargs.ray_init.num_cpus=16 \
+      trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.total_training_steps=${STEPS:-8} trainer.test_freq=-1 \
+      >"$log/run.log" 2>&1
+    rc=$?; echo "RUN $id rc=$rc wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
+    [ "$rc" = 0 ] && [ "${PARALLEL:-0}" != 1 ] && echo $(( $(date +%s) - s )) >"$G/last_wall"
+    s=$(date +%s)
+    verl-consistency postprocess "$G/dump/$id" >"$log/postprocess.log" 2>&1
+    echo "POST $id rc=$? wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
+    for b in "$G/dump/bundles"/bundle-"$id"*.tar.zst; do
+      [ -f "$b" ] || continue
+      verl-consistency verify "$b" >"$log/verify.log" 2>&1; echo "VERIFY $id rc=$?" | tee -a "$OUT/stages.txt"
+      cp "$b" "$log/"
+    done
+    rm -rf "$G/trim/$id" && python3 "$G/parts/trim_run.py" "$G/dump/$id" "$G/trim/$id" --max-mib 6 --min-pairs 1 2>&1 | tee -a "$OUT/stages.txt"
+    nvidia-smi --query-gpu=memory.used --format=csv >>"$log/postprocess.log" 2>&1
+    # logs/<id>/ (run, postprocess, verify logs; the bundle stays there: 30-40 MB, over what $OUT
+    # brings back) and trim/<id>/, the run folder as committed.
+    tar -cf - --exclude='*.tar.zst' -C "$G" "logs/$id" "trim/$id" | xz -T4 -6 >"$OUT/$id.tar.xz"
+    [ -f "$G/last_wall" ] && [ "${PARALLEL:-0}" != 1 ] && echo $(( $(cat "$G/last_wall") + $(date +%s) - s )) >"$G/last_wall"
+    tail -30 "$log/postprocess.log"; grep -E "step:[0-9]+ |Traceback|Error|error" "$log/run.log" | tail -12
+  }
+  todo=()
+  for r in $RUNS; do
+    id=h200-next-${r%%:*}-${r#*:}; id=${id/_/-}
+    [ -f "$G/done/$id" ] && { echo "SKIP $id (tried in an earlier call)"; continue; }
+    todo+=("$r")
+  done
+  if [ "${PARALLEL:-0}" = 1 ]; then
+    left=$(( BUDGET - ($(date +%s) - t0) ))
+    for r in "${todo[@]}"; do
+      id=h200-next-${r%%:*}-${r#*:}; touch "$G/done/${id/_/-}"
+      one_run "${r%%:*}" "${r#*:}" $(( left - 60 )) &
+      sleep "${STAGGER:-20}"; left=$(( left - ${STAGGER:-20} ))
+    done
+    wait
+  else
+    for r in "${todo[@]}"; do
+      left=$(( BUDGET - ($(date +%s) - t0) ))
+      [ -f "$G/last_wall" ] && EST=$(( $(cat "$G/last_wall") + 15 ))   # measured: the last run + postprocess
+      [ "$left" -lt "$EST" ] && { echo "NEXT $r: ${left}s left of this call, a run takes ~${EST}s" | tee -a "$OUT/stages.txt"; break; }
+      id=h200-next-${r%%:*}-${r#*:}; touch "$G/done/${id/_/-}"   # tried once: not retried blindly
+      one_run "${r%%:*}" "${r#*:}" $(( left - 50 ))
+    done
+  fi
+  ls -la "$OUT"
+  stamp done
+  exit 0
+fi
+echo "usage: $0 prepare [STAGE] | stage p1|p2 | run [MODE:PHASE ...]" >&2; exit 2
