@@ -60,6 +60,7 @@ from typing import Any, Literal
 
 from verl_consistency.patches.contracts.capture import CaptureRule
 from verl_consistency.patches.contracts.records import ScheduledRequest, base_request_id
+from verl_consistency.patches.hooks import msprobe_lanes
 
 CAPTURED_SENTINEL = "verl-consistency-captured"
 """The ``request_id`` that the msprobe config carries; the captured request is renamed to it."""
@@ -228,10 +229,34 @@ def start_step(
         reload_now(force=True)
     ensure_request_scope(debugger)
     install_compact_tensor_save()
+    msprobe_lanes.uninstall(debugger.service)
     if model is None:
         debugger.start(scheduled_tokens=tokens)
     else:
         debugger.start(model=model, scheduled_tokens=tokens)
+    return True
+
+
+def start_lanes(debugger: Any, model: Any, lanes: Sequence[msprobe_lanes.Lane]) -> bool:
+    """Start msprobe for this step with one dump per lane (captured request); returns whether it dumps.
+
+    No lanes: msprobe is not started (as :func:`start_step` with no captured request). Otherwise
+    :func:`msprobe_lanes.install` aims msprobe at the lanes and ``debugger.start`` runs *without*
+    ``scheduled_tokens``: each lane cuts its own rows (``msprobe_lanes`` says how), so msprobe's
+    one-request cut stays off. The config may still carry :data:`CAPTURED_SENTINEL` (a run's
+    config does, for the one-request path); it is ignored here.
+    """
+    if not lanes:
+        return False
+    reload_now = getattr(debugger, "_maybe_reload_config", None)
+    if callable(reload_now):
+        reload_now(force=True)
+    install_compact_tensor_save()
+    msprobe_lanes.install(debugger.service, lanes)
+    if model is None:
+        debugger.start()
+    else:
+        debugger.start(model=model)
     return True
 
 
