@@ -45,8 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-LANE_PREFIX = "req"
-"""Lane ``k`` of a dumped step is the folder ``req{k}`` inside msprobe's rank folder."""
+from verl_consistency.patches.contracts.records import lane_folder
 
 
 @dataclass(frozen=True)
@@ -186,7 +185,7 @@ class LaneFanout:
 
         rank_dir = os.path.dirname(aggregation.dump_file_path)
         for k, collector in enumerate(self.active):
-            lane_dir = os.path.join(rank_dir, f"{LANE_PREFIX}{k}")
+            lane_dir = os.path.join(rank_dir, lane_folder(k))
             os.makedirs(lane_dir, mode=0o750, exist_ok=True)
             lane = DumpPathAggregation()
             for attr in ("dump_file_path", "stack_file_path", "construct_file_path", "debug_file_path"):
@@ -202,7 +201,7 @@ class LaneFanout:
 
     def replace_proc_with_rank(self, rank_path: str) -> None:
         for k, collector in enumerate(self.active):
-            collector.replace_proc_with_rank(os.path.join(rank_path, f"{LANE_PREFIX}{k}"))
+            collector.replace_proc_with_rank(os.path.join(rank_path, lane_folder(k)))
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names this class does not define. Methods are broadcast to every

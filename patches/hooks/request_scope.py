@@ -274,6 +274,26 @@ def is_comparable_prefill(request: ScheduledRequest) -> bool:
     return request.prompt_tokens is None or request.tokens == request.prompt_tokens
 
 
+def dump_targets(
+    requests: Sequence[ScheduledRequest],
+    phase: Literal["prefill", "decode"] | str,
+    rule: CaptureRule,
+) -> list[str]:
+    """Selective mode with lanes: every request of this step to dump, in the order given.
+
+    Each request that :func:`is_comparable_prefill` accepts and ``rule.captures`` (by
+    ``base_request_id``) gets a lane of its own (:func:`start_lanes`); a decode step gets none.
+    Pass the packing order, so that lane ``k`` is the k-th captured request as packed.
+    """
+    if phase == "decode":
+        return []
+    return [
+        req.request_id
+        for req in requests
+        if is_comparable_prefill(req) and rule.captures(base_request_id(req.request_id))
+    ]
+
+
 def should_dump(
     requests: Sequence[ScheduledRequest],
     phase: Literal["prefill", "decode"] | str,
@@ -291,9 +311,5 @@ def should_dump(
     ``rule`` 'all' makes every request eligible (every prefill step then dumps one request);
     the recipe's dump-every-step behaviour is a different mode that does not call this.
     """
-    if phase == "decode":
-        return None
-    for req in requests:
-        if is_comparable_prefill(req) and rule.captures(base_request_id(req.request_id)):
-            return req.request_id
-    return None
+    targets = dump_targets(requests, phase, rule)
+    return targets[0] if targets else None
