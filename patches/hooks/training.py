@@ -152,6 +152,12 @@ def training_lanes(micro_batch: Any, ids: list[str], wanted: list[str]) -> list[
     the right to ``[batch, max_len, ...]``, so a request is its row (dim 0) and its first
     ``len`` positions (dim 1). Returns None when the lengths cannot be read or do not match the
     ids (the micro batch is then dumped whole and logged as a multi-request micro batch).
+
+    Not cut: the 4-D attention mask each layer is handed and eager attention's probabilities,
+    ``[batch, 1|heads, t, t]`` over every token of the micro batch. They are not a request's
+    rows, vLLM has no counterpart of them, and a ``t`` cut on dims 2 and 3 would also cut any
+    activation whose width happens to equal ``t``. ``tests/patches/test_training_fsdp.py`` shows
+    every other tensor of a lane equal to that request's forward alone, in both layouts.
     """
     from verl.utils import tensordict_utils as tu
 
