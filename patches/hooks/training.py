@@ -175,6 +175,28 @@ def training_lanes(micro_batch: Any, ids: list[str], wanted: list[str]) -> list[
     return lanes
 
 
+def last_positions(micro_batch: Any) -> list[int] | None:
+    """Each row's last prompt position in the micro batch's logits flattened to ``[positions, vocab]``.
+
+    THD (``use_remove_padding``): the rows are concatenated, so row ``i`` ends at
+    ``cu_seqlens[i + 1] - 1``. Padded: ``[batch, longest]`` rows padded on the right, so row ``i``
+    ends at ``i * longest + len_i - 1``. None when the lengths cannot be read.
+    """
+    from verl.utils import tensordict_utils as tu
+
+    lengths = sequence_lengths(micro_batch)
+    if lengths is None:
+        return None
+    if bool(tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True)):
+        ends, total = [], 0
+        for n in lengths:
+            total += n
+            ends.append(total - 1)
+        return ends
+    longest = max(lengths)
+    return [i * longest + n - 1 for i, n in enumerate(lengths)]
+
+
 def _config_dump_path(config_path: Path) -> str:
     try:
         data = orjson.loads(config_path.read_bytes())
@@ -328,8 +350,17 @@ class BatchDumper:
             msprobe_lanes.uninstall(self.session.service)
         self.session.debugger.start(model=model)
         step = int(self.session.service.current_iter)
-        self._active = (step, ids, ids_all, [lane.request_id for lane in lanes] if lanes else None)
-        self._next = token_mismatch.NextTokenProbe.attach(micro_batch, model)
+        lane_ids = [lane.request_id for lane in lanes] if lanes else None
+        self._active = (step, ids, ids_all, lane_ids)
+        if lane_ids:
+            self._next = token_mismatch.NextTokenProbe.attach(
+                micro_batch,
+                model,
+                wanted=[ids.index(rid) for rid in lane_ids],
+                last_positions=last_positions(micro_batch),
+            )
+        else:
+            self._next = token_mismatch.NextTokenProbe.attach(micro_batch, model)
 
     def stop(self, micro_batch: Any) -> None:
         if self._active is None:
@@ -354,7 +385,7 @@ class BatchDumper:
                 step=step,
                 dump_path=self.session.rel_dump_path,
                 phase=self.phase,
-                request_id=ids[0] if ids else None,
+                request_ids=list(lane_ids) if lane_ids else [ids[0] if ids else None],
             )
         extra: dict[str, Any] = {}
         if ids_all:

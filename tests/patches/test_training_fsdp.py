@@ -259,11 +259,19 @@ def _lane_run(
         DUMP_PHASE="log_prob",
         VERL_CONSISTENCY_ACTOR_CONFIG=str(cfg),
         VERL_CONSISTENCY_RUN_DIR=str(run_dir),
+        VERL_CONSISTENCY_TOKEN_LEVEL="1",
+        VC_TEST_NEXT_TOKEN="1",
         **env,
     )
     assert report["error"] is None
     assert report["finite"]
     return _records(run_dir)
+
+
+def _next_tokens(run_dir: Path) -> dict[str, dict[str, Any]]:
+    (log,) = (run_dir / "actor").glob("*/next_token.jsonl")
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    return {r["request_id"]: r for r in recs}
 
 
 @pytest.mark.parametrize("rmpad", ["1", "0"], ids=["thd", "padded"])
@@ -311,3 +319,12 @@ def test_packed_micro_batch_dumps_one_lane_per_request_equal_to_the_request_alon
             assert bad == [], f"lane {k} ({rid}) {key}: tensors {bad} differ from the request alone"
             compared += len(tensors)
     assert compared > 100
+    # the next-token view: one record per lane, each the request's own last prompt position
+    alone_next = _next_tokens(tmp_path / "alone" / "hybrid-20261201-000000-aaaa")
+    packed_next = _next_tokens(packed_dir)
+    assert sorted(packed_next) == sorted(alone_next) == sorted(rec.lane_request_ids)
+    for rid, got in packed_next.items():
+        want = alone_next[rid]
+        assert got["step"] == rec.step
+        assert (got["token"], got["train_argmax"]) == (want["token"], want["train_argmax"])
+        assert math.isclose(got["train_log_prob"], want["train_log_prob"], rel_tol=1e-3, abs_tol=1e-4), rid
