@@ -33,7 +33,8 @@ from verl_consistency.patches import pins
 from verl_consistency.patches.contracts import dataset, env, layout
 from verl_consistency.patches.contracts.env import DUMP_PHASE, DumpPhase
 from verl_consistency.patches.contracts.run_manifest import MsprobeConfigs, RunManifest, now_utc
-from verl_consistency.patches.hooks import placement, token_mismatch
+from verl_consistency.patches.contracts.token_records import STEP_LOG, TOKEN_LOG
+from verl_consistency.patches.hooks import placement
 
 EXIT_REFUSED = 2
 _STEP_LINE = re.compile(r"\bstep:(\d+)\b")
@@ -54,7 +55,7 @@ def format_dry_run(plan: RunPlan) -> str:
         f"# run folder: {plan.run_dir}" + (" (--token-level: no msprobe dump)" if token_level else ""),
         f"#   msprobe configs: {plan.paths['rollout_config']}, {plan.paths['actor_config']}",
         f"#   prompt set: {plan.paths['train_data']}, reward: {plan.paths['reward_fn']}",
-        f"#   token records: {token_mismatch.TOKEN_LOG}, {token_mismatch.STEP_LOG}"
+        f"#   token records: {TOKEN_LOG}, {STEP_LOG}"
         if token_level
         else f"#   dumps: {plan.paths['rollout_dir']}/<pid>/, {plan.paths['actor_dir']}/<pid>/",
         f"# then: verl-consistency postprocess {plan.run_dir}",
@@ -81,10 +82,9 @@ def prepare_run_dir(plan: RunPlan) -> RunManifest:
         )
     mscfg.write(lay, plan.msprobe)
     if plan.capture_source is not None:
-        from verl_consistency.entrypoints.run_plan import CAPTURE_PROMPTS
         from verl_consistency.patches.contracts.atomic import atomic_path
 
-        with atomic_path(lay.run_dir / CAPTURE_PROMPTS) as tmp:
+        with atomic_path(lay.run_dir / layout.CAPTURE_PROMPTS) as tmp:
             shutil.copyfile(plan.capture_source, tmp)
     dataset.write_parquet(lay.train_data)
     dataset.write_reward_fn(lay.reward_fn)
@@ -198,97 +198,111 @@ def execute(plan: RunPlan, manifest: RunManifest) -> int:
     return code
 
 
+# The command's argument and options, one alias each (typer reads them from the annotations).
+_ModeArg = Annotated[
+    Mode,
+    typer.Argument(
+        help="current pin set (verl 0.8.0): hybrid = verl.trainer.main_ppo; fully-async = "
+        "verl.experimental.fully_async_policy.fully_async_main. next pin set (verl 0.9.1, "
+        "VERL_CONSISTENCY_PIN_SET=next): verl.trainer.main_ppo with trainer.v1.trainer_mode "
+        "sync (hybrid), separate_async (fully-async) or colocate_async (colocate-async)."
+    ),
+]
+_DumpRootOpt = Annotated[
+    Path,
+    typer.Option(envvar=env.DUMP_ROOT, help="The shared dump volume; the run writes <dump-root>/<run-id>/."),
+]
+_RunIdOpt = Annotated[
+    str | None,
+    typer.Option(envvar=env.RUN_ID, help="Run folder name (default: <mode>-<UTC time>-<4 hex>)."),
+]
+_TaskOpt = Annotated[
+    mscfg.Task | None,
+    typer.Option(
+        help="msprobe task (default: statistics; tensor when --capture is a fraction, "
+        "see bench/README-selective.md)."
+    ),
+]
+_LevelOpt = Annotated[mscfg.Level, typer.Option(help="msprobe level: L0 modules, L1 APIs, mix both.")]
+_StepsOpt = Annotated[
+    str | None,
+    typer.Option(help="msprobe steps to dump on each side, e.g. 0-9 or 0,2,5-7 (default: all)."),
+]
+_RanksOpt = Annotated[str | None, typer.Option(help="Ranks to dump, same syntax (default: all).")]
+_ModulesOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="msprobe list, the same on both sides: comma-separated module/API names, or all "
+        "(default: Attention.forward,MLP.forward for tensor at L0; all otherwise)."
+    ),
+]
+_DataModeOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="msprobe data_mode, the same on both sides: all, or a comma list of "
+        "input,output,forward,backward (default: forward,output for tensor; all for statistics)."
+    ),
+]
+_PhaseOpt = Annotated[DumpPhase, typer.Option(envvar=DUMP_PHASE, help="Training phase to dump (DUMP_PHASE).")]
+_CaptureOpt = Annotated[
+    str,
+    typer.Option(
+        envvar=env.CAPTURE,
+        help="Requests to dump: all, fraction:F (0<F<=1, chosen by a hash of the request id), or "
+        "prompts:FILE (exactly the prompts FILE lists, e.g. a report's capture-these.txt).",
+    ),
+]
+_ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        help=f"Model path (= model=PATH = actor_rollout_ref.model.path); "
+        f"default ${env.MODEL} or {DEFAULT_MODEL}."
+    ),
+]
+_TokenLevelOpt = Annotated[
+    bool,
+    typer.Option(
+        "--token-level",
+        help="A cheap triage run: normal responses (no PROMPTS_ONLY trim), no msprobe dump, one "
+        "token_mismatch.jsonl record per response (vLLM's against the trainer's log-probs).",
+    ),
+]
+_DeviceOpt = Annotated[
+    Device,
+    typer.Option(
+        help="Accelerator: npu (Ascend; verl detects it) or cuda (NVIDIA; sets trainer.device=cuda). "
+        "The dump hooks, layout and postprocess are the same."
+    ),
+]
+_DryRunOpt = Annotated[
+    bool,
+    typer.Option("--dry-run", help="Print the exact environment and command; write and start nothing."),
+]
+_AsJsonOpt = Annotated[bool, typer.Option("--json", help="With --dry-run: print it as JSON.")]
+_ShowTableOpt = Annotated[
+    bool, typer.Option("--table", help="Print the whole override table as JSON and exit.")
+]
+
+
 def run_command(
     ctx: typer.Context,
-    mode: Annotated[
-        Mode,
-        typer.Argument(
-            help="current pin set (verl 0.8.0): hybrid = verl.trainer.main_ppo; fully-async = "
-            "verl.experimental.fully_async_policy.fully_async_main. next pin set (verl 0.9.1, "
-            "VERL_CONSISTENCY_PIN_SET=next): verl.trainer.main_ppo with trainer.v1.trainer_mode "
-            "sync (hybrid), separate_async (fully-async) or colocate_async (colocate-async)."
-        ),
-    ],
-    dump_root: Annotated[
-        Path,
-        typer.Option(
-            envvar=env.DUMP_ROOT, help="The shared dump volume; the run writes <dump-root>/<run-id>/."
-        ),
-    ] = layout.DEFAULT_DUMP_ROOT,
-    run_id: Annotated[
-        str | None,
-        typer.Option(envvar=env.RUN_ID, help="Run folder name (default: <mode>-<UTC time>-<4 hex>)."),
-    ] = None,
-    task: Annotated[
-        mscfg.Task | None,
-        typer.Option(
-            help="msprobe task (default: statistics; tensor when --capture is a fraction, "
-            "see bench/README-selective.md)."
-        ),
-    ] = None,
-    level: Annotated[
-        mscfg.Level, typer.Option(help="msprobe level: L0 modules, L1 APIs, mix both.")
-    ] = mscfg.Level.L0,
-    steps: Annotated[
-        str | None,
-        typer.Option(help="msprobe steps to dump on each side, e.g. 0-9 or 0,2,5-7 (default: all)."),
-    ] = None,
-    ranks: Annotated[str | None, typer.Option(help="Ranks to dump, same syntax (default: all).")] = None,
-    modules: Annotated[
-        str | None,
-        typer.Option(
-            help="msprobe list, the same on both sides: comma-separated module/API names, or all "
-            "(default: Attention.forward,MLP.forward for tensor at L0; all otherwise)."
-        ),
-    ] = None,
-    data_mode: Annotated[
-        str | None,
-        typer.Option(
-            help="msprobe data_mode, the same on both sides: all, or a comma list of "
-            "input,output,forward,backward (default: forward,output for tensor; all for statistics)."
-        ),
-    ] = None,
-    phase: Annotated[
-        DumpPhase, typer.Option(envvar=DUMP_PHASE, help="Training phase to dump (DUMP_PHASE).")
-    ] = DumpPhase.LOG_PROB,
-    capture: Annotated[
-        str,
-        typer.Option(
-            envvar=env.CAPTURE,
-            help="Requests to dump: all, fraction:F (0<F<=1, chosen by a hash of the request id), or "
-            "prompts:FILE (exactly the prompts FILE lists, e.g. a report's capture-these.txt).",
-        ),
-    ] = "all",
-    model: Annotated[
-        str | None,
-        typer.Option(
-            help=f"Model path (= model=PATH = actor_rollout_ref.model.path); "
-            f"default ${env.MODEL} or {DEFAULT_MODEL}."
-        ),
-    ] = None,
-    token_level: Annotated[
-        bool,
-        typer.Option(
-            "--token-level",
-            help="A cheap triage run: normal responses (no PROMPTS_ONLY trim), no msprobe dump, one "
-            "token_mismatch.jsonl record per response (vLLM's against the trainer's log-probs).",
-        ),
-    ] = False,
-    device: Annotated[
-        Device,
-        typer.Option(
-            help="Accelerator: npu (Ascend; verl detects it) or cuda (NVIDIA; sets trainer.device=cuda). "
-            "The dump hooks, layout and postprocess are the same."
-        ),
-    ] = Device.NPU,
-    dry_run: Annotated[
-        bool,
-        typer.Option("--dry-run", help="Print the exact environment and command; write and start nothing."),
-    ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print it as JSON.")] = False,
-    show_table: Annotated[
-        bool, typer.Option("--table", help="Print the whole override table as JSON and exit.")
-    ] = False,
+    mode: _ModeArg,
+    dump_root: _DumpRootOpt = layout.DEFAULT_DUMP_ROOT,
+    run_id: _RunIdOpt = None,
+    task: _TaskOpt = None,
+    level: _LevelOpt = mscfg.Level.L0,
+    steps: _StepsOpt = None,
+    ranks: _RanksOpt = None,
+    modules: _ModulesOpt = None,
+    data_mode: _DataModeOpt = None,
+    phase: _PhaseOpt = DumpPhase.LOG_PROB,
+    capture: _CaptureOpt = "all",
+    model: _ModelOpt = None,
+    token_level: _TokenLevelOpt = False,
+    device: _DeviceOpt = Device.NPU,
+    dry_run: _DryRunOpt = False,
+    as_json: _AsJsonOpt = False,
+    show_table: _ShowTableOpt = False,
 ) -> None:
     """Launch a verl collection run with both msprobe dumps on. Extra arguments are verl (Hydra)
     overrides, passed through unchanged unless they would spoil the data (then: exit code 2).

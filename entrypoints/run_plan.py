@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
@@ -28,13 +29,14 @@ from verl_consistency.entrypoints.msprobe_config import (
     parse_modules,
     parse_selection,
 )
-from verl_consistency.entrypoints.overrides import Conflict, EnvConflict, Mode, RunKind
+from verl_consistency.entrypoints.overrides import Conflict, EnvConflict, Mode, RunKind, UserOverride
 from verl_consistency.patches.contracts import capture as capture_mod
-from verl_consistency.patches.contracts import env
+from verl_consistency.patches.contracts import env, token_records
 from verl_consistency.patches.contracts.env import DUMP_PHASE, DumpPhase
 from verl_consistency.patches.contracts.layout import (
     ACTOR_CONFIG,
     ACTOR_DIR,
+    CAPTURE_PROMPTS,
     REWARD_FN,
     ROLLOUT_CONFIG,
     ROLLOUT_DIR,
@@ -42,10 +44,6 @@ from verl_consistency.patches.contracts.layout import (
     TRAIN_DATA,
     RunLayout,
 )
-from verl_consistency.patches.hooks import token_mismatch
-
-CAPTURE_PROMPTS = "config/capture-prompts.txt"
-"""Run-relative copy of the ``--capture prompts:FILE`` list: every Ray worker reads it from the run folder."""
 
 DEFAULT_MODEL = "/models/Qwen2.5-0.5B-Instruct"
 
@@ -94,7 +92,7 @@ class RunPlan(BaseModel):
     phase: DumpPhase
     capture: str
     capture_source: str | None = None
-    """``--capture prompts:FILE``: the user's FILE, copied to :data:`CAPTURE_PROMPTS` by the run."""
+    """``--capture prompts:FILE``: the user's FILE, copied to ``layout.CAPTURE_PROMPTS`` by the run."""
     dump: DumpOptions
     python: str
     module: str
@@ -205,6 +203,46 @@ def _touches(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
+@dataclass(frozen=True)
+class _Options:
+    """:func:`build_plan`'s arguments as given (``environ`` already defaulted to ``os.environ``)."""
+
+    dump_root: str | os.PathLike[str]
+    run_id: str
+    phase: DumpPhase
+    capture: str
+    task: Task | None
+    level: Level
+    steps: str | None
+    ranks: str | None
+    modules: str | None
+    data_mode: str | None
+    model: str | None
+    extra_args: Sequence[str]
+    environ: Mapping[str, str]
+    python: str | None
+    token_level: bool
+    device: Device
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What :func:`_check` established, every value valid: what :func:`_compose` needs beyond the options."""
+
+    kind: RunKind
+    set_name: str
+    launch: table.Launch
+    layout: RunLayout
+    rule: capture_mod.CaptureRule
+    capture_source: str | None
+    dump: DumpOptions
+    user_texts: list[str]
+    """The user's overrides as given (``model=`` expanded), in their order."""
+    flags: list[str]
+    parsed: list[UserOverride]
+    run: dict[str, str]
+
+
 def build_plan(
     mode: Mode,
     *,
@@ -229,167 +267,220 @@ def build_plan(
 
     ``token_level``: a triage run (``--token-level``): normal responses, no msprobe dump, one
     token record per response; the msprobe options of a collection run are refused with it.
+    Two steps: :func:`_check` holds every refusal, :func:`_compose` builds the plan from what passed.
     """
-    environ = os.environ if environ is None else environ
+    options = _Options(
+        dump_root=dump_root,
+        run_id=run_id,
+        phase=phase,
+        capture=capture,
+        task=task,
+        level=level,
+        steps=steps,
+        ranks=ranks,
+        modules=modules,
+        data_mode=data_mode,
+        model=model,
+        extra_args=extra_args,
+        environ=os.environ if environ is None else environ,
+        python=python,
+        token_level=token_level,
+        device=device,
+    )
+    return _compose(mode, options, _check(mode, options))
+
+
+def _check(mode: Mode, o: _Options) -> _Checked:
+    """Every refusal, each problem one line; raise :class:`PlanError` unless all pass.
+
+    Most problems are collected so that one try shows them all; a problem that leaves nothing
+    to check after it (an unknown mode on this set, a bad run id, bad Hydra syntax) ends it early.
+    """
     problems: list[str] = []
-    kind = RunKind.TOKEN_LEVEL if token_level else RunKind.COLLECTION
+    kind = RunKind.TOKEN_LEVEL if o.token_level else RunKind.COLLECTION
     set_name = table.pin_set()
     try:
         launch = table.launch(mode, set_name)
     except ValueError as exc:
         raise PlanError([str(exc)]) from None
-    if token_level:
-        given = {
-            "--capture": capture != "all",
-            "--phase": phase is not DumpPhase.LOG_PROB,
-            "--task": task is not None,
-            "--level": level is not Level.L0,
-            "--steps": steps is not None,
-            "--ranks": ranks is not None,
-            "--modules": modules is not None,
-            "--data-mode": data_mode is not None,
-        }
-        problems += [
-            f"{name} chooses what a collection run dumps with msprobe; a --token-level run dumps "
-            "nothing (leave it out, or drop --token-level)"
-            for name, on in given.items()
-            if on
-        ]
+    if o.token_level:
+        problems += _collection_options_given(o)
     try:
-        layout = RunLayout(Path(dump_root), run_id)
+        layout = RunLayout(Path(o.dump_root), o.run_id)
     except ValueError as exc:
         raise PlanError([str(exc)]) from None
-    if not Path(dump_root).is_absolute():
-        problems.append(f"--dump-root {dump_root!s}: must be an absolute path (every Ray worker reads it)")
-    capture_source: str | None = None
+    if not Path(o.dump_root).is_absolute():
+        problems.append(f"--dump-root {o.dump_root!s}: must be an absolute path (every Ray worker reads it)")
+    rule, capture_source = _capture_rule(o.capture, layout, problems)
+    dump = _dump_options(o, rule, problems)
+
+    user_texts, flags = split_extra_args(o.extra_args)
+    user_texts = [_expand_shortcut(t) for t in user_texts]
+    run = _run_values(layout, o.phase, rule.spec())
+    try:
+        parsed = table.parse_user_overrides(user_texts)
+    except ValueError as exc:
+        raise PlanError([*problems, str(exc)]) from None
+    problems += _conflicts(mode, o, parsed, run, kind, set_name)
+    if problems:
+        raise PlanError(problems)
+    _check_clashes(o, parsed)
+    return _Checked(
+        kind=kind,
+        set_name=set_name,
+        launch=launch,
+        layout=layout,
+        rule=rule,
+        capture_source=capture_source,
+        dump=dump,
+        user_texts=user_texts,
+        flags=flags,
+        parsed=parsed,
+        run=run,
+    )
+
+
+def _collection_options_given(o: _Options) -> list[str]:
+    """A --token-level run's refusals: the msprobe options of a collection run that were given."""
+    given = {
+        "--capture": o.capture != "all",
+        "--phase": o.phase is not DumpPhase.LOG_PROB,
+        "--task": o.task is not None,
+        "--level": o.level is not Level.L0,
+        "--steps": o.steps is not None,
+        "--ranks": o.ranks is not None,
+        "--modules": o.modules is not None,
+        "--data-mode": o.data_mode is not None,
+    }
+    return [
+        f"{name} chooses what a collection run dumps with msprobe; a --token-level run dumps "
+        "nothing (leave it out, or drop --token-level)"
+        for name, on in given.items()
+        if on
+    ]
+
+
+def _capture_rule(
+    capture: str, layout: RunLayout, problems: list[str]
+) -> tuple[capture_mod.CaptureRule, str | None]:
+    """The --capture rule, and for ``prompts:FILE`` the user's FILE (the rule reads the run's copy)."""
     try:
         rule = capture_mod.parse(capture)
     except ValueError as exc:
         problems.append(f"--capture: {exc}")
         rule = capture_mod.CaptureRule()
     if rule.prompts is not None and rule.path is not None:
-        capture_source = str(Path(rule.path).resolve())
-        rule = capture_mod.CaptureRule(prompts=rule.prompts, path=str(layout.run_dir / CAPTURE_PROMPTS))
+        source = str(Path(rule.path).resolve())
+        return capture_mod.CaptureRule(
+            prompts=rule.prompts, path=str(layout.run_dir / CAPTURE_PROMPTS)
+        ), source
+    return rule, None
+
+
+def _dump_options(o: _Options, rule: capture_mod.CaptureRule, problems: list[str]) -> DumpOptions:
+    """What msprobe dumps on both sides; a bad option adds its problem and keeps the default."""
+    task = o.task
     if task is None:
         task = Task.STATISTICS if rule.is_all else Task.TENSOR
     module_list: list[str] | None = None
     modes: list[DataMode] | None = None
     try:
-        module_list = parse_modules(modules)
+        module_list = parse_modules(o.modules)
     except ValueError as exc:
         problems.append(str(exc))
     try:
-        modes = parse_data_mode(data_mode)
+        modes = parse_data_mode(o.data_mode)
     except ValueError as exc:
         problems.append(str(exc))
     what = DumpOptions(
         task=task,
-        level=level,
-        modules=default_modules(task, level) if module_list is None else module_list,
+        level=o.level,
+        modules=default_modules(task, o.level) if module_list is None else module_list,
         data_mode=default_data_mode(task) if modes is None else modes,
         request_scoped=not rule.is_all,
     )
     try:
-        selection = {"steps": parse_selection(steps, "step"), "ranks": parse_selection(ranks, "rank")}
-        dump = DumpOptions.model_validate({**what.model_dump(), **selection})
+        selection = {"steps": parse_selection(o.steps, "step"), "ranks": parse_selection(o.ranks, "rank")}
+        return DumpOptions.model_validate({**what.model_dump(), **selection})
     except ValueError as exc:
         problems.append(str(exc))
-        dump = what
+        return what
 
-    user_texts, flags = split_extra_args(extra_args)
-    user_texts = [_expand_shortcut(t) for t in user_texts]
-    run = _run_values(layout, phase, rule.spec())
-    try:
-        parsed = table.parse_user_overrides(user_texts)
-    except ValueError as exc:
-        raise PlanError([*problems, str(exc)]) from None
 
-    conflicts: list[Conflict] = table.find_conflicts(parsed, mode, phase, run, kind, set_name)
+def _conflicts(
+    mode: Mode, o: _Options, parsed: list[UserOverride], run: dict[str, str], kind: RunKind, set_name: str
+) -> list[str]:
+    """The user's overrides and environment that would spoil the data, and a bad token threshold."""
+    conflicts: list[Conflict] = table.find_conflicts(parsed, mode, o.phase, run, kind, set_name)
     # DUMP_PHASE and VERL_CONSISTENCY_CAPTURE are the sources of --phase and --capture: the option wins.
     option_sources = {DUMP_PHASE, env.CAPTURE}
-    caller_env = {k: v for k, v in environ.items() if k not in option_sources}
-    env_conflicts: list[EnvConflict] = table.find_env_conflicts(caller_env, mode, phase, run, kind, set_name)
-    problems += [c.message for c in conflicts] + [c.message for c in env_conflicts]
-    if environ.get(env.TOKEN_THRESHOLD):
+    caller_env = {k: v for k, v in o.environ.items() if k not in option_sources}
+    env_conflicts: list[EnvConflict] = table.find_env_conflicts(
+        caller_env, mode, o.phase, run, kind, set_name
+    )
+    problems = [c.message for c in conflicts] + [c.message for c in env_conflicts]
+    if o.environ.get(env.TOKEN_THRESHOLD):
         try:
-            token_mismatch.threshold(environ)
+            token_records.threshold(o.environ)
         except ValueError as exc:
             problems.append(str(exc))
-    if problems:
-        raise PlanError(problems)
+    return problems
 
-    user_keys = [ov.key for ov in parsed]
-    device_rows: list[str] = []
-    if device is Device.CUDA:
+
+def _check_clashes(o: _Options, parsed: list[UserOverride]) -> None:
+    """An option and an override that both set one thing (--device, --model): keep one."""
+    if o.device is Device.CUDA:
         device_given = [ov for ov in parsed if ov.key == DEVICE_KEY]
         if any(str(ov.value) != Device.CUDA.value for ov in device_given):
             clash = device_given[0].text
             raise PlanError([f"--device cuda but {clash} was given: drop one (verl runs on one device)"])
-        if not device_given:
-            device_rows = [f"{DEVICE_KEY}={Device.CUDA.value}"]
-    model_path = model or environ.get(env.MODEL) or DEFAULT_MODEL
-    if model is not None and table.MODEL_PATH_KEY in user_keys:
+    if o.model is not None and table.MODEL_PATH_KEY in [ov.key for ov in parsed]:
         raise PlanError([f"--model and {table.MODEL_PATH_KEY}=... (or model=...) both given; keep one"])
+
+
+def _compose(mode: Mode, o: _Options, c: _Checked) -> RunPlan:
+    """The plan from checked input: verl's command line, environment, msprobe configs and paths."""
+    user_keys = [ov.key for ov in c.parsed]
+    device_rows: list[str] = []
+    if o.device is Device.CUDA and DEVICE_KEY not in user_keys:
+        device_rows = [f"{DEVICE_KEY}={Device.CUDA.value}"]
+    model_path = o.model or o.environ.get(env.MODEL) or DEFAULT_MODEL
     model_rows: list[str] = []
     if table.MODEL_PATH_KEY not in user_keys:
         model_rows = [f"{table.MODEL_PATH_KEY}={table.hydra_value(model_path)}"]
 
     defaults = [
-        table.spell(row, run)
-        for row in table.default_rows(mode, phase, kind, set_name)
+        table.spell(row, c.run)
+        for row in table.default_rows(mode, o.phase, c.kind, c.set_name)
         if not any(_touches(row.key, k) for k in user_keys)
     ]
-    required_rows = table.required_rows(mode, phase, kind, set_name)
+    required_rows = table.required_rows(mode, o.phase, c.kind, c.set_name)
     required_keys = {row.key for row in required_rows}
-    required = [table.spell(row, run) for row in required_rows]
+    required = [table.spell(row, c.run) for row in required_rows]
     # A user override that equals a required one is already in `required`: drop the repeat.
-    user_kept = [ov.text for ov in parsed if ov.key not in required_keys]
-
-    invocation = [
-        "verl-consistency",
-        "run",
-        mode.value,
-        "--dump-root",
-        str(dump_root),
-        "--run-id",
-        run_id,
-    ]
-    if token_level:
-        invocation += ["--token-level"]
-    else:
-        shown = f"prompts:{capture_source}" if capture_source else rule.spec()
-        invocation += collection_options(phase, shown, dump)
-    if steps:
-        invocation += ["--steps", steps]
-    if ranks:
-        invocation += ["--ranks", ranks]
-    if model is not None:
-        invocation += ["--model", model]
-    if device is not Device.NPU:
-        invocation += ["--device", device.value]
-    invocation += [*user_texts, *flags]
+    user_kept = [ov.text for ov in c.parsed if ov.key not in required_keys]
 
     return RunPlan(
         mode=mode,
-        pin_set=set_name,
-        trainer_mode=launch.trainer_mode,
-        kind=kind,
-        run_id=run_id,
-        device=device,
-        dump_root=str(dump_root),
-        run_dir=str(layout.run_dir),
-        phase=phase,
-        capture=rule.spec(),
-        capture_source=capture_source,
-        dump=dump,
-        python=python or sys.executable,
-        module=launch.module,
-        env=table.environment(mode, phase, run, kind, set_name),
+        pin_set=c.set_name,
+        trainer_mode=c.launch.trainer_mode,
+        kind=c.kind,
+        run_id=o.run_id,
+        device=o.device,
+        dump_root=str(o.dump_root),
+        run_dir=str(c.layout.run_dir),
+        phase=o.phase,
+        capture=c.rule.spec(),
+        capture_source=c.capture_source,
+        dump=c.dump,
+        python=o.python or sys.executable,
+        module=c.launch.module,
+        env=table.environment(mode, o.phase, c.run, c.kind, c.set_name),
         overrides=[*model_rows, *device_rows, *defaults, *required, *user_kept],
-        user_overrides=user_texts,
-        hydra_flags=flags,
-        invocation=invocation,
-        msprobe=build(layout, dump),
+        user_overrides=c.user_texts,
+        hydra_flags=c.flags,
+        invocation=_invocation(mode, o, c),
+        msprobe=build(c.layout, c.dump),
         paths={
             "run_manifest": RUN_MANIFEST,
             "rollout_config": ROLLOUT_CONFIG,
@@ -400,6 +491,33 @@ def build_plan(
             "actor_dir": ACTOR_DIR,
         },
     )
+
+
+def _invocation(mode: Mode, o: _Options, c: _Checked) -> list[str]:
+    """The ``verl-consistency run`` command that makes this plan again (``run.json`` keeps it)."""
+    invocation = [
+        "verl-consistency",
+        "run",
+        mode.value,
+        "--dump-root",
+        str(o.dump_root),
+        "--run-id",
+        o.run_id,
+    ]
+    if o.token_level:
+        invocation += ["--token-level"]
+    else:
+        shown = f"prompts:{c.capture_source}" if c.capture_source else c.rule.spec()
+        invocation += collection_options(o.phase, shown, c.dump)
+    if o.steps:
+        invocation += ["--steps", o.steps]
+    if o.ranks:
+        invocation += ["--ranks", o.ranks]
+    if o.model is not None:
+        invocation += ["--model", o.model]
+    if o.device is not Device.NPU:
+        invocation += ["--device", o.device.value]
+    return [*invocation, *c.user_texts, *c.flags]
 
 
 def collection_options(phase: DumpPhase, capture: str, dump: DumpOptions) -> list[str]:

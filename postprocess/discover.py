@@ -271,13 +271,11 @@ def iter_jsonl(log: LogFile, report: Report) -> Iterator[tuple[int, dict[str, An
                 for line in lines:
                     lineno += 1
                     if line is None:
-                        report(
-                            Unpaired(
-                                subject="log_line",
-                                ref=f"{log.virtual}:{lineno}",
-                                reason=UnpairedReason.BAD_LOG_LINE,
-                                detail=f"longer than {MAX_LINE:,} bytes: not a log record (skipped unread)",
-                            )
+                        bad_line(
+                            report,
+                            log,
+                            lineno,
+                            f"longer than {MAX_LINE:,} bytes: not a log record (skipped unread)",
                         )
                         continue
                     try:
@@ -286,25 +284,13 @@ def iter_jsonl(log: LogFile, report: Report) -> Iterator[tuple[int, dict[str, An
                         if not line.strip():
                             continue
                         obj = _lenient(line) if b"NaN" in line or b"Infinity" in line else None
-                        if obj is None:
-                            report(
-                                Unpaired(
-                                    subject="log_line",
-                                    ref=f"{log.virtual}:{lineno}",
-                                    reason=UnpairedReason.BAD_LOG_LINE,
-                                    detail=f"not JSON: {exc}",
-                                )
+                        if obj is None or obj is _DEEP_MARK:
+                            bad_line(
+                                report, log, lineno, f"not JSON: {_DEEP_WHY if obj is _DEEP_MARK else exc}"
                             )
                             continue
                     if type(obj) is not dict:
-                        report(
-                            Unpaired(
-                                subject="log_line",
-                                ref=f"{log.virtual}:{lineno}",
-                                reason=UnpairedReason.BAD_LOG_LINE,
-                                detail="not a JSON object",
-                            )
-                        )
+                        bad_line(report, log, lineno, "not a JSON object")
                         continue
                     yield lineno, obj
         except OSError as exc:
@@ -318,16 +304,38 @@ def iter_jsonl(log: LogFile, report: Report) -> Iterator[tuple[int, dict[str, An
             )
 
 
+def bad_line(report: Report, log: LogFile, lineno: int, detail: str) -> None:
+    """Report line ``lineno`` of ``log`` as a ``bad_log_line`` (``file:line``); its reader skips it."""
+    report(
+        Unpaired(
+            subject="log_line",
+            ref=f"{log.virtual}:{lineno}",
+            reason=UnpairedReason.BAD_LOG_LINE,
+            detail=detail,
+        )
+    )
+
+
 def _os_why(exc: OSError) -> str:
     return str(exc.strerror or exc)
 
 
+_DEEP_MARK = object()
+"""What :func:`_lenient` returns for text nested deeper than Python's json can recurse."""
+
+_DEEP_WHY = "nested too deep to read (no log record nor msprobe dump nests more than a few levels)"
+
+
 def _lenient(line: bytes) -> Any:
-    """Python's json reads bare NaN/Infinity, which orjson refuses; anything else stays bad."""
+    """Python's json reads bare NaN/Infinity, which orjson refuses; anything else stays bad.
+    Its scanner recurses once per nesting level, so text nested past the interpreter's
+    recursion limit raises ``RecursionError``: that is :data:`_DEEP_MARK`, never a traceback."""
     try:
         return json.loads(line)
     except (ValueError, UnicodeDecodeError):
         return None
+    except RecursionError:
+        return _DEEP_MARK
 
 
 class DumpError(Exception):
@@ -411,6 +419,8 @@ def read_dump_json(path: Path) -> dict[str, Any]:
             obj = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise DumpError(f"not valid JSON (truncated or corrupt?): {exc}") from exc
+        except RecursionError:  # Python's json recurses once per level: see _lenient
+            raise DumpError(f"not an msprobe dump.json: {_DEEP_WHY}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("data"), dict):
         raise DumpError("not an msprobe dump.json: no 'data' object")
     return obj

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import orjson
 
-from verl_consistency.patches.contracts import layout
+from verl_consistency.patches.contracts import layout, token_records
 from verl_consistency.postprocess import bundle as bundle_mod
 from verl_consistency.postprocess import discover
 from verl_consistency.postprocess.manifest import (
@@ -192,9 +192,7 @@ def postprocess(
 
 
 def _has_token_records(run_dir: Path) -> bool:
-    from verl_consistency.patches.contracts import token_records as token_mismatch
-
-    return any((run_dir / n).is_file() for n in (token_mismatch.TOKEN_LOG, token_mismatch.STEP_LOG))
+    return any((run_dir / n).is_file() for n in (token_records.TOKEN_LOG, token_records.STEP_LOG))
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -17,15 +17,16 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from verl_consistency.patches.contracts.atomic import write_text_atomic
-from verl_consistency.postprocess.compare import (
+from verl_consistency.postprocess.model import Pair, Unpaired
+from verl_consistency.postprocess.verdict import (
     DIVERGED_COSINE,
     DIVERGED_REL_ERR,
     HEALTHY_COSINE,
     HEALTHY_REL_ERR,
     STRUCTURAL,
     PairComparison,
+    judge,
 )
-from verl_consistency.postprocess.model import Pair, Unpaired
 
 REPORT_HTML = "report.html"
 SUMMARY_MD = "summary.md"
@@ -55,13 +56,14 @@ def _fmt(v: float | None, digits: int = 2) -> str:
     )
 
 
+_STATUS_COLOR = {"no_metric": "#e5e7eb", "diverged": "#dc2626", "warn": "#f59e0b"}
+"""A cell's colour is its row status (:func:`verdict.judge`, where the thresholds live)."""
+
+
 def _color(rel: float | None, cos: float | None = None) -> str:
-    if rel is None and cos is None:
-        return "#e5e7eb"
-    if (rel is not None and rel > DIVERGED_REL_ERR) or (cos is not None and cos < DIVERGED_COSINE):
-        return "#dc2626"
-    if (rel is not None and rel > HEALTHY_REL_ERR) or (cos is not None and cos < HEALTHY_COSINE):
-        return "#f59e0b"
+    status = judge(rel, cos)
+    if status != "ok":
+        return _STATUS_COLOR[status]
     if rel is not None and rel > 0:
         # Healthy: a lighter green the closer it is to the threshold.
         frac = max(0.0, min(1.0, (math.log10(rel) - _LOG_MIN) / (math.log10(HEALTHY_REL_ERR) - _LOG_MIN)))

@@ -29,8 +29,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from verl_consistency.patches.contracts import token_records as tm
 from verl_consistency.patches.contracts.atomic import write_text_atomic
-from verl_consistency.postprocess.compare import OutputRow, PairComparison
 from verl_consistency.postprocess.model import Pair
+from verl_consistency.postprocess.verdict import OutputRow, PairComparison
 
 OUTPUT_HEALTHY_ABS = 0.05
 """|Δ log p| of the next token at or below which the output row is ``ok`` (bf16 engines differ by ~1e-2)."""

@@ -6,6 +6,7 @@ One collection run owns one folder on the dump volume::
         run.json                          run manifest (entrypoints)
         config/msprobe_rollout.json       inference-side msprobe config (vLLM additional_config)
         config/msprobe_actor.json         training-side msprobe config ($VERL_CONSISTENCY_ACTOR_CONFIG)
+        config/capture-prompts.txt        the --capture prompts:FILE list, when given (every worker reads it)
         data/train.parquet                the generated prompt set
         data/reward.py                    its rule-based reward (verl custom_reward_function)
         rollout/<pid>/dispatch_log.jsonl  one per vLLM worker process
@@ -38,6 +39,8 @@ RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 RUN_MANIFEST = "run.json"
 ROLLOUT_CONFIG = "config/msprobe_rollout.json"
 ACTOR_CONFIG = "config/msprobe_actor.json"
+CAPTURE_PROMPTS = "config/capture-prompts.txt"
+"""Run-relative copy of the ``--capture prompts:FILE`` list: every Ray worker reads it from the run folder."""
 TRAIN_DATA = "data/train.parquet"
 REWARD_FN = "data/reward.py"
 ROLLOUT_DIR = "rollout"

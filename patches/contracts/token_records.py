@@ -12,12 +12,14 @@ The figures are defined exactly as the peers define them (:data:`FIGURES`).
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from verl_consistency.patches.contracts import records
+from verl_consistency.patches.contracts import env, records
 
 DEFAULT_THRESHOLD = 0.1
 """``|Δ log p|`` above which a token counts as drifted, unless ``env.TOKEN_THRESHOLD`` says."""
@@ -54,6 +56,25 @@ FIGURES: dict[str, str] = {
 
 NEXT_TOKEN_LOG = "next_token.jsonl"
 """Per dumped training micro batch, in ``actor/<pid>/`` beside ``update_actor_log.jsonl``."""
+
+
+def threshold(environ: Mapping[str, str] | None = None) -> float:
+    """``$VERL_CONSISTENCY_TOKEN_THRESHOLD``, else :data:`DEFAULT_THRESHOLD`; ValueError unless positive.
+
+    Here, beside the default, because two sides read it: the hook that writes the records, and
+    ``verl-consistency run``, which refuses a bad value before anything starts.
+    """
+    e = os.environ if environ is None else environ
+    raw = e.get(env.TOKEN_THRESHOLD, "").strip()
+    if not raw:
+        return DEFAULT_THRESHOLD
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"environment variable {env.TOKEN_THRESHOLD}={raw!r}: expected a positive number")
+    return value
 
 
 class Figures(BaseModel):

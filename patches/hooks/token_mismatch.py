@@ -48,26 +48,13 @@ from verl_consistency.patches.contracts.token_records import (
     NextTokenRecord,
     StepRecord,
     TokenRecord,
+    threshold,
 )
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
     e = os.environ if environ is None else environ
     return env.flag(env.TOKEN_LEVEL, dict(e)) and bool(e.get(env.RUN_DIR, "").strip())
-
-
-def threshold(environ: Mapping[str, str] | None = None) -> float:
-    e = os.environ if environ is None else environ
-    raw = e.get(env.TOKEN_THRESHOLD, "").strip()
-    if not raw:
-        return DEFAULT_THRESHOLD
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or math.isinf(value):
-        raise ValueError(f"environment variable {env.TOKEN_THRESHOLD}={raw!r}: expected a positive number")
-    return value
 
 
 def _finite(x: float) -> float | None:

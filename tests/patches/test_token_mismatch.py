@@ -174,7 +174,7 @@ def test_off_without_the_flag(tmp_path: Path) -> None:
 @pytest.mark.parametrize("raw", ["0", "-1", "abc", "inf"])
 def test_bad_threshold_is_a_clear_error(raw: str) -> None:
     with pytest.raises(ValueError, match="VERL_CONSISTENCY_TOKEN_THRESHOLD"):
-        tm.threshold({env.TOKEN_THRESHOLD: raw})
+        token_records.threshold({env.TOKEN_THRESHOLD: raw})
 
 
 def _calls_after(tree: ast.AST, verl_call: str, our_call: str) -> int:

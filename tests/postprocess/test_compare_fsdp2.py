@@ -14,8 +14,9 @@ import pytest
 
 from tests.fixtures import fsdp2dumps, realdumps
 from tests.postprocess.test_compare_real import _tree_digest
-from verl_consistency.postprocess import compare, fsdp2_names
-from verl_consistency.postprocess.compare import PairComparison, compare_pairs
+from verl_consistency.postprocess import compare, fsdp2_names, verdict
+from verl_consistency.postprocess.compare import compare_pairs
+from verl_consistency.postprocess.verdict import PairComparison
 
 pytestmark = pytest.mark.msprobe
 
@@ -73,7 +74,7 @@ def test_msprobe_alone_matches_nothing_on_fsdp2(runs: fsdp2dumps.StrategyRuns, t
     (pair,) = realdumps.known_pairs(spec)
     golden = spec.run_dir / pair.rollout.dir / "dump.json"
     csv_path, _ = compare._run_msprobe(_training_dump(spec), golden, tmp_path, "fsdp")
-    rows, total, _, _ = compare.read_rows(csv_path)
+    rows, total, _, _ = verdict.read_rows(csv_path)
     assert total > 0
     assert not [r for r in rows if r.status != "unmatched"]
 

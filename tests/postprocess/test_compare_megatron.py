@@ -19,7 +19,7 @@ from tests.postprocess import megatrondumps
 from tests.postprocess.test_compare_real import _tree_digest
 from verl_consistency.patches.contracts import records
 from verl_consistency.postprocess import pipeline
-from verl_consistency.postprocess.compare import PairComparison
+from verl_consistency.postprocess.verdict import PairComparison
 
 pytestmark = pytest.mark.msprobe
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures import realdumps
-from verl_consistency.postprocess.compare import DIVERGED_REL_ERR, PairComparison, compare_pairs
+from verl_consistency.postprocess.compare import compare_pairs
 from verl_consistency.postprocess.model import DumpRef
+from verl_consistency.postprocess.verdict import DIVERGED_REL_ERR, PairComparison
 
 pytestmark = pytest.mark.msprobe
 

@@ -20,8 +20,8 @@ from tests.fixtures.verl_support import patched_verl
 from tests.patches.test_training_fsdp import _drive, _msprobe_config, _records
 from verl_consistency.patches.hooks import token_mismatch as tm
 from verl_consistency.postprocess import report, token_level
-from verl_consistency.postprocess.compare import PairComparison
 from verl_consistency.postprocess.model import DumpRef, Pair
+from verl_consistency.postprocess.verdict import PairComparison
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(600)
