@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from verl_consistency.patches.contracts import records
 from verl_consistency.postprocess import discover
 from verl_consistency.postprocess.candidates import Candidate, Progress
 from verl_consistency.postprocess.discover import Roots
@@ -190,6 +191,11 @@ def _locate(roots: Roots, c: Candidate, rep: Reporter) -> bool:
         if rd is None:
             tried.append(f"{sd}/rank{c.rank}")
             continue
+        if c.lane is not None:
+            rd = rd / records.lane_folder(c.lane)
+            if not rd.is_dir():
+                tried.append(str(rd))
+                continue
         real = roots.contain(c.side, rd / "dump.json")
         if real is None:
             dangling = not os.path.exists(rd / "dump.json")
