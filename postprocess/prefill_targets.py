@@ -126,7 +126,9 @@ def _prefill_targets(o: dict[str, Any], reqs: list[dict[str, Any]]) -> list[Targ
         raise TypeError(_ENTRY)
     if not reqs:
         raise TypeError("a prefill step with no requests")
-    where = {q["request_id"]: i for i, q in enumerate(reqs)}
+    where: dict[str, int] = {}
+    for i, q in enumerate(reqs):
+        where.setdefault(q["request_id"], i)  # a request listed twice: its first entry
     lanes = o.get("lane_request_ids")
     found: list[tuple[int, int | None]] = []
     if lanes is not None:
