@@ -142,7 +142,11 @@ def _side(side: str, plan: RunPlan, captured: str, other: str) -> dict[str, Any]
 
 
 def _dump(result: dict[str, Any]) -> tuple[dict[str, Any], Path]:
-    (path,) = Path(result["dump_path"]).glob("step0/*/dump.json")
+    """Step 0's one dump: the rank folder's (a training micro batch of one), or its one lane."""
+    (path,) = [
+        *Path(result["dump_path"]).glob("step0/*/dump.json"),
+        *Path(result["dump_path"]).glob("step0/*/req*/dump.json"),
+    ]
     return json.loads(path.read_text())["data"], path.parent
 
 
@@ -173,6 +177,7 @@ def test_both_sides_dump_the_same_comparable_block_outputs(tmp_path: Path) -> No
 
     vllm, vllm_dir = _dump(rollout)
     train, train_dir = _dump(actor)
+    assert vllm_dir.name == "req0", "the captured request's lane of the packed vLLM step"
     layers = range(tiny_config().num_hidden_layers)
     blocks = ("self_attn.Qwen2Attention", "mlp.Qwen2MLP")
     expected = {f"Module.model.layers.{i}.{b}.forward.0" for i in layers for b in blocks}
