@@ -1,7 +1,7 @@
 """Compare stage: ``compare_pairs`` (in-process msprobe, parallel workers) against the ``msprobe
 compare`` CLI called once per pair in sequence, on real msprobe dumps made in this run.
 
-    python bench/bench_compare.py [--pairs N] [--jobs J]
+    python -m bench.bench_compare [--pairs N] [--jobs J]     (from the repository root)
 
 The dumps are the test fixture's (tests/postprocess/realdumps.py: a tiny Qwen2, FSDP1 training
 side, vLLM stand-in inference side, statistics mode). ``--pairs`` repeats the run's real pairs
@@ -19,12 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.fixtures import realdumps  # noqa: E402
-from tests.fixtures.hardware import hardware  # noqa: E402
-from verl_consistency.postprocess.compare import compare_pairs  # noqa: E402
+from tests.fixtures import realdumps
+from tests.fixtures.hardware import hardware
+from verl_consistency.postprocess.compare import compare_pairs
 
 MSPROBE_CLI = [sys.executable, "-c", "import sys; from msprobe.msprobe import main; sys.exit(main())"]
 """The ``msprobe`` console script, run with this interpreter (the one that has mindstudio-probe)."""

@@ -17,7 +17,7 @@ the whole window, because every decode step pays msprobe's per-module host work;
 stays within a few percent of ``off``. Broken: ``selective`` close to ``recipe`` means steps are
 being dumped that cannot be paired.
 
-Run on a GPU (``python bench/bench_overhead_gpu.py``); without CUDA it runs a small model on the
+Run on a GPU (``python -m bench.bench_overhead_gpu``); without CUDA it runs a small model on the
 CPU so that the script itself stays tested by ``make bench``, and says so.
 """
 
@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 SIZES = {
     # name: (layers, hidden, heads, kv heads, intermediate, vocab) — Qwen2 family shapes
@@ -223,30 +222,34 @@ def main() -> None:
             f"{prefill_steps} of them admit new requests; model {size}; capture fraction {args.fraction:g}"
         )
         results = {}
-        for mode in MODES:
-            out = Path(tmp) / f"{mode}.json"
-            subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    mode,
-                    "--size",
-                    size,
-                    "--window",
-                    str(window_file),
-                    "--fraction",
-                    str(args.fraction),
-                    "--out",
-                    str(out),
-                ],
-                check=True,
-                env={
-                    **os.environ,
-                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-                },
-            )
-            results[mode] = json.loads(out.read_text())
+        # msprobe prints an INFO line at every start/stop of the children's dumped steps (242 of
+        # them on CPU); they go to a file, named once, so that the bench prints its own lines only
+        msprobe_log = Path(tempfile.gettempdir()) / "bench-overhead-msprobe.log"
+        print(f"msprobe's log: {msprobe_log}")
+        with msprobe_log.open("w") as log_fh:
+            for mode in MODES:
+                out = Path(tmp) / f"{mode}.json"
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench.bench_overhead_gpu",
+                        "--child",
+                        mode,
+                        "--size",
+                        size,
+                        "--window",
+                        str(window_file),
+                        "--fraction",
+                        str(args.fraction),
+                        "--out",
+                        str(out),
+                    ],
+                    check=True,
+                    cwd=REPO,
+                    stdout=log_fh,
+                )
+                results[mode] = json.loads(out.read_text())
     hw = results["off"]["device"]
     print(
         f"hardware: {hw}, torch {results['off']['torch']}, {os.cpu_count()} CPU cores, {platform.machine()}"

@@ -1,6 +1,6 @@
 """Pairable requests per 100 prompts under REAL vLLM 0.18.0 scheduling: recipe vs request-scoped.
 
-Run: ``python bench/bench_pairable_vllm.py`` (``make bench``; needs the demo venv, ``make demo-venv``;
+Run: ``python -m bench.bench_pairable_vllm`` (``make bench``; needs the demo venv, ``make demo-venv``;
 about 2-4 minutes on 2 cores). The simulated figure next to it is ``bench_selective.py``'s.
 
 What runs: the demo's tiny random Qwen2 on the real vLLM 0.18.0 CPU engine (``AsyncLLM``, the
@@ -124,7 +124,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="vc-bench-pairable-") as tmp:
         out = Path(tmp) / "result.json"
         t0 = time.perf_counter()
-        res = subprocess.run([str(py), __file__, "--inner", str(out)], cwd=REPO, check=False)
+        inner = [str(py), "-m", "bench.bench_pairable_vllm", "--inner", str(out)]
+        res = subprocess.run(inner, cwd=REPO, check=False)
         if res.returncode != 0 or not out.is_file():
             print("the real-engine run failed (see above)", file=sys.stderr)
             return 1

@@ -1,6 +1,6 @@
 """Postprocess benchmark: pairing throughput, and archiving against ``tar --zstd``.
 
-Run: ``python bench/bench_postprocess.py`` (defaults: 1,000,000 dispatch records, 100,000
+Run: ``python -m bench.bench_postprocess`` (defaults: 1,000,000 dispatch records, 100,000
 training records; about 1 GB of scratch in a temp dir, removed afterwards). Scale flags:
 ``--dispatch-records``, ``--actor-records``, ``--pairs``, ``--extra-dumps``, ``--layers``,
 ``--max-reqs-per-step``.
@@ -33,14 +33,12 @@ import random
 import resource
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.fixtures.hardware import hardware
 from verl_consistency.patches.contracts import records
 from verl_consistency.postprocess import bundle, discover, pairing

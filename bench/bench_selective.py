@@ -1,6 +1,6 @@
 """Selective, request-scoped vLLM dumps vs the recipe's dump-every-step, over a simulated schedule.
 
-Run: ``python bench/bench_selective.py`` (2-3 minutes on 2 CPU cores; writes only to a temp dir).
+Run: ``python -m bench.bench_selective`` (2-3 minutes on 2 CPU cores; writes only to a temp dir).
 
 Two parts:
 
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import shutil
 import statistics
@@ -59,14 +58,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from tests.fixtures.hardware import hardware  # noqa: E402
-from verl_consistency.patches.contracts.capture import CaptureRule  # noqa: E402
-from verl_consistency.patches.contracts.records import ScheduledRequest  # noqa: E402
-from verl_consistency.patches.hooks.request_scope import (  # noqa: E402
+from tests.fixtures.hardware import hardware
+from verl_consistency.patches.contracts.capture import CaptureRule
+from verl_consistency.patches.contracts.records import ScheduledRequest
+from verl_consistency.patches.hooks.request_scope import (
     BLOCK_TENSOR_LIST,
     LAYER_TENSOR_LIST,
     TENSOR_DATA_MODE,
@@ -87,6 +82,9 @@ HEADLINE_RATE = 16.0
 FRACTIONS = (1.0, 0.3, 0.1, 0.03, 0.01, 0.005, 0.004, 0.003, 0.002, 0.001)
 HEADLINE_FRACTION = 0.004  # for the sensitivity table
 GOAL = 10.0
+
+REPO = Path(__file__).resolve().parents[1]
+"""The repository root, where ``python -m bench.bench_selective`` (and so each child) runs."""
 
 
 @dataclass(frozen=True)
@@ -206,10 +204,9 @@ def _child(kind: str, out: Path) -> None:
 def _measure(kind: str, work: Path) -> dict[str, Any]:
     out = work / kind
     out.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", kind, str(out)],
-        env=env,
+        [sys.executable, "-m", "bench.bench_selective", "--child", kind, str(out)],
+        cwd=REPO,
         capture_output=True,
         text=True,
         check=False,

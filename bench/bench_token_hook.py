@@ -1,9 +1,9 @@
 """Token records: the hook's cost per training step, against the same step without it.
 
-    python bench/bench_token_hook.py [--steps N] [--sizes 64x1024,256x4096,...]
+    python -m bench.bench_token_hook [--steps N] [--sizes 64x1024,256x4096,...]
 
 1. **Per training step** (the ratio). The real verl 0.8.0 FSDP engine on CPU (patched copy of the
-   pinned wheel, tiny random Qwen2, as in tests/patches/test_training_fsdp_driver.py) runs what
+   pinned wheel, tiny random Qwen2, as in tests/patches/fsdp_driver.py) runs what
    ``RayPPOTrainer.fit`` runs per step around the hook: old log-probs (``infer_batch``), verl's
    own ``calculate_debug_metrics``, one actor update (``train_batch``). Steps alternate with the
    hook off and on (``token_mismatch.record`` writing to a temp run folder); medians are compared.
@@ -23,23 +23,20 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from tests.fixtures.hardware import hardware
+from tests.fixtures.verl_support import patched_verl
 
-from bench.bench_compare import hardware  # noqa: E402
-from tests.fixtures.verl_support import patched_verl  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 STEP_SCRIPT = r"""
 import json, os, statistics, sys, time
 from functools import partial
 from pathlib import Path
-sys.path.insert(0, os.environ["VC_REPO"])
-import runpy
-drv = runpy.run_path(os.environ["VC_DRIVER"], run_name="driver")
+from tests.patches import fsdp_driver as drv
 import torch
 work = Path(os.environ["VC_TEST_WORK"]); work.mkdir(parents=True, exist_ok=True)
-drv["_init_dist"](); drv["_serve_pure_torch_attention_helpers"]()
-model_dir = drv["_tiny_qwen2"](work)
+drv._init_dist(); drv._serve_pure_torch_attention_helpers()
+model_dir = drv._tiny_qwen2(work)
 from verl.trainer.config import CheckpointConfig
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug.metrics import calculate_debug_metrics
@@ -48,7 +45,7 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 from verl_consistency.patches.hooks import token_mismatch
-actor_cfg = drv["_actor_config"](model_dir)
+actor_cfg = drv._actor_config(model_dir)
 mc = HFModelConfig(path=str(model_dir), load_tokenizer=False,
                    override_config={"attn_implementation": "eager"},
                    use_remove_padding=True, enable_gradient_checkpointing=False)
@@ -60,10 +57,10 @@ times = {"off": [], "on": []}
 hook_ms = []
 for i in range(int(os.environ["VC_STEPS"]) * 2 + 2):
     on = i % 2 == 1
-    batch = drv["_rollout_batch"]()
+    batch = drv._rollout_batch()
     t0 = time.perf_counter()
     td = left_right_2_no_padding(batch.to_tensordict())
-    drv["_engine_keys"](td, calculate_entropy=True, compute_loss=False)
+    drv._engine_keys(td, calculate_entropy=True, compute_loss=False)
     with engine.eval_mode():
         out = engine.infer_batch(td)
     batch.batch["old_log_probs"] = no_padding_2_padding(tu.get(out["model_output"], "log_probs"), td).float()
@@ -74,7 +71,7 @@ for i in range(int(os.environ["VC_STEPS"]) * 2 + 2):
         hook_ms.append((time.perf_counter() - h0) * 1e3)
     batch.batch["advantages"] = torch.zeros_like(batch.batch["old_log_probs"])
     td = left_right_2_no_padding(batch.to_tensordict())
-    drv["_engine_keys"](td, calculate_entropy=True, global_batch_size=4)
+    drv._engine_keys(td, calculate_entropy=True, global_batch_size=4)
     with engine.train_mode():
         engine.train_batch(td, loss_function=partial(ppo_loss, actor_cfg))
     if i >= 2:  # two warm-up steps
@@ -120,8 +117,9 @@ def _run(root: Path, script: str, env: dict[str, str], timeout: int = 1800) -> o
     full = {
         k: v for k, v in os.environ.items() if not k.startswith(("DUMP_", "PROMPTS_", "VERL_CONSISTENCY_"))
     }
+    # the repository first: the verl wheel (root) ships a top-level ``tests`` package of its own
     full.update(
-        PYTHONPATH=os.pathsep.join([str(root), str(REPO)]), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"
+        PYTHONPATH=os.pathsep.join([str(REPO), str(root)]), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"
     )
     full.update(env)
     res = subprocess.run(
@@ -150,8 +148,6 @@ def main() -> int:
             root,
             STEP_SCRIPT,
             {
-                "VC_REPO": str(REPO),
-                "VC_DRIVER": str(REPO / "tests/patches/test_training_fsdp_driver.py"),
                 "VC_TEST_WORK": str(base / "work"),
                 "VC_TEST_PORT": "29611",
                 "VC_RUN_DIR": str(base / "run"),

@@ -12,12 +12,12 @@
 #
 # What the device machine has: torch (CUDA), transformers, numpy, pandas, ... (no verl, no Megatron).
 # `prepare` brings the rest as py3.12 wheels: megatron-core, mbridge, mindstudio-probe and verl's own
-# import-time needs, this bundle as a wheel, the patched verl tree (patches/verl/series applied to the
+# import-time needs, this bundle as a wheel, the patched verl tree (patches/current/verl/series applied to the
 # pinned wheel) and an import-only Ray: verl/protocol.py imports ray at the top, and Ray's 70 MB
 # wheel is over one call's carry limit, so its server binaries (raylet, gcs_server, jars, dashboard
 # client) are dropped; the engine never starts a Ray cluster.
 #
-# Runs (tests/patches/test_training_megatron_driver.py): tp1 (statistics, log_prob + update_actor,
+# Runs (tests/patches/megatron_driver.py): tp1 (statistics, log_prob + update_actor,
 # weights exported as mbridge hands them to vLLM), tensor1 (tensor mode, log_prob), tp2 (TP=2 over
 # NCCL when 2 GPUs are present), padmax1 (next set only: statistics, log_prob, with verl 0.9.1's
 # default pad_bshd_to_minibatch_max kept), bench05b (Qwen2-0.5B-shaped model, dump off/on per micro
@@ -66,8 +66,8 @@ print(patched_verl(Path(tempfile.mkdtemp())))") > "$B/.verl-root" || exit 1
   cp "$REPO/tests/__init__.py" "$B/wt/tests/"
   cp "$REPO/tests/fixtures/__init__.py" "$REPO/tests/fixtures/tiny_qwen2.py" "$B/wt/tests/fixtures/"
   echo "$SET" > "$B/.pin-set"
-  cp "$REPO/tests/patches/__init__.py" "$REPO/tests/patches/test_training_fsdp_driver.py" \
-    "$REPO/tests/patches/test_training_megatron_driver.py" "$B/wt/tests/patches/"
+  cp "$REPO/tests/patches/__init__.py" "$REPO/tests/patches/fsdp_driver.py" \
+    "$REPO/tests/patches/megatron_driver.py" "$B/wt/tests/patches/"
   for t in statistics tensor; do
     "$PY" -c "import json,sys;t=sys.argv[1];s={'scope':[],'list':[],'data_mode':['all']}
 if t=='statistics': s['summary_mode']='statistics'
@@ -101,7 +101,7 @@ run() {  # name tp env...
   [ "$tp" = 1 ] || launch="python3 -m torch.distributed.run --nproc_per_node $tp --master_port 29611"
   local t0; t0=$(date +%s)
   env VC_TEST_DEVICE=cuda VC_TEST_WORK=$W VC_TEST_TP="$tp" "$@" $launch \
-    "$B/wt/tests/patches/test_training_megatron_driver.py" > "$OUT/$name.log" 2>&1
+    "$B/wt/tests/patches/megatron_driver.py" > "$OUT/$name.log" 2>&1
   echo "$name rc=$? $(( $(date +%s) - t0 ))s"; grep -a VC_REPORT "$OUT/$name.log" | cut -c1-1500
   grep -a -E "Error|error:" "$OUT/$name.log" | grep -v Warning | tail -4
 }

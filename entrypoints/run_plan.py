@@ -269,24 +269,10 @@ def build_plan(
     token record per response; the msprobe options of a collection run are refused with it.
     Two steps: :func:`_check` holds every refusal, :func:`_compose` builds the plan from what passed.
     """
-    options = _Options(
-        dump_root=dump_root,
-        run_id=run_id,
-        phase=phase,
-        capture=capture,
-        task=task,
-        level=level,
-        steps=steps,
-        ranks=ranks,
-        modules=modules,
-        data_mode=data_mode,
-        model=model,
-        extra_args=extra_args,
-        environ=os.environ if environ is None else environ,
-        python=python,
-        token_level=token_level,
-        device=device,
-    )
+    given = dict(locals())  # exactly the parameters: _Options holds them, spelled once above
+    given.pop("mode")
+    given["environ"] = os.environ if environ is None else environ
+    options = _Options(**given)
     return _compose(mode, options, _check(mode, options))
 
 

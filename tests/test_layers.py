@@ -5,11 +5,16 @@ The layers (README, "Map"), from the bottom:
 - ``patches.contracts`` (and ``patches.pins``): imported by every stage, imports no stage;
 - ``patches.hooks``: runs inside vLLM and trainer processes, so it may import only contracts;
 - ``patches`` tooling (apply, upstream, cli) and ``postprocess``: contracts and themselves;
-- ``entrypoints``: the command line, the only layer that may import all the others.
+- ``entrypoints``: the command line, the only layer that may import all the others, and the hooks
+  only to run them (a hook's constants or parsing belong in the contracts; see ``FORBIDDEN``).
 
-``docker/`` scripts use the pins and the patch tooling; ``bench/`` may also import
+``docker/`` scripts use the contracts, the pins and the patch tooling; ``bench/`` may also import
 ``tests.fixtures`` (the one home of the stand-in model, the dump generators and
 ``hardware()``), never another part of ``tests``. Product code never imports ``tests``.
+
+A module named in a string counts as an import (``importlib.resources.files("...")``,
+``importlib.import_module("...")``, ``python -m ...``): such a link runs upward as surely as an
+``import`` statement does.
 """
 
 from __future__ import annotations
@@ -39,7 +44,16 @@ GROUPS: list[tuple[str, str]] = [
     ("tests/", "tests"),
 ]
 CONTRACTS = (f"{PKG}.patches.contracts", f"{PKG}.patches.pins", f"{PKG}.patches.pins_schema")
-PATCH_TOOLS = (f"{PKG}.patches.apply", f"{PKG}.patches.upstream", f"{PKG}.patches.cli", f"{PKG}.patches")
+PATCH_TOOLS = (
+    f"{PKG}.patches.apply",
+    f"{PKG}.patches.upstream",
+    f"{PKG}.patches.cli",
+    f"{PKG}.patches.__main__",
+)
+"""The patch tooling, module by module: the ``patches`` prefix as a whole would let it reach the hooks."""
+NAMESPACES = (PKG, f"{PKG}.patches")
+"""Package roots named exactly: they hold no layer's code (``patches/__init__.py`` is a docstring;
+``python -m verl_consistency.patches`` runs the tooling's ``__main__``), so naming one crosses nothing."""
 ALLOWED: dict[str, tuple[str, ...]] = {
     "contracts": CONTRACTS,
     "hooks": (*CONTRACTS, f"{PKG}.patches.hooks"),
@@ -51,6 +65,12 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "fixtures": (PKG, "tests.fixtures"),
     "tests": (PKG, "tests"),
 }
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    # the hook's constants and threshold() (an environment variable's parsing) are contracts; the
+    # command line must not load the training-side hook to read them
+    "entrypoints": (f"{PKG}.patches.hooks.token_mismatch",),
+}
+"""Modules a group may not import although ``ALLOWED`` covers them."""
 
 
 @dataclass(frozen=True)
@@ -58,9 +78,10 @@ class Violation:
     file: str
     line: int
     imported: str
+    how: str = "imports"
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}: imports {self.imported}"
+        return f"{self.file}:{self.line}: {self.how} {self.imported}"
 
 
 def _group(rel: str) -> str | None:
@@ -78,8 +99,29 @@ def _imports(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
+MODULE_NAME = re.compile(rf"^(?:{PKG}|tests)(?:\.[A-Za-z_][A-Za-z0-9_]*)+$")
+"""A string that is exactly a dotted name in this bundle or the tests: a module named at run time."""
+
+
+def _named_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every string constant that names one of our modules (``resources.files("pkg")`` and the like)."""
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.match(node.value)
+    ]
+
+
 def _allowed(imported: str, prefixes: tuple[str, ...]) -> bool:
     return any(imported == p or imported.startswith(p + ".") for p in prefixes)
+
+
+def _crosses(imported: str, group: str) -> bool:
+    ours = imported.startswith(PKG + ".") or imported == PKG
+    test_code = imported == "tests" or imported.startswith("tests.")
+    if not (ours or test_code) or imported in NAMESPACES:
+        return False
+    return not _allowed(imported, ALLOWED[group]) or _allowed(imported, FORBIDDEN.get(group, ()))
 
 
 def layer_violations(root: Path, files: list[str]) -> list[Violation]:
@@ -90,10 +132,11 @@ def layer_violations(root: Path, files: list[str]) -> list[Violation]:
             continue
         tree = ast.parse((root / rel).read_text(), filename=rel)
         for line, imported in _imports(tree):
-            ours = imported.startswith(PKG + ".") or imported == PKG
-            test_code = imported == "tests" or imported.startswith("tests.")
-            if (ours or test_code) and not _allowed(imported, ALLOWED[group]):
+            if _crosses(imported, group):
                 out.append(Violation(rel, line, imported))
+        for line, named in _named_modules(tree):
+            if _crosses(named, group):
+                out.append(Violation(rel, line, named, "names"))
     return out
 
 
@@ -155,6 +198,25 @@ def test_every_env_name_anywhere_is_one_of_the_contracts(repo):
         ("entrypoints/x.py", "import tests.fixtures\n", 1),
         ("patches/hooks/x.py", "from verl_consistency.patches.contracts import env, records\n", 0),
         ("bench/x.py", "from tests.fixtures.hardware import hardware\n", 0),
+        # the patch tooling and docker/ use the contracts and the tooling, never the hooks
+        ("patches/x.py", "from verl_consistency.patches.hooks import dispatch\n", 1),
+        ("patches/x.py", "import verl_consistency.patches.hooks.training\n", 1),
+        ("docker/helpers/x.py", "from verl_consistency.patches.hooks.placement import install\n", 1),
+        ("docker/helpers/x.py", "from verl_consistency.patches import apply, pins, upstream\n", 0),
+        # a module named in a string is an import too
+        (
+            "patches/contracts/x.py",
+            'from importlib import resources\nP = resources.files("verl_consistency.patches.hooks")\n',
+            1,
+        ),
+        ("postprocess/x.py", 'importlib.import_module("verl_consistency.entrypoints.cli")\n', 1),
+        ("patches/x.py", 'D = resources.files("verl_consistency.patches")\n', 0),
+        ("docker/x.py", 'CMD = ["python3", "-m", "verl_consistency.patches", "apply"]\n', 0),
+        ("patches/contracts/x.py", 'WHY = "see verl_consistency.patches.hooks for the callers"\n', 0),
+        # entrypoints run hooks, but take no constants from the token-record hook
+        ("entrypoints/x.py", "from verl_consistency.patches.hooks import token_mismatch\n", 1),
+        ("entrypoints/x.py", "from verl_consistency.patches.hooks.token_mismatch import threshold\n", 1),
+        ("entrypoints/x.py", "from verl_consistency.patches.hooks import placement\n", 0),
     ],
 )
 def test_the_layer_check_catches_a_crossing(tmp_path, rel, source, expected):

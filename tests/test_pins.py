@@ -92,7 +92,7 @@ def test_pins_script_runs_without_the_package(tmp_path, repo):
 
 def test_next_set_overlays_only_what_it_changes():
     cur, nxt = pins.load(set_name="current"), pins.load(set_name="next")
-    assert (cur.set.name, cur.set.series) == ("current", ".")
+    assert (cur.set.name, cur.set.series) == ("current", "current")
     assert (nxt.set.name, nxt.set.series) == ("next", "next")
     assert nxt.upstream.verl == "0.9.1"
     assert nxt.upstream.vllm_ascend.startswith(nxt.upstream.vllm)
@@ -134,3 +134,29 @@ def test_makefile_pins_follow_PINS(repo):
     ).stdout
     assert '"verl": "0.9.1"' in out
     assert "* next" in out
+
+
+def test_pins_script_beside_env_py_reads_the_set_variable(tmp_path, repo):
+    """The image's layout: pins.py, pins.toml and contracts/env.py copied side by side."""
+    from verl_consistency.patches.contracts.env import PIN_SET
+
+    for rel in ("patches/pins.py", "patches/pins.toml", "patches/contracts/env.py"):
+        (tmp_path / rel.rsplit("/", 1)[1]).write_bytes((repo / rel).read_bytes())
+    res = subprocess.run(
+        [sys.executable, "-S", "-I", str(tmp_path / "pins.py"), "upstream.verl"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={PIN_SET: "next"},
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "0.9.1"
+
+
+def test_the_set_variable_name_is_parsed_and_a_missing_one_named(tmp_path):
+    env_py = tmp_path / "env.py"
+    env_py.write_text('"""doc"""\nOTHER = "X"\nPIN_SET: str = "typed"\nPIN_SET = "THE_NAME"\n')
+    assert pins.string_constant(env_py, "PIN_SET") == "THE_NAME"
+    env_py.write_text('PIN_SET = f"{1}"\n')
+    with pytest.raises(RuntimeError, match=r"env\.py: no module-level PIN_SET"):
+        pins.string_constant(env_py, "PIN_SET")

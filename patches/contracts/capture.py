@@ -17,7 +17,7 @@ Spelled in ``$VERL_CONSISTENCY_CAPTURE``:
     ``AgentLoopWorker._run_agent_loop`` calls :func:`enter_prompt` with the sample's fields, and
     the patched ``LLMServerClient.generate`` asks :func:`new_request_id` for the id it sends to
     vLLM, which starts with :data:`CAPTURED_PREFIX` when that prompt is listed. Both sides then
-    decide on the id alone, as in the other modes (``patches/verl/0006-capture-prompts``).
+    decide on the id alone, as in the other modes (``patches/current/verl/0006-capture-prompts``).
 """
 
 from __future__ import annotations

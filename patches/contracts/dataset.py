@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 import shutil
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +64,8 @@ def write_parquet(path: Path, size: int = DEFAULT_SIZE, seed: int = DEFAULT_SEED
 
 
 def reward_source() -> Path:
-    """The reward module shipped with this package (copied into each run folder)."""
-    return Path(str(resources.files("verl_consistency.patches.hooks") / "reward.py"))
+    """The reward module beside this one (``contracts/reward.py``), copied into each run folder."""
+    return Path(__file__).with_name("reward.py")
 
 
 def write_reward_fn(path: Path) -> Path:

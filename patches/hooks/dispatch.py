@@ -1,7 +1,7 @@
 """The vLLM-side dispatch log: which requests each msprobe step of a vLLM worker saw.
 
 vllm-ascend 0.18.0's ``NPUModelRunner`` calls into this module at two places (see
-``patches/vllm-ascend/``):
+``patches/current/vllm-ascend/``):
 
 * where it builds the ``PrecisionDebugger`` (``__init__``): :func:`rollout_dump_path` gives the
   per-process dump folder, passed as the constructor's ``dump_path=``. msprobe 26.x re-creates its
@@ -14,7 +14,7 @@ vllm-ascend 0.18.0's ``NPUModelRunner`` calls into this module at two places (se
   ``sample_tokens()``), :meth:`DispatchLogger.finish` says whether a stop+step is owed.
 
 vLLM 0.18.0's own ``GPUModelRunner`` (NVIDIA; vLLM's ``CPUModelRunner`` subclasses it) calls
-the same two places (``patches/vllm/``), plus :func:`setup_rollout_debugger` in ``__init__``
+the same two places (``patches/current/vllm/``), plus :func:`setup_rollout_debugger` in ``__init__``
 because vLLM has no debugger of its own, and passes ``attn_state=None`` because it has no
 attention state: :func:`derived_attn_state` gives vllm-ascend's name from the scheduler output.
 

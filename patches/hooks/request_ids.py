@@ -106,7 +106,7 @@ def clear_padding(sample: dict[str, Any]) -> None:
             sample[key] = None
 
 
-# --- capture by prompt (``prompts:FILE``, patches/verl/0006-capture-prompts) -------------------
+# --- capture by prompt (``prompts:FILE``, patches/current/verl/0006-capture-prompts) -------------------
 # Only verl's agent loop knows a request's prompt; it marks the id it sends to vLLM, so both
 # sides decide on the id alone (the rule itself is ``contracts.capture``).
 

@@ -191,7 +191,7 @@ def test_patch_step_follows_the_flavour(monkeypatch):
     monkeypatch.setattr(image_build, "_bundle_components", lambda: ("verl", "vllm-ascend"))
     lines, notes = image_build.patch_components("cuda")
     assert lines == ["verl /site/verl VERL_ROOT"]
-    assert "no patches/vllm series" in notes[0]
+    assert "no vllm patch series" in notes[0]
     monkeypatch.setattr(image_build, "_bundle_components", lambda: ("verl", "vllm-ascend", "vllm"))
     lines, _ = image_build.patch_components("cuda")
     assert lines == ["verl /site/verl VERL_ROOT", "vllm /site/vllm VLLM_ROOT"]

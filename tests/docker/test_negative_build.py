@@ -37,8 +37,8 @@ def _context(dest):
 def test_broken_patch_fails_the_build_naming_the_hunk(standin_base, built_image, tmp_path):
     # built_image first: the pip layers are then cached, and only the patch step reruns.
     ctx = _context(tmp_path / "ctx")
-    (ctx / "patches/verl/zz-broken.patch").write_text(BROKEN)
-    with (ctx / "patches/verl/series").open("a") as fh:
+    (ctx / "patches/current/verl/zz-broken.patch").write_text(BROKEN)
+    with (ctx / "patches/current/verl/series").open("a") as fh:
         fh.write("zz-broken.patch\n")
     tag = "localhost/verl-consistency:pytest-broken"
     res = buildah_bud(ctx, tag)

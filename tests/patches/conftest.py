@@ -62,7 +62,7 @@ def attn_states() -> list[str]:
     raise AssertionError("AscendAttentionState not found in the pinned vllm-ascend")
 
 
-DRIVER = Path(__file__).with_name("test_verl_request_id_driver.py")
+DRIVER = Path(__file__).with_name("request_id_driver.py")
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +73,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def verl_driver_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One run of ``test_verl_request_id_driver.py`` on the set in force's patched verl.
+    """One run of ``request_id_driver.py`` on the set in force's patched verl.
 
     It starts a local Ray (and, on verl 0.9, a TransferQueue), so the request-id, capture and
     token-record tests share one run instead of starting Ray each.

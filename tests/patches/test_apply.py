@@ -22,7 +22,7 @@ def _diff(old_line: str, new_line: str, path: str = "verl/mod.py", at: int = 10)
 
 @pytest.fixture
 def layout(tmp_path: Path) -> tuple[Path, Path]:
-    patches = tmp_path / "patches"
+    patches = tmp_path / "patches" / "current"  # the current set's series folder
     (patches / "verl").mkdir(parents=True)
     tree = tmp_path / "site"
     (tree / "verl").mkdir(parents=True)
@@ -132,7 +132,7 @@ def test_cli_apply_failure_exit_code(layout, monkeypatch):
 
     patches, tree = layout
     _series(patches, **{"0001-bad.patch": _diff("nope", "x")})
-    monkeypatch.setattr(apply, "PATCHES_DIR", patches)
+    monkeypatch.setattr(apply, "PATCHES_DIR", patches.parent)
     res = CliRunner().invoke(app, ["apply", "--component", "verl", "--root", str(tree)])
     assert res.exit_code == 1
     assert "0001-bad.patch" in res.output

@@ -1,4 +1,4 @@
-"""The hook pieces only vLLM's own runner (``patches/vllm``) uses: set-up and the derived state.
+"""The hook pieces only vLLM's own runner (``patches/current/vllm``) uses: set-up and the derived state.
 
 The real engine drives both in ``tests/demo/``; here each rule is pinned on its own. The
 scheduler output is a plain object with the fields the hook reads (``SchedulerOutputLike``);

@@ -1,11 +1,11 @@
-"""Token records (``hooks/token_mismatch.py``, ``patches/verl/0005-token-records.patch``).
+"""Token records (``hooks/token_mismatch.py``, ``patches/current/verl/0005-token-records.patch``).
 
 The figures are checked against the pinned verl's own ``calculate_debug_metrics`` and
 ``compute_offpolicy_metrics`` on the same real ``DataProto`` (patched verl in a subprocess), and
 the hook runs on old log-probs that the real FSDP engine computed on CPU
-(``test_training_fsdp_driver.py`` with ``VC_TEST_TOKEN_LEVEL=1``). Both pin sets (``pinset``): on
+(``fsdp_driver.py`` with ``VC_TEST_TOKEN_LEVEL=1``). Both pin sets (``pinset``): on
 verl 0.9.1 the patched V1 ``PPOTrainer._compute_old_log_prob`` itself runs on a real
-TransferQueue with a stand-in actor worker group (``test_verl_request_id_driver.py``).
+TransferQueue with a stand-in actor worker group (``request_id_driver.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The patched real verl FSDP engine of the pin set in force, on CPU, with real mindstudio-probe dumps.
 
-Each test runs ``test_training_fsdp_driver.py`` in a subprocess against a freshly patched verl
+Each test runs ``fsdp_driver.py`` in a subprocess against a freshly patched verl
 (0.8.0 on the current set, 0.9.1 on next; a tiny random Qwen2, gloo world size 1) and checks what
 landed on disk. On the next set one more test sends the batch through verl 0.9's V1 data path
 (a real TransferQueue) first.
@@ -20,7 +20,7 @@ from tests.fixtures.verl_support import run_patched, series_has
 from verl_consistency.patches import pins
 from verl_consistency.patches.contracts import capture, records
 
-DRIVER = Path(__file__).with_name("test_training_fsdp_driver.py")
+DRIVER = Path(__file__).with_name("fsdp_driver.py")
 PROMPT_VALID = [6, 4, 5, 3]
 pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
 

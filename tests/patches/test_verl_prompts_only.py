@@ -3,7 +3,7 @@
 verl 0.8.0 trims the padded rollout ``DataProto`` in both trainers (its engine-level behaviour is
 tested with the real FSDP engine in ``test_training_fsdp.py``). verl 0.9.1's V1 trainer keeps
 trajectories in TransferQueue, so the patched ``AgentLoopWorkerTQ._agent_loop_postprocess`` trims
-each one before it is stored; the driver (``test_verl_request_id_driver.py``) runs that on a real
+each one before it is stored; the driver (``request_id_driver.py``) runs that on a real
 TransferQueue and then verl's real ``PPOTrainer._compute_old_log_prob`` on the trimmed batch.
 """
 

@@ -1,6 +1,6 @@
 """Request-id threading through the patched real verl clients, on a local Ray (both pin sets).
 
-``test_verl_request_id_driver.py`` runs in a subprocess with the patched verl of the set in force
+``request_id_driver.py`` runs in a subprocess with the patched verl of the set in force
 first on ``sys.path`` (fixture ``verl_driver_report`` in ``conftest.py``); only the vLLM server is
 a stand-in (``StandInVLLMServer``). On verl 0.8.0 the ids go on through ``AgentLoopWorker._postprocess``
 to a ``DataProto``; on verl 0.9.1 through the V1 trainer's TransferQueue path to the engines'

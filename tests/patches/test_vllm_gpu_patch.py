@@ -1,6 +1,6 @@
 """The vLLM series against the REAL pinned ``vllm/v1/worker/gpu_model_runner.py``.
 
-``patches/vllm/`` must call the same hooks as the vllm-ascend series at the same places:
+``patches/current/vllm/`` must call the same hooks as the vllm-ascend series at the same places:
 msprobe set up in ``__init__`` from ``additional_config.dump_config_path`` (vLLM has no debugger
 of its own), the dispatch hook at the start site after the inputs are prepared and before the
 forward, and exactly one ``finish()``-guarded stop+step on every path after a start (the two

@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 from verl_consistency.entrypoints.cli import app
 from verl_consistency.postprocess import bundle as bundle_mod
 from verl_consistency.postprocess import discover, pipeline
-from verl_consistency.postprocess.manifest import BundleManifest
 from verl_consistency.postprocess.model import UnpairedReason as R
 from verl_consistency.postprocess.pipeline import Exit
 
@@ -382,7 +381,7 @@ def test_out_inside_a_dump_folder_is_refused(tmp_path):
     assert tree_digest(tmp_path / "tree") == before
 
 
-# -- nesting deeper than any JSON reader recurses: a reason, never a RecursionError traceback ----
+# -- nesting deeper than any JSON reader recurses: exit 3 naming the file, never a traceback ------
 
 DEEP = 200_000
 """Arrays nested this deep: far past Python's recursion limit (orjson stops at 1,024)."""
@@ -392,60 +391,64 @@ def _deep(depth: int = DEEP) -> bytes:
     return b"[" * depth + b"]" * depth
 
 
-def _postprocess_cli(t: RunTree, out: Path) -> tuple[object, BundleManifest]:
-    """``verl-consistency postprocess`` itself (typer's runner), and the bundle's manifest."""
+def _postprocess_refused(t: RunTree, out: Path) -> str:
+    """``verl-consistency postprocess`` itself (typer's runner): exit 3, no traceback, no bundle."""
     res = runner.invoke(app, ["postprocess", str(t.run_dir), "--no-compare", "--out", str(out)])
     assert res.exception is None or isinstance(res.exception, SystemExit), res.output
     assert "Traceback" not in res.output, res.output
     assert "RecursionError" not in res.output, res.output
-    (bundle,) = out.glob("bundle-*.tar.zst")
-    manifest = bundle_mod.verify(bundle).manifest
-    assert manifest is not None
-    return res, manifest
-
-
-def test_a_deeply_nested_dump_json_is_dump_unreadable(tmp_path):
-    """msprobe's shape around the nesting: only the depth is wrong. The pair is dropped with
-    its folder named, the other pair still pairs, and the command ends with its usual code."""
-    t = base_tree(tmp_path / "tree")
-    dump1(t).write_bytes(b'{"task": "statistics", "level": "L0", "data": {"Module.x": ' + _deep() + b"}}")
-    res, m = _postprocess_cli(t, tmp_path / "out")
-    assert res.exit_code == Exit.OK, res.output
-    assert [p.request_id for p in m.pairs] == ["good2"]
-    (hit,) = [u for u in m.unpaired if u.reason is R.DUMP_UNREADABLE and u.subject == "rollout_step"]
-    assert hit.ref == "rollout/1/step0/rank0"
-    assert "nested too deep" in hit.detail
-    assert [u.reason for u in m.unpaired if u.ref == "good1"] == [R.DUMP_UNREADABLE]
-
-
-def test_the_only_pair_with_a_deeply_nested_dump_json_exits_nothing_paired(tmp_path):
-    t = base_tree(tmp_path / "tree")
-    (t.run_dir / ACT_LOG).write_text((t.run_dir / ACT_LOG).read_text().splitlines()[0] + "\n")
-    dump1(t).write_bytes(_deep())
-    res, m = _postprocess_cli(t, tmp_path / "out")
-    assert res.exit_code == Exit.NOTHING_PAIRED, res.output
-    assert "dump_unreadable" in res.output
-    assert not m.pairs
+    assert res.exit_code == Exit.BAD_INPUT, res.output
+    assert not list(out.glob("bundle-*.tar.zst")), "a refused run writes no bundle"
+    return " ".join(res.output.split())  # rich wraps long paths
 
 
 @pytest.mark.parametrize(
-    ("log", "lineno", "record", "why"),
+    "dump",
+    [
+        b'{"task": "statistics", "level": "L0", "data": {"Module.x": ' + _deep() + b"}}",
+        _deep(),
+    ],
+    ids=["inside msprobe's shape", "bare"],
+)
+def test_a_deeply_nested_dump_json_exits_3_naming_the_file(tmp_path, dump: bytes):
+    t = base_tree(tmp_path / "tree")
+    dump1(t).write_bytes(dump)
+    before = dump1(t).read_bytes()
+    said = _postprocess_refused(t, tmp_path / "out")
+    assert "bad input" in said
+    assert "step0/rank0/dump.json" in said.replace(" ", "")
+    assert "nested too deep" in said
+    assert dump1(t).read_bytes() == before, "inputs are never modified"
+
+
+@pytest.mark.parametrize(
+    ("log", "lineno", "record"),
     [
         # orjson refuses the bare NaN first, so Python's json (which recurses) reads the line
-        (ROLL_LOG, 4, b'{"timestamp": NaN, "requests": ' + _deep() + b"}", "nested too deep"),
-        (ACT_LOG, 3, b'{"loss": -Infinity, "request_ids": ' + _deep() + b"}", "nested too deep"),
+        (ROLL_LOG, 4, b'{"timestamp": NaN, "requests": ' + _deep() + b"}"),
+        (ACT_LOG, 3, b'{"loss": -Infinity, "request_ids": ' + _deep() + b"}"),
         # orjson alone reads this one, and stops at its own limit
-        (ROLL_LOG, 4, _deep(), "depth limit exceeded"),
+        (ROLL_LOG, 4, _deep()),
     ],
     ids=["dispatch line with NaN", "update_actor line with Infinity", "dispatch line, plain"],
 )
-def test_a_deeply_nested_log_line_is_a_bad_line(tmp_path, log: str, lineno: int, record: bytes, why: str):
+def test_a_deeply_nested_log_line_exits_3_naming_file_and_line(
+    tmp_path, log: str, lineno: int, record: bytes
+):
     t = base_tree(tmp_path / "tree")
     append(t.run_dir / log, record + b"\n")
-    res, m = _postprocess_cli(t, tmp_path / "out")
+    said = _postprocess_refused(t, tmp_path / "out")
+    assert f"{log}:{lineno}" in said.replace(" ", "")
+    assert "nested too deep" in said
+
+
+def test_a_shallow_garbage_line_is_still_a_bad_line_and_the_run_goes_on(tmp_path):
+    """The control: only nesting no writer produces stops the run; a torn line does not."""
+    t = base_tree(tmp_path / "tree")
+    append(t.run_dir / ROLL_LOG, b'{"timestamp": "2026-12-01T00:00:00", "requests": [[[\n')
+    res = runner.invoke(app, ["postprocess", str(t.run_dir), "--no-compare", "--out", str(tmp_path / "out")])
     assert res.exit_code == Exit.OK, res.output
-    (hit,) = [u for u in m.unpaired if u.reason is R.BAD_LOG_LINE]
-    assert hit.ref == f"{log}:{lineno}"
-    assert hit.detail.startswith("not JSON: "), hit.detail
-    assert why in hit.detail
-    assert len(m.pairs) == 2
+    (bundle,) = (tmp_path / "out").glob("bundle-*.tar.zst")
+    manifest = bundle_mod.verify(bundle).manifest
+    assert manifest is not None
+    assert [u.ref for u in manifest.unpaired if u.reason is R.BAD_LOG_LINE] == [f"{ROLL_LOG}:4"]

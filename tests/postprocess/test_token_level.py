@@ -1,7 +1,7 @@
 """The token-level view: the output row of each pair, the report section, the capture file.
 
 The output-row test runs the real verl 0.8.0 FSDP engine on CPU in a PROMPTS_ONLY collection run
-with real msprobe dumps (``tests/patches/test_training_fsdp_driver.py``). vLLM cannot run here, so
+with real msprobe dumps (``tests/patches/fsdp_driver.py``). vLLM cannot run here, so
 its side of the output row is a STAND-IN: the same weights in plain transformers (fp32) give the
 token vLLM would sample after each prompt and its log-prob. The layer comparison of each pair is a
 STAND-IN too (a healthy ``PairComparison``): the test is about what the output row adds to it.

@@ -1,5 +1,9 @@
 """Rule-based reward for the generated prompt set (``verl_consistency.patches.contracts.dataset``).
 
+It lives beside the prompt set it scores: it reads the ``reward_model.ground_truth`` that
+``dataset`` writes, and ``dataset.write_reward_fn`` copies this file by its path, so the
+contracts never reach up into the hooks for it.
+
 ``verl-consistency run`` copies this file into the run folder and points verl's
 ``reward.custom_reward_function.path`` at the copy, so it must stay standard-library only:
 the reward workers import it by path, outside this package.
