@@ -64,6 +64,21 @@ def _drive(root: Path, work: Path, **env: str) -> dict[str, Any]:
     return json.loads(line.removeprefix("VC_REPORT "))
 
 
+def _dumping_drive(root: Path, work: Path, run_dir: Path, cfg: Path, **env: str) -> dict[str, Any]:
+    """:func:`_drive` with the training-side dump on, into ``run_dir``; the run must end finite."""
+    report = _drive(
+        root,
+        work,
+        DUMP_ON="1",
+        VERL_CONSISTENCY_ACTOR_CONFIG=str(cfg),
+        VERL_CONSISTENCY_RUN_DIR=str(run_dir),
+        **env,
+    )
+    assert report["error"] is None
+    assert report["finite"]
+    return report
+
+
 def _records(run_dir: Path) -> list[records.UpdateActorRecord]:
     logs = list((run_dir / "actor").glob(f"*/{records.UPDATE_ACTOR_LOG}"))
     assert len(logs) == 1, logs
@@ -87,17 +102,7 @@ def test_one_dump_per_micro_batch_in_both_phases_with_prompts_only(
 ):
     run_dir = tmp_path / "dumps" / "hybrid-20261129-000000-abcd"
     cfg = _msprobe_config(tmp_path / "msprobe_actor.json", tmp_path / "unused")
-    report = _drive(
-        root,
-        model_cache,
-        DUMP_ON="1",
-        DUMP_PHASE="all",
-        VERL_CONSISTENCY_ACTOR_CONFIG=str(cfg),
-        VERL_CONSISTENCY_RUN_DIR=str(run_dir),
-        VC_TEST_TRIM="ours",
-    )
-    assert report["error"] is None
-    assert report["finite"]
+    report = _dumping_drive(root, model_cache, run_dir, cfg, DUMP_PHASE="all", VC_TEST_TRIM="ours")
     assert report["old_log_probs_finite"]
     assert report["advantages_abs_max"] == 0.0, "the re-split response carries no reward"
 
@@ -181,17 +186,7 @@ def test_v1_transfer_queue_path_dumps_every_micro_batch_with_its_ids(
     0001 lifts them into fields of their own; the trainer's padding row copies row 0's fields."""
     run_dir = tmp_path / "dumps" / "hybrid-20261201-000000-abcd"
     cfg = _msprobe_config(tmp_path / "msprobe_actor.json", tmp_path / "unused")
-    report = _drive(
-        root,
-        model_cache,
-        DUMP_ON="1",
-        DUMP_PHASE="all",
-        VERL_CONSISTENCY_ACTOR_CONFIG=str(cfg),
-        VERL_CONSISTENCY_RUN_DIR=str(run_dir),
-        VC_TEST_V1_TQ="1",
-    )
-    assert report["error"] is None
-    assert report["finite"]
+    report = _dumping_drive(root, model_cache, run_dir, cfg, DUMP_PHASE="all", VC_TEST_V1_TQ="1")
     assert report["has_request_id_column"] == series_has("verl", "0001-"), (
         "0001 lifts the id out of extra_fields"
     )
@@ -252,19 +247,16 @@ def _square_4d(shape: tuple[int, ...]) -> bool:
 def _lane_run(
     root: Path, work: Path, run_dir: Path, cfg: Path, **env: str
 ) -> list[records.UpdateActorRecord]:
-    report = _drive(
+    _dumping_drive(
         root,
         work,
-        DUMP_ON="1",
+        run_dir,
+        cfg,
         DUMP_PHASE="log_prob",
-        VERL_CONSISTENCY_ACTOR_CONFIG=str(cfg),
-        VERL_CONSISTENCY_RUN_DIR=str(run_dir),
         VERL_CONSISTENCY_TOKEN_LEVEL="1",
         VC_TEST_NEXT_TOKEN="1",
         **env,
     )
-    assert report["error"] is None
-    assert report["finite"]
     return _records(run_dir)
 
 

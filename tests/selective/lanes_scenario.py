@@ -19,36 +19,14 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
-from tests.fixtures.tiny_qwen2 import tiny_qwen2
-from tests.fixtures.vllm_qwen2 import Qwen2ForCausalLM, run_step
-from tests.selective.scenario import LENGTHS, PACKING, SCHEDULER_DICT, tiny_config
+from tests.fixtures.vllm_qwen2 import run_step
+from tests.selective.scenario import LENGTHS, PACKING, SCHEDULER_DICT, setup
 from verl_consistency.patches.hooks.msprobe_lanes import packed_lanes
-from verl_consistency.patches.hooks.request_scope import scoped_msprobe_config, start_lanes, start_step
+from verl_consistency.patches.hooks.request_scope import start_lanes, start_step
 
 
 def main(task: str, out: Path) -> None:
-    from msprobe.pytorch import PrecisionDebugger
-
-    out.mkdir(parents=True, exist_ok=True)
-    cfg_path = out / "msprobe.json"
-    base = {
-        "task": task,
-        "dump_path": str(out / "dump"),
-        "rank": [],
-        "step": [],
-        "level": "L0",
-        "dump_enable": True,
-        task: {"scope": [], "list": [], "data_mode": ["all"]},
-    }
-    # the run's config carries the one-request sentinel; the lane path must ignore it
-    cfg_path.write_text(json.dumps(scoped_msprobe_config(base)))
-    model = Qwen2ForCausalLM.from_hf(tiny_qwen2(tiny_config(), seed=0)).eval()
-    gen = torch.Generator().manual_seed(1)
-    prompts = {r: torch.randint(0, 96, (n,), generator=gen).tolist() for r, n in LENGTHS.items()}
-    batch = [prompts[r] for r in PACKING]
-    debugger = PrecisionDebugger(config_path=str(cfg_path))
+    debugger, model, prompts, batch = setup(task, out)
     dumped: list[bool] = []
 
     def lanes_step(

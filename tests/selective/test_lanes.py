@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 import torch
 
 from tests.fixtures.subprocess_run import run_module_json
+from tests.selective.dump_stats import mismatches, tensors
 from tests.selective.scenario import PACKING
 from verl_consistency.patches.contracts.records import LANE_PREFIX
 from verl_consistency.patches.hooks.msprobe_lanes import Cut, packed_lanes
@@ -57,42 +57,6 @@ def _data(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())["data"]
 
 
-def _tensors(entry: Any) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-
-    def walk(x: Any) -> None:
-        if isinstance(x, dict):
-            if x.get("type") == "torch.Tensor":
-                found.append(x)
-            else:
-                for v in x.values():
-                    walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
-
-    walk(entry)
-    return found
-
-
-def _close(a: Any, b: Any) -> bool:
-    if a is None or b is None:
-        return a is b
-    return math.isclose(float(a), float(b), rel_tol=1e-4, abs_tol=1e-5)
-
-
-def _mismatches(lane: dict[str, Any], alone: dict[str, Any]) -> list[str]:
-    assert lane.keys() == alone.keys()
-    bad = []
-    for key, entry in lane.items():
-        for tl, ta in zip(_tensors(entry), _tensors(alone[key]), strict=True):
-            if tl["shape"] != ta["shape"]:
-                bad.append(f"{key}: shape {tl['shape']} != {ta['shape']}")
-            elif not all(_close(tl[s], ta[s]) for s in ("Max", "Min", "Mean", "Norm")):
-                bad.append(f"{key}: statistics differ")
-    return bad
-
-
 def test_every_request_of_a_packed_step_gets_its_own_dump(stats_run: Path) -> None:
     (rank,) = (stats_run / "dump" / "step0").iterdir()
     assert sorted(p.name for p in rank.iterdir()) == [f"{LANE_PREFIX}{k}" for k in range(3)]
@@ -105,20 +69,18 @@ def test_every_request_of_a_packed_step_gets_its_own_dump(stats_run: Path) -> No
 @pytest.mark.parametrize("lane", range(3))
 def test_each_lane_equals_its_request_computed_alone(stats_run: Path, lane: int) -> None:
     request = PACKING[lane]
-    assert (
-        _mismatches(_data(_lane(stats_run, 0, lane)), _data(_lane(stats_run, ALONE_STEP[request], 0))) == []
-    )
+    assert mismatches(_data(_lane(stats_run, 0, lane)), _data(_lane(stats_run, ALONE_STEP[request], 0))) == []
 
 
 def test_a_lane_differs_from_another_request(stats_run: Path) -> None:
     """The control: the comparison above can fail."""
-    assert _mismatches(_data(_lane(stats_run, 0, 0)), _data(_lane(stats_run, ALONE_STEP["b"], 0))) != []
+    assert mismatches(_data(_lane(stats_run, 0, 0)), _data(_lane(stats_run, ALONE_STEP["b"], 0))) != []
 
 
 def test_lanes_follow_the_order_asked_not_the_packing_order(stats_run: Path) -> None:
     for lane, request in enumerate(["c", "a"]):
         assert (
-            _mismatches(_data(_lane(stats_run, 5, lane)), _data(_lane(stats_run, ALONE_STEP[request], 0)))
+            mismatches(_data(_lane(stats_run, 5, lane)), _data(_lane(stats_run, ALONE_STEP[request], 0)))
             == []
         )
     (rank,) = (stats_run / "dump" / "step5").iterdir()
@@ -128,7 +90,7 @@ def test_lanes_follow_the_order_asked_not_the_packing_order(stats_run: Path) -> 
 def test_the_one_request_path_still_works_after_lanes(stats_run: Path) -> None:
     (whole,) = (stats_run / "dump" / "step6").glob("*/dump.json")
     # msprobe's own cut leaves the [num_reqs, vocab] logits whole (the lanes cut them, above)
-    assert _mismatches(_data(whole), _data(_lane(stats_run, ALONE_STEP["b"], 0))) == [
+    assert mismatches(_data(whole), _data(_lane(stats_run, ALONE_STEP["b"], 0))) == [
         f"{LOGITS}: shape [3, 48] != [1, 48]",
         f"{LOGITS}: shape [3, 96] != [1, 96]",
     ]
@@ -140,7 +102,7 @@ def test_lane_tensors_are_the_request_rows_only(tensor_run: Path) -> None:
         packed_path, alone_path = _lane(tensor_run, 0, lane), _lane(tensor_run, ALONE_STEP[request], 0)
         packed, alone = _data(packed_path), _data(alone_path)
         for key, entry in packed.items():
-            for tp, ta in zip(_tensors(entry), _tensors(alone[key]), strict=True):
+            for tp, ta in zip(tensors(entry), tensors(alone[key]), strict=True):
                 a = torch.load(packed_path.parent / "dump_tensor_data" / tp["data_name"], weights_only=True)
                 b = torch.load(alone_path.parent / "dump_tensor_data" / ta["data_name"], weights_only=True)
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=key)
@@ -158,7 +120,7 @@ def test_pinned_msprobe_compare_reads_a_lane_unchanged(tensor_run: Path, tmp_pat
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     (table,) = tmp_path.glob("compare_result_*.csv")
     rows = list(csv.DictReader(table.open()))
-    assert len(rows) >= len(_tensors(_data(target)))  # msprobe adds rows for non-tensor items
+    assert len(rows) >= len(tensors(_data(target)))  # msprobe adds rows for non-tensor items
     assert {r["Result"] for r in rows} == {"pass"}
     cosines = [float(r["Cosine"]) for r in rows if r["Cosine"] not in ("unsupported", "N/A")]
     assert len(cosines) > 90
