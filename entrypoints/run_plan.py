@@ -249,7 +249,7 @@ def build_plan(
     dump_root: str | os.PathLike[str],
     run_id: str,
     phase: DumpPhase = DumpPhase.LOG_PROB,
-    capture: str = "all",
+    capture: str = capture_mod.RUN_DEFAULT,
     task: Task | None = None,
     level: Level = Level.L0,
     steps: str | None = None,
@@ -329,7 +329,7 @@ def _check(mode: Mode, o: _Options) -> _Checked:
 def _collection_options_given(o: _Options) -> list[str]:
     """A --token-level run's refusals: the msprobe options of a collection run that were given."""
     given = {
-        "--capture": o.capture != "all",
+        "--capture": o.capture != capture_mod.RUN_DEFAULT,
         "--phase": o.phase is not DumpPhase.LOG_PROB,
         "--task": o.task is not None,
         "--level": o.level is not Level.L0,
@@ -367,7 +367,8 @@ def _dump_options(o: _Options, rule: capture_mod.CaptureRule, problems: list[str
     """What msprobe dumps on both sides; a bad option adds its problem and keeps the default."""
     task = o.task
     if task is None:
-        task = Task.STATISTICS if rule.is_all else Task.TENSOR
+        # tensor mode's bytes grow with every captured prompt's length: a sample, not coverage
+        task = Task.TENSOR if rule.is_sample else Task.STATISTICS
     module_list: list[str] | None = None
     modes: list[DataMode] | None = None
     try:

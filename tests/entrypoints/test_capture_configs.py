@@ -52,8 +52,18 @@ def test_fraction_defaults_are_scoped_tensor_blocks_outputs_on_both_sides(tmp_pa
     assert request_scope.scoped_msprobe_config(rollout) == rollout
 
 
-def test_capture_all_keeps_the_recipe_config(tmp_path: Path) -> None:
+def test_the_default_captures_every_request_in_statistics(tmp_path: Path) -> None:
+    """``run`` with no options: every request, one lane per comparable request, statistics."""
     plan = _plan(tmp_path)
+    assert plan.capture == "fraction:1"
+    rollout, actor = plan.msprobe.rollout.to_json(), plan.msprobe.actor.to_json()
+    assert rollout["task"] == actor["task"] == "statistics", "coverage, not a tensor sample"
+    assert _section(rollout)["request_id"] == request_scope.CAPTURED_SENTINEL
+    assert (_section(rollout)["list"], _section(rollout)["data_mode"]) == ([], ["all"])
+
+
+def test_capture_all_keeps_the_recipe_config(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, capture="all")
     for cfg in (plan.msprobe.rollout.to_json(), plan.msprobe.actor.to_json()):
         assert cfg["task"] == "statistics"
         assert _section(cfg)["list"] == []
