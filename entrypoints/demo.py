@@ -9,8 +9,8 @@ What runs (nothing is simulated; see ``demo_stages`` for the two engines):
    runner, msprobe and the dispatch log, every prompt in flight at once (verl's ``uuid4().hex``
    ids, chunked prefill and prefix caching on, vLLM's default batching);
 3. **training**: the real verl FSDP engine (0.8.0, or 0.9.1 on the next pin set) computes old
-   log-probs (PROMPTS_ONLY) over the same prompts with the ids that came back, dumping one
-   request per micro batch;
+   log-probs (PROMPTS_ONLY) over the same prompts with the ids that came back, several requests
+   per micro batch (``--micro-batch``), each dumped in a lane of its own;
 4. the unchanged postprocess: pair → compare → report → bundle, then ``verify``.
 
 With ``--perturb`` (the default) a second run reuses the first run's rollout folder and repeats
@@ -277,6 +277,7 @@ def run_demo(
     perturb: bool,
     arrival_gap: float = 0.0,
     n: int = 1,
+    micro_batch: int = 1,
     engine_kwargs: dict[str, Any] | None = None,
     echo: Any = print,
 ) -> list[RunOutcome]:
@@ -336,7 +337,12 @@ def run_demo(
             DUMP_ON: "1",
             ACTOR_CONFIG: str(run.actor_config),
         }
-        args = {"model_dir": str(model), "requests": requests, "port": _free_port()}
+        args = {
+            "model_dir": str(model),
+            "requests": requests,
+            "port": _free_port(),
+            "micro_batch": micro_batch,
+        }
         return _stage("train", args, run.run_dir / DEMO_DIR, env, run.run_dir / DEMO_DIR / "stages.log")
 
     t0 = time.monotonic()
@@ -363,6 +369,19 @@ def run_demo(
         echo(f"postprocess of the perturbed run ({PERTURBED_MODULE} changed on the training side)")
         outcomes.append(_outcome(lay2.run_dir, bundles, t2, {"train": tr2}))
     return outcomes
+
+
+PAIRED_SHARE = 0.85
+"""With every request captured, the share of them that must pair: all but the few that vLLM
+computes in part (a prefix-cache hit of a copy sent after its first block was cached)."""
+
+
+def min_pairs_for(capture: str, requests: int) -> int:
+    """The pairs a healthy demo must show: most requests when every one is captured, else 4."""
+    rule = capture_mod.parse(capture)
+    if rule.fraction == 1.0:
+        return max(4, int(PAIRED_SHARE * requests))
+    return 4
 
 
 def check_outcomes(outcomes: list[RunOutcome], min_pairs: int = 4) -> list[str]:
@@ -405,10 +424,11 @@ def demo_cmd(
         float,
         typer.Option(
             min=0.0,
-            help="seconds between request arrivals (0: all at once; then vLLM packs every prompt "
-            "into one or two prefill steps and msprobe can scope only one request per step)",
+            help="seconds between request arrivals (0: all at once, as verl's agent loop sends a "
+            "step's prompts; vLLM then packs them into a few prefill steps, and each captured request "
+            "of a step is dumped in a lane of its own)",
         ),
-    ] = 0.1,
+    ] = 0.0,
     n: Annotated[
         int,
         typer.Option(
@@ -418,11 +438,20 @@ def demo_cmd(
     max_num_batched_tokens: Annotated[
         int | None, typer.Option(help="vLLM scheduler token budget per step (default: vLLM's)")
     ] = None,
+    micro_batch: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="requests per training forward, as verl's log_prob_micro_batch_size_per_gpu; each "
+            "captured request of a micro batch is dumped in a lane of its own",
+        ),
+    ] = 8,
 ) -> None:
     """A real collection run on CPU: vLLM + verl FSDP + msprobe of the pin set -> verified bundle.
 
-    Run it in the demo venv (``make demo`` builds it). Exit 0 when the same-weights run has at
-    least 4 pairs, all healthy, and the perturbed run's first divergence is the perturbed module.
+    Run it in the demo venv (``make demo`` builds it). Exit 0 when the same-weights run pairs at
+    least 85% of its requests (every request captured; else 4 pairs), all healthy, and the
+    perturbed run's first divergence is the perturbed module.
     """
     t0 = time.monotonic()
     kwargs = {} if max_num_batched_tokens is None else {"max_num_batched_tokens": max_num_batched_tokens}
@@ -436,6 +465,7 @@ def demo_cmd(
             perturb=perturb,
             arrival_gap=arrival_gap,
             n=n,
+            micro_batch=micro_batch,
             engine_kwargs=kwargs,
             echo=typer.echo,
         )
@@ -468,7 +498,7 @@ def demo_cmd(
     }
     write_json_atomic(dump_root / "demo-summary.json", summary)
     typer.echo(f"\ndemo wall time {wall} s; summary {dump_root / 'demo-summary.json'}")
-    problems = check_outcomes(outcomes)
+    problems = check_outcomes(outcomes, min_pairs_for(capture, prompts * n))
     for p in problems:
         typer.echo(f"NOT AS EXPECTED: {p}", err=True)
     raise typer.Exit(1 if problems else 0)

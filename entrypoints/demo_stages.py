@@ -177,8 +177,11 @@ FP32 = (
 """Same precision as the vLLM side (dtype=float32): verl's default is bf16 compute."""
 
 
-def actor_config(model_dir: str, micro_batches: int, *extra: str) -> Any:
-    """verl's own Hydra defaults for the actor, as its worker builds them (fsdp2 on CPU)."""
+def actor_config(model_dir: str, micro_batches: int, *extra: str, micro_batch: int = 1) -> Any:
+    """verl's own Hydra defaults for the actor, as its worker builds them (fsdp2 on CPU).
+
+    ``micro_batches`` is the mini batch (every request of the demo), ``micro_batch`` the rows
+    per forward: several rows are dumped one lane per request (``hooks/msprobe_lanes.py``)."""
     import verl
     from hydra import compose, initialize_config_dir
     from verl.utils.config import omega_conf_to_dataclass
@@ -191,7 +194,7 @@ def actor_config(model_dir: str, micro_batches: int, *extra: str) -> Any:
                 f"actor_rollout_ref.model.path={model_dir}",
                 "actor_rollout_ref.actor.strategy=fsdp2",
                 f"actor_rollout_ref.actor.ppo_mini_batch_size={micro_batches}",
-                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_batch}",
                 "actor_rollout_ref.actor.use_dynamic_bsz=False",
                 "actor_rollout_ref.actor.use_torch_compile=False",
                 *extra,
@@ -261,7 +264,7 @@ def fsdp_engine(model_dir: str, actor_cfg: Any) -> Any:
 
 
 def train(args: dict[str, Any]) -> dict[str, Any]:
-    """Old log-probs on the real verl FSDP engine, PROMPTS_ONLY, one request per micro batch."""
+    """Old log-probs on the real verl FSDP engine, PROMPTS_ONLY, ``micro_batch`` requests per forward."""
     import torch
     import torch.distributed as dist
 
@@ -278,7 +281,8 @@ def train(args: dict[str, Any]) -> dict[str, Any]:
     from verl_consistency.patches.hooks import prompts_only
 
     requests = args["requests"]
-    actor_cfg = actor_config(args["model_dir"], len(requests), FP32)
+    micro_batch = int(args.get("micro_batch", 1))
+    actor_cfg = actor_config(args["model_dir"], len(requests), FP32, micro_batch=micro_batch)
     engine = fsdp_engine(args["model_dir"], actor_cfg)
     batch = prompts_only.trim(_batch(requests))
     td = left_right_2_no_padding(batch.to_tensordict())
@@ -286,7 +290,7 @@ def train(args: dict[str, Any]) -> dict[str, Any]:
         td,
         use_remove_padding=True,
         use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=1,
+        micro_batch_size_per_gpu=micro_batch,
         max_token_len_per_gpu=1 << 16,
         use_fused_kernels=False,
         temperature=1.0,
@@ -300,7 +304,8 @@ def train(args: dict[str, Any]) -> dict[str, Any]:
     dist.destroy_process_group()
     return {
         "log_probs_finite": bool(torch.isfinite(log_probs).all()),
-        "micro_batches": len(requests),
+        "micro_batches": -(-len(requests) // micro_batch),
+        "micro_batch": micro_batch,
         "infer_s": round(time.monotonic() - t0, 1),
     }
 

@@ -175,24 +175,14 @@ REQUIRED: tuple[Override, ...] = (
     Override(
         key="actor_rollout_ref.actor.use_dynamic_bsz",
         value=False,
-        why="dynamic batch size packs several samples into one micro batch, so a training dump "
-        "no longer belongs to one request",
+        why="dynamic batch size re-forms micro batches by token count; per-request lanes are "
+        "proven on verl's static micro batches only",
     ),
     Override(
         key="actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
         value=False,
         why="verl asserts it equals actor.use_dynamic_bsz; dynamic packing mixes samples in a "
         "log-prob micro batch",
-    ),
-    Override(
-        key="actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-        value=1,
-        why="one sample per log-prob micro batch: each training dump step pairs with one request",
-    ),
-    Override(
-        key="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-        value=1,
-        why="one sample per update micro batch: each update_actor dump step pairs with one request",
     ),
     Override(
         key="trainer.val_before_train",
@@ -362,6 +352,18 @@ REQUIRED: tuple[Override, ...] = (
 _GRPO_N = "GRPO needs more than one response per prompt"
 
 DEFAULTS: tuple[Override, ...] = (
+    Override(
+        key="actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        value=1,
+        why="a value verl accepts with any mini batch; set your job's own: each request of an FSDP "
+        "micro batch is dumped in a lane of its own (hooks/msprobe_lanes.py)",
+    ),
+    Override(
+        key="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        value=1,
+        why="a value verl accepts with any mini batch; set your job's own: each request of an FSDP "
+        "micro batch is dumped in a lane of its own (hooks/msprobe_lanes.py)",
+    ),
     Override(
         kinds=ALL_KINDS,
         key="data.train_files",

@@ -30,6 +30,7 @@ from verl_consistency.entrypoints import msprobe_config as mscfg
 from verl_consistency.entrypoints.overrides import Mode, RunKind, Table
 from verl_consistency.entrypoints.run_plan import DEFAULT_MODEL, Device, PlanError, RunPlan, build_plan
 from verl_consistency.patches import pins
+from verl_consistency.patches.contracts import capture as capture_mod
 from verl_consistency.patches.contracts import dataset, env, layout
 from verl_consistency.patches.contracts.env import DUMP_PHASE, DumpPhase
 from verl_consistency.patches.contracts.run_manifest import MsprobeConfigs, RunManifest, now_utc
@@ -53,6 +54,7 @@ def format_dry_run(plan: RunPlan) -> str:
             f"; trainer.v1.trainer_mode={plan.trainer_mode}" if plan.trainer_mode else " (no V1 trainer mode)"
         ),
         f"# run folder: {plan.run_dir}" + (" (--token-level: no msprobe dump)" if token_level else ""),
+        *([] if token_level else [f"# capture: {capture_mod.parse(plan.capture).describe()}"]),
         f"#   msprobe configs: {plan.paths['rollout_config']}, {plan.paths['actor_config']}",
         f"#   prompt set: {plan.paths['train_data']}, reward: {plan.paths['reward_fn']}",
         f"#   token records: {TOKEN_LOG}, {STEP_LOG}"
@@ -219,8 +221,8 @@ _RunIdOpt = Annotated[
 _TaskOpt = Annotated[
     mscfg.Task | None,
     typer.Option(
-        help="msprobe task (default: statistics; tensor when --capture is a fraction, "
-        "see bench/README-selective.md)."
+        help="msprobe task (default: statistics; tensor when --capture is a sample, a fraction "
+        "below 1 or prompts:FILE, see bench/README-selective.md)."
     ),
 ]
 _LevelOpt = Annotated[mscfg.Level, typer.Option(help="msprobe level: L0 modules, L1 APIs, mix both.")]
@@ -248,8 +250,11 @@ _CaptureOpt = Annotated[
     str,
     typer.Option(
         envvar=env.CAPTURE,
-        help="Requests to dump: all, fraction:F (0<F<=1, chosen by a hash of the request id), or "
-        "prompts:FILE (exactly the prompts FILE lists, e.g. a report's capture-these.txt).",
+        help="Requests to dump. fraction:1 (the default): every request; each prefill step and "
+        "micro batch is dumped one lane per comparable request, decodes never, so nearly every "
+        "request pairs. fraction:F (0<F<1, by a hash of the request id) or prompts:FILE (the "
+        "prompts FILE lists, e.g. a report's capture-these.txt): a sample, in tensor mode. all: "
+        "the recipe, every step whole, decodes included; pairs only single-request prefill steps.",
     ),
 ]
 _ModelOpt = Annotated[
@@ -296,7 +301,7 @@ def run_command(
     modules: _ModulesOpt = None,
     data_mode: _DataModeOpt = None,
     phase: _PhaseOpt = DumpPhase.LOG_PROB,
-    capture: _CaptureOpt = "all",
+    capture: _CaptureOpt = capture_mod.RUN_DEFAULT,
     model: _ModelOpt = None,
     token_level: _TokenLevelOpt = False,
     device: _DeviceOpt = Device.NPU,

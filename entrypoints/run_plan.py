@@ -249,7 +249,7 @@ def build_plan(
     dump_root: str | os.PathLike[str],
     run_id: str,
     phase: DumpPhase = DumpPhase.LOG_PROB,
-    capture: str = "all",
+    capture: str = capture_mod.RUN_DEFAULT,
     task: Task | None = None,
     level: Level = Level.L0,
     steps: str | None = None,
@@ -329,7 +329,7 @@ def _check(mode: Mode, o: _Options) -> _Checked:
 def _collection_options_given(o: _Options) -> list[str]:
     """A --token-level run's refusals: the msprobe options of a collection run that were given."""
     given = {
-        "--capture": o.capture != "all",
+        "--capture": o.capture != capture_mod.RUN_DEFAULT,
         "--phase": o.phase is not DumpPhase.LOG_PROB,
         "--task": o.task is not None,
         "--level": o.level is not Level.L0,
@@ -367,7 +367,8 @@ def _dump_options(o: _Options, rule: capture_mod.CaptureRule, problems: list[str
     """What msprobe dumps on both sides; a bad option adds its problem and keeps the default."""
     task = o.task
     if task is None:
-        task = Task.STATISTICS if rule.is_all else Task.TENSOR
+        # tensor mode's bytes grow with every captured prompt's length: a sample, not coverage
+        task = Task.TENSOR if rule.is_sample else Task.STATISTICS
     module_list: list[str] | None = None
     modes: list[DataMode] | None = None
     try:
@@ -405,12 +406,39 @@ def _conflicts(
         caller_env, mode, o.phase, run, kind, set_name
     )
     problems = [c.message for c in conflicts] + [c.message for c in env_conflicts]
+    problems += _megatron_micro_batches(parsed)
     if o.environ.get(env.TOKEN_THRESHOLD):
         try:
             token_records.threshold(o.environ)
         except ValueError as exc:
             problems.append(str(exc))
     return problems
+
+
+MICRO_BATCH_KEYS = (
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+)
+"""The micro batch sizes a collection run takes from the user (FSDP: one lane per request)."""
+
+
+def _megatron_micro_batches(parsed: list[UserOverride]) -> list[str]:
+    """Megatron dumps each ``forward_step`` whole: a micro batch of several samples mixes them.
+
+    Per-request lanes cut verl's FSDP micro batches (``hooks/training.py``); Megatron's THD
+    packing pads each sequence to the tensor-parallel size and its engine is not cut, so a
+    Megatron collection run keeps one sample per micro batch.
+    """
+    strategy = next((ov.value for ov in parsed if ov.key == "actor_rollout_ref.actor.strategy"), None)
+    if str(strategy) != "megatron":
+        return []
+    return [
+        f"refused `{ov.text}`: with actor_rollout_ref.actor.strategy=megatron the run needs "
+        f"{ov.key}=1 (Megatron's forward_step is dumped whole, so several samples would share one "
+        "dump; per-request lanes cut FSDP micro batches only)"
+        for ov in parsed
+        if ov.key in MICRO_BATCH_KEYS and str(ov.value) != "1"
+    ]
 
 
 def _check_clashes(o: _Options, parsed: list[UserOverride]) -> None:

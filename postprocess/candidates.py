@@ -74,3 +74,5 @@ class Candidate:
     phase: str | None = None
     backend: str | None = None
     dir: str | None = None
+    lane: int | None = None
+    """Per-request lanes (``lane_request_ids``): the request's dump is ``req{lane}`` in the rank folder."""

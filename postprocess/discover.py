@@ -452,13 +452,14 @@ def step_dir(base: Path, step: int) -> Path | None:
     return None
 
 
-def rank_dir(step_path: Path, rank: int, pid: int) -> Path | None:
+def rank_dir(step_path: Path, rank: int, pid: int, inner: str = "") -> Path | None:
     """The folder holding dump.json: ``rank{R}``, ``rank_{R}``, ``proc{pid}`` (no
     torch.distributed), 8.3's bare ``rank``; or the only dumped folder when the step folder
-    belongs to one process (the per-pid layout), whatever msprobe called it."""
+    belongs to one process (the per-pid layout), whatever msprobe called it. With ``inner``
+    (a lane, ``req{k}``), the rank folder whose ``inner/dump.json`` exists."""
     for name in (f"rank{rank}", f"rank_{rank}", f"proc{pid}", "rank"):
         cand = step_path / name
-        if os.path.lexists(cand / "dump.json"):
+        if os.path.lexists(cand / inner / "dump.json"):
             return cand
     try:
         dumped = [
@@ -466,7 +467,7 @@ def rank_dir(step_path: Path, rank: int, pid: int) -> Path | None:
             for e in os.scandir(step_path)
             if e.is_dir(follow_symlinks=False)
             and is_utf8(e.name)
-            and os.path.lexists(os.path.join(e.path, "dump.json"))
+            and os.path.lexists(os.path.join(e.path, inner, "dump.json"))
         ]
     except OSError:
         return None

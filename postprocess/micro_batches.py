@@ -8,6 +8,7 @@ the requests (a vLLM id is resolved against them, :func:`~.candidates.request_ke
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from verl_consistency.postprocess import discover
 from verl_consistency.postprocess.candidates import Candidate, Progress, why, worker_step
@@ -23,7 +24,7 @@ class TrainingBatches:
     """What the update_actor logs say, request by request."""
 
     singles: list[Candidate]
-    """Every usable (single-request) micro batch."""
+    """Every usable micro batch: of one request, or one lane of a packed one."""
     multi_ids: set[str]
     """Ids seen in a micro batch of several requests."""
     train: dict[str, None]
@@ -52,38 +53,59 @@ def read_actor(logs: list[LogFile], rep: Reporter, tick: Progress) -> TrainingBa
             except (KeyError, TypeError, AttributeError) as exc:
                 discover.bad_line(rep, log, lineno, f"not an update_actor record: {why(exc)}")
                 continue
+            try:
+                lanes = _lanes(o, ids)
+            except TypeError as exc:
+                discover.bad_line(rep, log, lineno, f"not an update_actor record: {exc}")
+                continue
             train_order.extend(ids)
-            if len(ids) == 1:
-                rid = ids[0]
+            usable = lanes if lanes is not None else ([(ids[0], None)] if len(ids) == 1 else [])
+            if usable:
                 dump_path = o.get("dump_path")
                 phase = o.get("phase")
                 ts = str(o.get("timestamp", ""))
-                singles.append(
-                    Candidate(
-                        "actor",
-                        rid,
-                        rid,
-                        None,
-                        pid,
-                        rank,
-                        step,
-                        ts,
-                        (phase != "log_prob", ts, pid, step, lineno),
-                        f"{log.virtual}:{lineno}",
-                        log,
-                        dump_path if isinstance(dump_path, str) else None,
-                        phase=phase if isinstance(phase, str) else None,
-                        backend=o.get("backend"),
+                for rid, lane in usable:
+                    singles.append(
+                        Candidate(
+                            "actor",
+                            rid,
+                            rid,
+                            None,
+                            pid,
+                            rank,
+                            step,
+                            ts,
+                            (phase != "log_prob", ts, pid, step, lineno),
+                            f"{log.virtual}:{lineno}",
+                            log,
+                            dump_path if isinstance(dump_path, str) else None,
+                            phase=phase if isinstance(phase, str) else None,
+                            backend=o.get("backend"),
+                            lane=lane,
+                        )
                     )
-                )
-            elif not ids:
+            if not ids:
                 empty += 1
-            else:
+            elif len(ids) > len(usable):
+                # several requests and no lane of their own: the dump mixes them
                 multi += 1
-                multi_ids.update(ids)
+                multi_ids.update(set(ids) - {rid for rid, _ in usable})
     tick("actor logs", len(logs), len(logs))
     if multi:
         rep.bulk("actor_step", UnpairedReason.MULTI_REQUEST_MICRO_BATCH, multi)
     if empty:
         rep.bulk("actor_step", UnpairedReason.NO_REQUEST_ID, empty)
     return TrainingBatches(singles, multi_ids, dict.fromkeys(train_order), n)
+
+
+def _lanes(o: dict[str, Any], ids: list[str]) -> list[tuple[str, int]] | None:
+    """``lane_request_ids``: (id, lane) for each, or None when absent. Raises ``TypeError`` for a
+    list that is not distinct strings among the record's ``request_ids``."""
+    lanes = o.get("lane_request_ids")
+    if lanes is None:
+        return None
+    if type(lanes) is not list or not set(map(type, lanes)) <= _STR:
+        raise TypeError("lane_request_ids must be a list of strings")
+    if len(set(lanes)) != len(lanes) or not set(lanes) <= set(ids):
+        raise TypeError("lane_request_ids must be distinct ids among request_ids")
+    return [(rid, k) for k, rid in enumerate(lanes)]

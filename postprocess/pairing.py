@@ -11,8 +11,10 @@ are reported as ``bad_log_line`` ``file:line`` and their ids are not seen at all
   a list of objects, each with a string ``request_id``. A prefill step (below) also needs at
   least one request, each with ``type`` ``new`` or ``cached`` and integer ``tokens``;
   ``prompt_tokens`` and ``num_computed_tokens`` of its target integers or absent; a
-  ``scoped_request_id`` (or ``captured_request_id``) naming one of its requests.
-* training: integer ``step``, ``rank``, ``pid``; ``request_ids`` a list of strings.
+  ``scoped_request_id`` (or ``captured_request_id``) naming one of its requests; a
+  ``lane_request_ids`` a list of distinct ids, each naming one of its requests.
+* training: integer ``step``, ``rank``, ``pid``; ``request_ids`` a list of strings; a
+  ``lane_request_ids`` a list of distinct ids among ``request_ids``.
 
 **Request ids.** A request is named by the id verl sent. Training ids are verl's own and are
 used verbatim, never cut. A vLLM id ``v`` names: ``v`` itself if the training side holds ``v``
@@ -30,15 +32,18 @@ the pid folders sorted by name); "later" and "first" mean by position.
   ``decode_only``; each of its requests is seen decoding;
 * a *speculative step* (``attn_state == "SpecDecoding"``): counted ``spec_decoding``; a new
   request in it gets ``spec_decoding``, a cached one is seen decoding;
-* a *prefill step* otherwise. Its *target* is the request named by ``scoped_request_id`` (the
-  pair is then ``scoped`` when the step holds several requests), else its only request; a step
-  of several requests and no scoped id has none and is counted ``multi_request_step``.
+* a *prefill step* otherwise. Its *targets* are the requests ``lane_request_ids`` names (per-request
+  lanes: the k-th id's dump is the folder ``req{k}`` in the rank folder, and the pair is
+  ``scoped`` when the step holds several requests); without lanes, its *target* is the request
+  named by ``scoped_request_id`` (the pair is then ``scoped`` when the step holds several
+  requests), else its only request; a step of several requests and neither has none and is
+  counted ``multi_request_step``.
 
 In a prefill step, a *cached* request is a *decode* when it is scheduled one token, or one
 plus its ``spec_tokens`` (the speculative tokens, when the log holds them); any other cached
 request is a *continuation* (a later chunk, or a request resumed after preemption). Every
-request other than the target gets: ``new`` -> ``multi_request_step``; a decode -> seen
-decoding; a continuation -> ``chunked_prefill``. The target gets, first rule that applies:
+request other than a target gets: ``new`` -> ``multi_request_step``; a decode -> seen
+decoding; a continuation -> ``chunked_prefill``. Each target gets, first rule that applies:
 
 1. cached: a decode -> the step counts ``decode_only``; a continuation -> ``chunked_prefill``;
 2. ``num_computed_tokens > 0`` -> ``prefix_cache_hit``;
@@ -50,10 +55,13 @@ decoding; a continuation -> ``chunked_prefill``. The target gets, first rule tha
 6. ``dumped: false`` -> ``not_dumped``;
 7. otherwise it is a *usable prefill* of its request (the step is not counted yet).
 
-Each target that is not usable counts its step once under its reason.
+Each target that is not usable counts its step once under its reason (a step of several lanes
+counts once per such target).
 
-**Training.** A micro batch of one id is a *usable micro batch* of that request; of several
-ids, counted ``multi_request_micro_batch`` (each id is seen in one); of none, ``no_request_id``.
+**Training.** A micro batch of one id is a *usable micro batch* of that request; each id of
+``lane_request_ids`` has a usable micro batch of its own (lane k: the folder ``req{k}``); of
+several ids and no lanes (or ids beside the lanes), counted ``multi_request_micro_batch`` (each
+such id is seen in one); of none, ``no_request_id``.
 
 **Matching.** For each request with at least one usable prefill and one usable micro batch,
 in sorted id order:
@@ -61,7 +69,8 @@ in sorted id order:
 1. n>1: only the lowest child (no child before child 0) is kept; every other child's usable
    prefill is listed as a ``rollout_step`` ``duplicate_id``;
 2. each step's dump folder is located (``dump_path``, then the log's folder, then the side's
-   root; ``step{N}``/``step_{N}``, then the rank folder): ``dump_missing`` or ``outside_run``
+   root; ``step{N}``/``step_{N}``, then the rank folder, then a lane's ``req{k}``):
+   ``dump_missing`` or ``outside_run``
    per step when that fails; nothing left on a side -> the request is ``dump_missing``;
 3. per rank the first wins: rollout by ``(timestamp, pid, step, line)``; training ``log_prob``
    first, then by ``(timestamp, pid, step, line)``; the others are listed ``duplicate_id`` /

@@ -67,18 +67,19 @@ def read_rollout(logs: list[LogFile], train: Container[str], rep: Reporter, tick
                     p.decode += 1
                     p.decode_vids.update(vids)
                     continue
-                target, prompt, computed = _prefill_target(o, reqs)
+                targets = _prefill_targets(o, reqs)
             except (KeyError, TypeError, AttributeError) as exc:
                 discover.bad_line(rep, log, lineno, f"not a dispatch_logger record: {why(exc)}")
                 continue
             if attn == "SpecDecoding":
                 p.spec_step(reqs, li, lineno)
                 continue
-            p.others(reqs, target, worker, li, lineno)
-            if target < 0:
+            p.others(reqs, {t.index for t in targets}, worker, li, lineno)
+            if not targets:
                 p.bulk[R.MULTI_REQUEST_STEP] += 1
                 continue
-            p.target(o, log, (li, lineno, target), reqs, worker, attn, prompt, computed)
+            for t in targets:
+                p.target(o, log, (li, lineno, t.index), reqs, worker, attn, t)
     tick("rollout logs", len(logs), len(logs))
     return p.finish()
 
@@ -107,31 +108,55 @@ def _dispatch_record(
     return reqs, None, attn, worker
 
 
-def _prefill_target(o: dict[str, Any], reqs: list[dict[str, Any]]) -> tuple[int, Any, Any]:
-    """Check a prefill step's requests and find its target: ``(index or -1, prompt_tokens,
-    num_computed_tokens)`` (both None when absent or when there is no target)."""
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One target of a prefill step: its index in ``requests``, its lane, and its lengths."""
+
+    index: int
+    lane: int | None
+    prompt: Any
+    computed: Any
+
+
+def _prefill_targets(o: dict[str, Any], reqs: list[dict[str, Any]]) -> list[Target]:
+    """Check a prefill step's requests and find its targets: every request named by
+    ``lane_request_ids`` (lane k its k-th), else the one ``scoped_request_id`` names, else the
+    only request; none for several requests and no name. Raises ``TypeError``."""
     if not (set(map(type, map(_get_tokens, reqs))) <= _INT and set(map(_get_type, reqs)) <= _TYPES):
         raise TypeError(_ENTRY)
     if not reqs:
         raise TypeError("a prefill step with no requests")
-    captured = o.get("scoped_request_id") or o.get("captured_request_id")
-    target = -1
-    if captured is not None:
-        target = next((i for i, q in enumerate(reqs) if q["request_id"] == captured), -1)
-        if target < 0:
-            raise TypeError(f"scoped_request_id {captured!r} is not among the step's requests")
-    elif len(reqs) == 1:
-        target = 0
-    if target < 0:
-        return target, None, None
-    t = reqs[target]
-    prompt = t.get("prompt_tokens")
-    computed = t.get("num_computed_tokens")
-    if (prompt is not None and type(prompt) is not int) or (
-        computed is not None and type(computed) is not int
-    ):
-        raise TypeError("prompt_tokens and num_computed_tokens must be integers")
-    return target, prompt, computed
+    where: dict[str, int] = {}
+    for i, q in enumerate(reqs):
+        where.setdefault(q["request_id"], i)  # a request listed twice: its first entry
+    lanes = o.get("lane_request_ids")
+    found: list[tuple[int, int | None]] = []
+    if lanes is not None:
+        if type(lanes) is not list or not set(map(type, lanes)) <= _STR or len(set(lanes)) != len(lanes):
+            raise TypeError("lane_request_ids must be a list of distinct strings")
+        missing = [v for v in lanes if v not in where]
+        if missing:
+            raise TypeError(f"lane_request_ids {missing[0]!r} is not among the step's requests")
+        found = [(where[v], k) for k, v in enumerate(lanes)]
+    else:
+        captured = o.get("scoped_request_id") or o.get("captured_request_id")
+        if captured is not None:
+            if captured not in where:
+                raise TypeError(f"scoped_request_id {captured!r} is not among the step's requests")
+            found = [(where[captured], None)]
+        elif len(reqs) == 1:
+            found = [(0, None)]
+    out = []
+    for index, lane in found:
+        t = reqs[index]
+        prompt = t.get("prompt_tokens")
+        computed = t.get("num_computed_tokens")
+        if (prompt is not None and type(prompt) is not int) or (
+            computed is not None and type(computed) is not int
+        ):
+            raise TypeError("prompt_tokens and num_computed_tokens must be integers")
+        out.append(Target(index, lane, prompt, computed))
+    return out
 
 
 def _is_decode(q: dict[str, Any]) -> bool:
@@ -183,13 +208,18 @@ class _Pass:
                 self.decode_vids.add(vid)
 
     def others(
-        self, reqs: list[dict[str, Any]], target: int, worker: tuple[int, int, int], li: int, lineno: int
+        self,
+        reqs: list[dict[str, Any]],
+        targets: set[int],
+        worker: tuple[int, int, int],
+        li: int,
+        lineno: int,
     ) -> None:
-        """A prefill step's requests other than its target: new, decode or continuation."""
+        """A prefill step's requests other than its targets: new, decode or continuation."""
         _, rank, pid = worker
         first = self.first
         for i, q in enumerate(reqs):
-            if i == target:
+            if i in targets:
                 continue
             vid = q["request_id"]
             if q["type"] == "new":
@@ -210,11 +240,11 @@ class _Pass:
         reqs: list[dict[str, Any]],
         worker: tuple[int, int, int],
         attn: Any,
-        prompt: Any,
-        computed: Any,
+        tgt: Target,
     ) -> None:
         """A prefill step's target, by rules 1-7 (rule 5 waits for the whole log)."""
         step, rank, pid = worker
+        prompt, computed = tgt.prompt, tgt.computed
         t = reqs[pos[2]]
         vid = t["request_id"]
         if t["type"] == "cached":
@@ -254,6 +284,7 @@ class _Pass:
                 dump_path if isinstance(dump_path, str) else None,
                 prompt_tokens=prompt if prompt is not None else tokens,
                 scoped=scoped,
+                lane=tgt.lane,
             )
             dumped = o.get("dumped", True) is not False
             if prompt is None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from verl_consistency.patches.contracts import records
 from verl_consistency.postprocess import discover
 from verl_consistency.postprocess.candidates import Candidate, Progress
 from verl_consistency.postprocess.discover import Roots
@@ -186,10 +187,12 @@ def _locate(roots: Roots, c: Candidate, rep: Reporter) -> bool:
         if sd is None:
             tried.append(f"{base}/step{c.step}")
             continue
-        rd = discover.rank_dir(sd, c.rank, c.pid)
+        lane = records.lane_folder(c.lane) if c.lane is not None else ""
+        rd = discover.rank_dir(sd, c.rank, c.pid, lane)
         if rd is None:
-            tried.append(f"{sd}/rank{c.rank}")
+            tried.append(f"{sd}/rank{c.rank}" + (f"/{lane}" if lane else ""))
             continue
+        rd = rd / lane
         real = roots.contain(c.side, rd / "dump.json")
         if real is None:
             dangling = not os.path.exists(rd / "dump.json")

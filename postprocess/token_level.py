@@ -104,9 +104,10 @@ def attach_output_rows(
 
     A pair whose output row diverged is ``diverged``, even when every module row is green.
     """
-    by_dir: dict[tuple[str, int], tm.NextTokenRecord] = {}
+    # a micro batch of several requests (lanes) has one record per request: key by the id too
+    by_dir: dict[tuple[str, int, str], tm.NextTokenRecord] = {}
     for rec in next_token_records(run_dir):
-        key = (rec.dump_path or "", rec.step)
+        key = (rec.dump_path or "", rec.step, rec.request_id or "")
         if key not in by_dir or rec.phase == "log_prob":
             by_dir[key] = rec
     pair_by_id = {p.pair_id: p for p in pairs}
@@ -115,8 +116,12 @@ def attach_output_rows(
         p = pair_by_id.get(c.pair_id)
         rec = None
         if p is not None:
-            for (dump_path, step), r in by_dir.items():
-                if p.actor.step == step and p.actor.dir.startswith(f"{dump_path}/step{step}/"):
+            for (dump_path, step, rid), r in by_dir.items():
+                if (
+                    p.actor.step == step
+                    and p.actor.dir.startswith(f"{dump_path}/step{step}/")
+                    and rid in ("", p.request_id)
+                ):
                     rec = r
                     break
         if rec is None:

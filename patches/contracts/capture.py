@@ -31,6 +31,14 @@ from typing import Any
 
 from verl_consistency.patches.contracts.env import CAPTURE
 
+RUN_DEFAULT = "fraction:1"
+"""``verl-consistency run``'s default: every request captured. Each prefill step that computes a
+captured request's whole prompt is dumped, one lane per such request, and each training micro
+batch one lane per request; decode steps and partial prefills are never dumped. So a run with no
+options pairs nearly every comparable request of verl's real schedule (``all``, the recipe's
+dump-every-step, pairs only the prefill steps that hold one request). The hooks' own default,
+for a launch without ``run``, stays ``all``: the recipe's behaviour."""
+
 CAPTURED_PREFIX = "vccap"
 """A vLLM request id that starts with this belongs to a listed prompt (``prompts:FILE`` mode)."""
 
@@ -50,6 +58,31 @@ class CaptureRule:
     @property
     def is_all(self) -> bool:
         return self.fraction is None and self.prompts is None
+
+    @property
+    def is_sample(self) -> bool:
+        """A fraction below 1 or a prompt list: some requests, not every one."""
+        return self.prompts is not None or (self.fraction is not None and self.fraction < 1.0)
+
+    def describe(self) -> str:
+        """What a run with this rule dumps on each side, and what it pairs (``run --dry-run``)."""
+        if self.is_all:
+            return (
+                "all (the recipe): every vLLM step is dumped whole, decodes included, and every "
+                "training micro batch; only prefill steps that hold one request pair"
+            )
+        if self.prompts is not None:
+            which = f"the {len(self.prompts)} prompt(s) {self.path} lists"
+        elif self.fraction == 1.0:
+            which = "every request"
+        else:
+            which = f"about {self.fraction:.3g} of the requests (by a hash of the request id)"
+        return (
+            f"{self.spec()}: {which}; a vLLM prefill step is dumped when it computes a captured "
+            "request's whole prompt, one lane (req{k}/) per such request; a training micro batch "
+            "holding a captured request is dumped, one lane per captured request; decode steps, "
+            "chunked prefills and prefix-cache hits are not dumped"
+        )
 
     def spec(self) -> str:
         if self.prompts is not None:

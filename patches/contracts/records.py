@@ -26,6 +26,14 @@ DISPATCH_LOG = "dispatch_log.jsonl"
 UPDATE_ACTOR_LOG = "update_actor_log.jsonl"
 """File name of the training-side log, one per trainer pid (recipe name)."""
 
+LANE_PREFIX = "req"
+"""A record with ``lane_request_ids`` keeps lane ``k`` (the k-th id's rows alone) in the folder
+``req{k}`` inside msprobe's rank folder of its step (``hooks/msprobe_lanes.py`` writes it)."""
+
+
+def lane_folder(k: int) -> str:
+    return f"{LANE_PREFIX}{k}"
+
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -75,6 +83,11 @@ class DispatchRecord(_Record):
         description="this worker's count of model-runner steps, dumped or not (orders the records "
         "when msprobe's step does not advance)",
     )
+    lane_request_ids: list[str] | None = Field(
+        default=None,
+        description="per-request lanes (hooks/msprobe_lanes.py): lane k's dump is step{N}/<rank>/req{k}/ "
+        "and holds the rows of the k-th id here alone",
+    )
 
 
 class UpdateActorRecord(_Record):
@@ -85,6 +98,11 @@ class UpdateActorRecord(_Record):
     backend: Literal["fsdp", "megatron"] | None = None
     request_ids: list[str]
     num_requests: int
+    lane_request_ids: list[str] | None = Field(
+        default=None,
+        description="per-request lanes (hooks/msprobe_lanes.py): lane k's dump is step{N}/<rank>/req{k}/ "
+        "and holds the rows of the k-th id here alone",
+    )
 
 
 def now() -> str:

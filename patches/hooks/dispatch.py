@@ -52,7 +52,7 @@ from typing import Any, Protocol
 
 from verl_consistency.patches.contracts import capture, layout, records
 from verl_consistency.patches.contracts.env import CAPTURE, RUN_DIR
-from verl_consistency.patches.hooks import request_scope
+from verl_consistency.patches.hooks import msprobe_lanes, request_scope
 
 DECODE_STATE = "DecodeOnly"
 """The only ``AscendAttentionState`` member that is a decode step (upstream's ``!= DecodeOnly``)."""
@@ -308,29 +308,27 @@ class DispatchLogger:
             attn_state_name(attn_state) if attn_state is not None else derived_attn_state(scheduler_output)
         )
         phase = phase_of(state, reqs)
-        captured: str | None = None
+        targets: list[str] = []
         if self.rule.is_all:
             run = True
         else:
-            # one request per step (msprobe scopes by one id): the first captured, comparable
-            # prefill in packing order; see request_scope.should_dump
-            captured = request_scope.should_dump(in_batch_order(reqs, batch_order), phase, self.rule)
-            run = captured is not None
+            # every captured request whose whole prompt this step computes, each in a lane of
+            # its own, in packing order (request_scope.dump_targets, msprobe_lanes)
+            targets = request_scope.dump_targets(in_batch_order(reqs, batch_order), phase, self.rule)
+            run = bool(targets)
 
         service = debugger.service
         if run:
             level = str(getattr(getattr(debugger, "config", None), "level", "L1")).upper()
             kwargs: dict[str, Any] = {"model": model} if level in DUMP_MODEL_LEVELS else {}
-            if captured is None:
+            if not targets:
+                msprobe_lanes.uninstall(service)
                 debugger.start(**kwargs)
             else:
-                request_scope.start_step(
-                    debugger,
-                    kwargs.get("model"),
-                    capture_request_id=captured,
-                    scheduled_tokens=scheduler_output.num_scheduled_tokens,
-                    packing_order=batch_order,
-                )
+                tokens = dict(scheduler_output.num_scheduled_tokens)
+                order = list(batch_order) if batch_order is not None else list(tokens)
+                lanes = msprobe_lanes.packed_lanes(tokens, order, targets, request_rows=True)
+                request_scope.start_lanes(debugger, kwargs.get("model"), lanes)
             dumped = _dumped_now(service)
             step = int(service.current_iter)
         else:
@@ -354,7 +352,7 @@ class DispatchLogger:
                 total_num_scheduled_tokens=int(scheduler_output.total_num_scheduled_tokens),
                 requests=reqs,
                 dumped=dumped,
-                scoped_request_id=captured,
+                lane_request_ids=targets or None,
                 runner_step=self.runner_step,
             )
         )

@@ -60,6 +60,7 @@ from typing import Any, Literal
 
 from verl_consistency.patches.contracts.capture import CaptureRule
 from verl_consistency.patches.contracts.records import ScheduledRequest, base_request_id
+from verl_consistency.patches.hooks import msprobe_lanes
 
 CAPTURED_SENTINEL = "verl-consistency-captured"
 """The ``request_id`` that the msprobe config carries; the captured request is renamed to it."""
@@ -228,10 +229,34 @@ def start_step(
         reload_now(force=True)
     ensure_request_scope(debugger)
     install_compact_tensor_save()
+    msprobe_lanes.uninstall(debugger.service)
     if model is None:
         debugger.start(scheduled_tokens=tokens)
     else:
         debugger.start(model=model, scheduled_tokens=tokens)
+    return True
+
+
+def start_lanes(debugger: Any, model: Any, lanes: Sequence[msprobe_lanes.Lane]) -> bool:
+    """Start msprobe for this step with one dump per lane (captured request); returns whether it dumps.
+
+    No lanes: msprobe is not started (as :func:`start_step` with no captured request). Otherwise
+    :func:`msprobe_lanes.install` aims msprobe at the lanes and ``debugger.start`` runs *without*
+    ``scheduled_tokens``: each lane cuts its own rows (``msprobe_lanes`` says how), so msprobe's
+    one-request cut stays off. The config may still carry :data:`CAPTURED_SENTINEL` (a run's
+    config does, for the one-request path); it is ignored here.
+    """
+    if not lanes:
+        return False
+    reload_now = getattr(debugger, "_maybe_reload_config", None)
+    if callable(reload_now):
+        reload_now(force=True)
+    install_compact_tensor_save()
+    msprobe_lanes.install(debugger.service, lanes)
+    if model is None:
+        debugger.start()
+    else:
+        debugger.start(model=model)
     return True
 
 
@@ -247,6 +272,26 @@ def is_comparable_prefill(request: ScheduledRequest) -> bool:
     if request.num_computed_tokens:
         return False
     return request.prompt_tokens is None or request.tokens == request.prompt_tokens
+
+
+def dump_targets(
+    requests: Sequence[ScheduledRequest],
+    phase: Literal["prefill", "decode"] | str,
+    rule: CaptureRule,
+) -> list[str]:
+    """Selective mode with lanes: every request of this step to dump, in the order given.
+
+    Each request that :func:`is_comparable_prefill` accepts and ``rule.captures`` (by
+    ``base_request_id``) gets a lane of its own (:func:`start_lanes`); a decode step gets none.
+    Pass the packing order, so that lane ``k`` is the k-th captured request as packed.
+    """
+    if phase == "decode":
+        return []
+    return [
+        req.request_id
+        for req in requests
+        if is_comparable_prefill(req) and rule.captures(base_request_id(req.request_id))
+    ]
 
 
 def should_dump(
@@ -266,9 +311,5 @@ def should_dump(
     ``rule`` 'all' makes every request eligible (every prefill step then dumps one request);
     the recipe's dump-every-step behaviour is a different mode that does not call this.
     """
-    if phase == "decode":
-        return None
-    for req in requests:
-        if is_comparable_prefill(req) and rule.captures(base_request_id(req.request_id)):
-            return req.request_id
-    return None
+    targets = dump_targets(requests, phase, rule)
+    return targets[0] if targets else None

@@ -449,21 +449,36 @@ def stash_next_token(batch: Any) -> bool:
 
 
 class NextTokenProbe:
-    """A read-only forward hook on ``lm_head`` for one micro batch: the last position's logits.
+    """A read-only forward hook on ``lm_head`` for one micro batch: each wanted row's last-position logits.
 
-    The hook copies one row (``[vocab]``) at hook time, before verl divides the logits by the
-    temperature in place, and returns None, so the forward is unchanged.
+    The hook copies one ``[vocab]`` row per wanted request at hook time, before verl divides the
+    logits by the temperature in place, and returns None, so the forward is unchanged. One row
+    (a micro batch of one) is the logits' last position; a packed micro batch names each
+    request's last position in the logits flattened to ``[positions, vocab]`` (``last_positions``,
+    which the training hook derives from verl's layout: ``training.last_positions``).
     """
 
-    def __init__(self, handle: Any, token: int, rollout_log_prob: float, temperature: float) -> None:
+    def __init__(self, handle: Any, rows: list[tuple[int, int, float]], temperature: float) -> None:
         self.handle = handle
-        self.token = token
-        self.rollout_log_prob = rollout_log_prob
+        self.rows = rows
+        """(position in the flattened logits, or -1; sampled token; vLLM's log-prob), per wanted row."""
         self.temperature = temperature
-        self.last: Any = None
+        self.last: list[Any] = []
 
     @classmethod
-    def attach(cls, micro_batch: Any, model: Any) -> NextTokenProbe | None:
+    def attach(
+        cls,
+        micro_batch: Any,
+        model: Any,
+        *,
+        wanted: list[int] | None = None,
+        last_positions: list[int] | None = None,
+    ) -> NextTokenProbe | None:
+        """Hook ``lm_head`` for the ``wanted`` row indices (default: the only row) of this micro batch.
+
+        None when the records are off, the micro batch carries no rollout token, or several rows
+        come without ``last_positions`` (their positions in the logits would be a guess).
+        """
         if not enabled():
             return None
         from verl.utils import tensordict_utils as tu
@@ -474,8 +489,21 @@ class NextTokenProbe:
             return None
         tokens = list(tokens.tolist() if hasattr(tokens, "tolist") else tokens)
         logps = list(logps.tolist() if hasattr(logps, "tolist") else logps)
-        if len(tokens) != 1 or tokens[0] is None or logps[0] is None:
-            return None  # one sample per micro batch (a collection run's rule), or no vLLM value
+        if wanted is None:
+            if len(tokens) != 1:
+                return None
+            wanted, last_positions = [0], [-1]
+        if last_positions is None or len(last_positions) != len(tokens):
+            if len(tokens) != 1:
+                return None
+            last_positions = [-1]
+        rows = [
+            (int(last_positions[i]), int(tokens[i]), float(logps[i]))
+            for i in wanted
+            if tokens[i] is not None and logps[i] is not None
+        ]
+        if not rows:
+            return None
         head = getattr(model, "lm_head", None)
         if head is None and hasattr(model, "get_output_embeddings"):
             head = model.get_output_embeddings()
@@ -483,13 +511,13 @@ class NextTokenProbe:
             return None
         temp = tu.get(micro_batch, key="temperature", default=1.0)
         temp = float(temp.flatten()[0]) if hasattr(temp, "flatten") else float(temp)
-        probe = cls(None, int(tokens[0]), float(logps[0]), temp or 1.0)
+        probe = cls(None, rows, temp or 1.0)
 
         def hook(_module: Any, _inputs: Any, output: Any) -> None:
             try:
                 logits = output[0] if isinstance(output, tuple) else output
-                row = logits.reshape(-1, logits.shape[-1])[-1]
-                probe.last = row.detach().float().clone()
+                flat = logits.reshape(-1, logits.shape[-1])
+                probe.last = [flat[pos].detach().float().clone() for pos, _, _ in probe.rows]
             except Exception as exc:  # never break the forward
                 _warn(f"next-token probe skipped: {type(exc).__name__}: {exc}")
 
@@ -502,23 +530,45 @@ class NextTokenProbe:
             self.handle = None
 
     def write(
-        self, dump_dir: Path, *, step: int, dump_path: str | None, phase: str, request_id: str | None
+        self, dump_dir: Path, *, step: int, dump_path: str | None, phase: str, request_ids: list[str | None]
     ) -> None:
-        if self.last is None:
+        """One record per wanted row, named by ``request_ids`` (the same order as ``wanted``)."""
+        if not self.last:
             return
         try:
-            self._write(dump_dir, step=step, dump_path=dump_path, phase=phase, request_id=request_id)
+            for logits, (_, token, rollout_log_prob), request_id in zip(
+                self.last, self.rows, request_ids, strict=True
+            ):
+                self._write(
+                    dump_dir,
+                    logits,
+                    token,
+                    rollout_log_prob,
+                    step=step,
+                    dump_path=dump_path,
+                    phase=phase,
+                    request_id=request_id,
+                )
         except Exception as exc:
             _warn(f"next-token record of step {step} skipped: {type(exc).__name__}: {exc}")
 
     def _write(
-        self, dump_dir: Path, *, step: int, dump_path: str | None, phase: str, request_id: str | None
+        self,
+        dump_dir: Path,
+        logits: Any,
+        token: int,
+        rollout_log_prob: float,
+        *,
+        step: int,
+        dump_path: str | None,
+        phase: str,
+        request_id: str | None,
     ) -> None:
         import torch
 
-        logp = torch.log_softmax(self.last / self.temperature, dim=-1)
+        logp = torch.log_softmax(logits / self.temperature, dim=-1)
         top = int(torch.argmax(logp).item())
-        train = float(logp[self.token].item())
+        train = float(logp[token].item())
         rec = NextTokenRecord(
             timestamp=records.now(),
             pid=os.getpid(),
@@ -526,10 +576,10 @@ class NextTokenProbe:
             dump_path=dump_path,
             phase=phase,
             request_id=request_id,
-            token=self.token,
-            rollout_log_prob=self.rollout_log_prob,
+            token=token,
+            rollout_log_prob=rollout_log_prob,
             train_log_prob=train,
-            abs_diff=abs(train - self.rollout_log_prob),
+            abs_diff=abs(train - rollout_log_prob),
             train_argmax=top,
             train_argmax_log_prob=float(logp[top].item()),
             temperature=self.temperature,

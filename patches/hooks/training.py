@@ -46,7 +46,7 @@ from typing import Any, Literal
 import orjson
 
 from verl_consistency.patches.contracts import capture, env, layout, records
-from verl_consistency.patches.hooks import token_mismatch
+from verl_consistency.patches.hooks import msprobe_lanes, token_mismatch
 
 Backend = Literal["fsdp", "megatron"]
 Phase = Literal["log_prob", "update_actor"]
@@ -127,6 +127,74 @@ def padding_rows(micro_batch: Any) -> list[bool]:
 
     uids = _as_list(tu.get(micro_batch, key="uid", default=None))
     return [isinstance(u, str) and bool(_PADDING_UID.match(u)) for u in uids]
+
+
+def sequence_lengths(micro_batch: Any) -> list[int] | None:
+    """Each row's token count in a packed FSDP micro batch, or None when the layout is not known.
+
+    verl's FSDP engine keeps ``input_ids`` as a nested (jagged) tensor (``DatasetPadMode.NO_PADDING``,
+    the only mode its ``prepare_model_inputs`` accepts); its offsets are the ``cu_seqlens`` that
+    both layouts are built from (``verl/workers/engine/fsdp/transformer_impl.py``).
+    """
+    input_ids = micro_batch.get("input_ids", None) if hasattr(micro_batch, "get") else None
+    offsets = getattr(input_ids, "offsets", None)
+    if input_ids is None or not callable(offsets) or not getattr(input_ids, "is_nested", False):
+        return None
+    return [int(n) for n in offsets().diff().tolist()]
+
+
+def training_lanes(micro_batch: Any, ids: list[str], wanted: list[str]) -> list[msprobe_lanes.Lane] | None:
+    """One lane per wanted request of a packed FSDP micro batch, cut as verl's engine lays it out.
+
+    ``use_remove_padding`` (THD): the rows are concatenated into ``[1, total, ...]`` (and
+    ``[total, ...]`` after a squeeze), so each request is ``[begin, end)`` of the cumulative
+    lengths along dim 1 (and dim 0). Otherwise ``torch.nested.to_padded_tensor`` pads each row on
+    the right to ``[batch, max_len, ...]``, so a request is its row (dim 0) and its first
+    ``len`` positions (dim 1). Returns None when the lengths cannot be read or do not match the
+    ids (the micro batch is then dumped whole and logged as a multi-request micro batch).
+
+    Not cut: the 4-D attention mask each layer is handed and eager attention's probabilities,
+    ``[batch, 1|heads, t, t]`` over every token of the micro batch. They are not a request's
+    rows, vLLM has no counterpart of them, and a ``t`` cut on dims 2 and 3 would also cut any
+    activation whose width happens to equal ``t``. ``tests/patches/test_training_fsdp.py`` shows
+    every other tensor of a lane equal to that request's forward alone, in both layouts.
+    """
+    from verl.utils import tensordict_utils as tu
+
+    lengths = sequence_lengths(micro_batch)
+    if lengths is None or len(lengths) != len(ids) or len(set(ids)) != len(ids):
+        return None
+    if bool(tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True)):
+        return msprobe_lanes.packed_lanes(dict(zip(ids, lengths, strict=True)), ids, wanted, dims=(1, 0))
+    batch, longest = len(ids), max(lengths)
+    lanes = []
+    for rid in wanted:
+        row = ids.index(rid)
+        cuts = (msprobe_lanes.Cut(0, batch, row, row + 1), msprobe_lanes.Cut(1, longest, 0, lengths[row]))
+        lanes.append(msprobe_lanes.Lane(rid, cuts))
+    return lanes
+
+
+def last_positions(micro_batch: Any) -> list[int] | None:
+    """Each row's last prompt position in the micro batch's logits flattened to ``[positions, vocab]``.
+
+    THD (``use_remove_padding``): the rows are concatenated, so row ``i`` ends at
+    ``cu_seqlens[i + 1] - 1``. Padded: ``[batch, longest]`` rows padded on the right, so row ``i``
+    ends at ``i * longest + len_i - 1``. None when the lengths cannot be read.
+    """
+    from verl.utils import tensordict_utils as tu
+
+    lengths = sequence_lengths(micro_batch)
+    if lengths is None:
+        return None
+    if bool(tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True)):
+        ends, total = [], 0
+        for n in lengths:
+            total += n
+            ends.append(total - 1)
+        return ends
+    longest = max(lengths)
+    return [i * longest + n - 1 for i, n in enumerate(lengths)]
 
 
 def _config_dump_path(config_path: Path) -> str:
@@ -243,14 +311,14 @@ class BatchDumper:
         self.backend = backend
         self.phase = phase
         self.rank = rank
-        self._active: tuple[int, list[str], list[Any]] | None = None
+        self._active: tuple[int, list[str], list[Any], list[str] | None] | None = None
         self._next: token_mismatch.NextTokenProbe | None = None
 
-    def _wanted(self, ids: list[str]) -> bool:
+    def _captured(self, ids: list[str], padding: list[bool]) -> list[str]:
+        """The micro batch's requests to dump, in row order: padding rows never, else by the rule."""
         rule = self.session.capture
-        if rule.is_all:
-            return True
-        return any(rule.captures(records.base_request_id(i)) for i in ids)
+        real = [i for i, pad in zip(ids, padding or [False] * len(ids), strict=False) if not pad]
+        return [i for i in real if rule.is_all or rule.captures(records.base_request_id(i))]
 
     def start(self, micro_batch: Any, model: Any) -> None:
         ids = [str(i) for i in request_ids_of(micro_batch)]
@@ -265,19 +333,39 @@ class BatchDumper:
             ids = [str(u) if pad else rid for rid, pad, u in zip(ids, padding, uids, strict=True)]
             if len(ids_all) == len(padding):
                 ids_all = [[] if pad else x for x, pad in zip(ids_all, padding, strict=True)]
-        if self.session.service.should_stop_service or not self._wanted(ids):
+        captured = self._captured(ids, padding)
+        # 'all' dumps a micro batch that names no request too (the pairing lists it no_request_id)
+        if self.session.service.should_stop_service or not (captured or self.session.capture.is_all):
             self._active = None
             return
+        # several rows: one msprobe dump per captured request (msprobe_lanes), cut out of the
+        # packed forward; one row: the whole micro batch is that request's dump, as before
+        lanes = None
+        if self.backend == "fsdp" and len(ids) > 1 and captured:
+            lanes = training_lanes(micro_batch, ids, captured)
         self.session.enter()
+        if lanes:
+            msprobe_lanes.install(self.session.service, lanes)
+        else:
+            msprobe_lanes.uninstall(self.session.service)
         self.session.debugger.start(model=model)
         step = int(self.session.service.current_iter)
-        self._active = (step, ids, ids_all)
-        self._next = token_mismatch.NextTokenProbe.attach(micro_batch, model)
+        lane_ids = [lane.request_id for lane in lanes] if lanes else None
+        self._active = (step, ids, ids_all, lane_ids)
+        if lane_ids:
+            self._next = token_mismatch.NextTokenProbe.attach(
+                micro_batch,
+                model,
+                wanted=[ids.index(rid) for rid in lane_ids],
+                last_positions=last_positions(micro_batch),
+            )
+        else:
+            self._next = token_mismatch.NextTokenProbe.attach(micro_batch, model)
 
     def stop(self, micro_batch: Any) -> None:
         if self._active is None:
             return
-        step, ids, ids_all = self._active
+        step, ids, ids_all, lane_ids = self._active
         self._active = None
         probe, self._next = self._next, None
         try:
@@ -297,11 +385,13 @@ class BatchDumper:
                 step=step,
                 dump_path=self.session.rel_dump_path,
                 phase=self.phase,
-                request_id=ids[0] if ids else None,
+                request_ids=list(lane_ids) if lane_ids else [ids[0] if ids else None],
             )
         extra: dict[str, Any] = {}
         if ids_all:
             extra["request_ids_all"] = [[str(i) for i in (x or [])] for x in ids_all]
+        if lane_ids is not None:
+            extra["lane_request_ids"] = lane_ids
         self.session.writer.write(
             records.UpdateActorRecord(
                 timestamp=records.now(),

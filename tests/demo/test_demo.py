@@ -104,7 +104,9 @@ def _dispatch(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_same_weights_give_healthy_pairs_and_a_verified_bundle(demo):
     same, _ = _runs(demo)
-    assert same["pairs"] >= 4
+    # the defaults: 16 prompts x n=2, all sent at once, every request captured, 8 per micro
+    # batch: per-request lanes on both sides pair nearly all of them (one per step would pair 2)
+    assert same["pairs"] >= 28, same.get("unpaired_requests")
     assert same["verdicts"] == {"healthy": same["pairs"]}
     assert same["exit_code"] == 0
     for run in demo["summary"]["runs"]:
@@ -149,11 +151,21 @@ def test_dumped_steps_are_msprobes_step_folders(demo):
     (pid_dir,) = (Path(same["run_dir"]) / "rollout").iterdir()
     folders = sorted(int(p.name.removeprefix("step")) for p in pid_dir.glob("step*"))
     assert folders == dumped
-    assert all((pid_dir / f"step{n}" / "rank0" / "dump.json").is_file() for n in folders)
+    # one lane per captured request of each dumped step, and no whole-step dump beside them
+    for r in recs:
+        if r["dumped"]:
+            lanes = r["lane_request_ids"]
+            rank = pid_dir / f"step{r['step']}" / "rank0"
+            assert sorted(p.name for p in rank.iterdir()) == sorted(f"req{k}" for k in range(len(lanes)))
+            assert all((rank / f"req{k}" / "dump.json").is_file() for k in range(len(lanes)))
+    assert max(len(r["lane_request_ids"]) for r in recs if r["dumped"]) > 1, "steps are packed"
     assert [r["runner_step"] for r in recs] == list(range(len(recs)))
     assert all(r["dump_path"] == f"rollout/{pid_dir.name}" for r in recs if r["dumped"])
     (actor_pid,) = (Path(same["run_dir"]) / "actor").iterdir()
-    assert list(actor_pid.glob("step0/rank0/dump.json"))
+    actor = [json.loads(x) for x in (actor_pid / "update_actor_log.jsonl").read_text().splitlines()]
+    assert actor[0]["num_requests"] == 8, "the demo's micro batch"
+    assert actor[0]["lane_request_ids"] == actor[0]["request_ids"]
+    assert len(list(actor_pid.glob("step0/rank0/req*/dump.json"))) == 8
 
 
 def test_derived_attention_states_and_phases(demo):
@@ -193,7 +205,7 @@ def test_real_prefix_cache_hits_are_recorded_and_left_unpaired(demo):
 
 def test_msprobe_dumps_vllms_own_module_classes(demo):
     same, _ = _runs(demo)
-    (dump,) = Path(same["run_dir"]).glob("rollout/*/step0/rank0/dump.json")
+    (dump,) = Path(same["run_dir"]).glob("rollout/*/step0/rank0/req0/dump.json")
     keys = set(json.loads(dump.read_text())["data"])
     for name in (
         "Module.model.embed_tokens.VocabParallelEmbedding.forward.0",

@@ -52,8 +52,18 @@ def test_fraction_defaults_are_scoped_tensor_blocks_outputs_on_both_sides(tmp_pa
     assert request_scope.scoped_msprobe_config(rollout) == rollout
 
 
-def test_capture_all_keeps_the_recipe_config(tmp_path: Path) -> None:
+def test_the_default_captures_every_request_in_statistics(tmp_path: Path) -> None:
+    """``run`` with no options: every request, one lane per comparable request, statistics."""
     plan = _plan(tmp_path)
+    assert plan.capture == "fraction:1"
+    rollout, actor = plan.msprobe.rollout.to_json(), plan.msprobe.actor.to_json()
+    assert rollout["task"] == actor["task"] == "statistics", "coverage, not a tensor sample"
+    assert _section(rollout)["request_id"] == request_scope.CAPTURED_SENTINEL
+    assert (_section(rollout)["list"], _section(rollout)["data_mode"]) == ([], ["all"])
+
+
+def test_capture_all_keeps_the_recipe_config(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, capture="all")
     for cfg in (plan.msprobe.rollout.to_json(), plan.msprobe.actor.to_json()):
         assert cfg["task"] == "statistics"
         assert _section(cfg)["list"] == []
@@ -142,7 +152,11 @@ def _side(side: str, plan: RunPlan, captured: str, other: str) -> dict[str, Any]
 
 
 def _dump(result: dict[str, Any]) -> tuple[dict[str, Any], Path]:
-    (path,) = Path(result["dump_path"]).glob("step0/*/dump.json")
+    """Step 0's one dump: the rank folder's (a training micro batch of one), or its one lane."""
+    (path,) = [
+        *Path(result["dump_path"]).glob("step0/*/dump.json"),
+        *Path(result["dump_path"]).glob("step0/*/req*/dump.json"),
+    ]
     return json.loads(path.read_text())["data"], path.parent
 
 
@@ -173,6 +187,7 @@ def test_both_sides_dump_the_same_comparable_block_outputs(tmp_path: Path) -> No
 
     vllm, vllm_dir = _dump(rollout)
     train, train_dir = _dump(actor)
+    assert vllm_dir.name == "req0", "the captured request's lane of the packed vLLM step"
     layers = range(tiny_config().num_hidden_layers)
     blocks = ("self_attn.Qwen2Attention", "mlp.Qwen2MLP")
     expected = {f"Module.model.layers.{i}.{b}.forward.0" for i in layers for b in blocks}

@@ -65,7 +65,7 @@ def test_json_plan_command_env_and_paths() -> None:
         "VERL_CONSISTENCY_TOKEN_LEVEL": "1",
         "VERL_CONSISTENCY_ACTOR_CONFIG": "/dump/demo/config/msprobe_actor.json",
         "VERL_CONSISTENCY_RUN_DIR": "/dump/demo",
-        "VERL_CONSISTENCY_CAPTURE": "all",
+        "VERL_CONSISTENCY_CAPTURE": "fraction:1",
         "VLLM_USE_V2_MODEL_RUNNER": "0",
         "TORCHDYNAMO_DISABLE": "1",
         "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1",
@@ -80,6 +80,30 @@ def test_json_plan_command_env_and_paths() -> None:
     assert plan["msprobe"]["rollout"]["dump_path"] == "/dump/demo/rollout"
     assert plan["msprobe"]["actor"]["dump_path"] == "/dump/demo/actor"
     assert plan["invocation"][:3] == ["verl-consistency", "run", "fully-async"]
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "fully-async"])
+def test_dry_run_shows_the_default_capture_and_what_it_dumps(mode: str) -> None:
+    """No --capture: every request, one lane per comparable request; the text says so."""
+    text = " ".join(_run("run", mode, *ARGS[2:]).split())
+    assert "# capture: fraction:1: every request;" in text
+    assert "one lane (req{k}/) per such request" in text
+    assert "decode steps, chunked prefills and prefix-cache hits are not dumped" in text
+    plan = json.loads(_run("run", mode, *ARGS[2:], "--json"))
+    assert plan["capture"] == "fraction:1"
+    assert plan["env"]["VERL_CONSISTENCY_CAPTURE"] == "fraction:1"
+    assert plan["msprobe"]["rollout"]["task"] == "statistics"
+
+
+def test_capture_all_is_still_the_recipe() -> None:
+    """--capture all: every step whole, decodes included (opt-in), statistics, no request scope."""
+    text = " ".join(_run(*ARGS, "--capture", "all").split())
+    assert "# capture: all (the recipe): every vLLM step is dumped whole, decodes included" in text
+    plan = json.loads(_run(*ARGS, "--capture", "all", "--json"))
+    assert plan["env"]["VERL_CONSISTENCY_CAPTURE"] == "all"
+    rollout = plan["msprobe"]["rollout"]
+    assert rollout["task"] == "statistics"
+    assert "request_id" not in rollout["statistics"]
 
 
 def test_invocation_reproduces_the_plan() -> None:

@@ -25,7 +25,7 @@ CONFLICTS = [
     ("hybrid", [], "actor_rollout_ref.rollout.enforce_eager=False", "eager mode"),
     ("fully-async", [], "trainer.test_freq=0", "ZeroDivisionError"),
     ("fully-async", [], "actor_rollout_ref.rollout.enforce_eager=false", "eager mode"),
-    ("hybrid", [], "actor_rollout_ref.actor.use_dynamic_bsz=True", "several samples into one micro batch"),
+    ("hybrid", [], "actor_rollout_ref.actor.use_dynamic_bsz=True", "re-forms micro batches by token count"),
     ("fully-async", [], "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true", "mixes samples"),
     ("fully-async", [], "algorithm.rollout_correction.bypass_mode=True", "bypass mode off"),
     ("hybrid", ["--phase", "all"], "algorithm.rollout_correction.bypass_mode=true", "log_prob training dump"),
@@ -48,12 +48,6 @@ CONFLICTS = [
     ("hybrid", [], "trainer.val_before_train=True", "validation before training"),
     ("fully-async", [], "trainer.test_freq=5", "test_freq=-1"),
     ("hybrid", [], "actor_rollout_ref.model.use_remove_padding=False", "padded training forward"),
-    (
-        "hybrid",
-        [],
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-        "one sample per log-prob",
-    ),
     ("hybrid", [], "actor_rollout_ref.actor.ppo_micro_batch_size=8", "deprecated global micro batch"),
     ("hybrid", [], "actor_rollout_ref.rollout.name=sglang", "vllm-ascend"),
     (
@@ -178,6 +172,9 @@ def test_all_conflicts_are_reported_at_once(tmp_path: Path) -> None:
         "trainer.test_freq=-1",
         "global_profiler.tool=npu",
         "data.shuffle=False",
+        # the user's own micro batches: each request of an FSDP micro batch gets a lane
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
     ],
 )
 def test_compatible_overrides_pass_through(tmp_path: Path, override: str) -> None:
@@ -458,3 +455,36 @@ def test_the_runs_own_values_satisfy_every_matched_row() -> None:
             assert values[0] == values[1], (mode, phase, row.keys, values)
             applied.add(row.keys)
     assert applied == {r.keys for r in table.MATCHED if SET in r.sets}
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    ],
+)
+def test_megatron_keeps_one_sample_per_micro_batch(tmp_path: Path, key: str) -> None:
+    """Lanes cut FSDP micro batches only: Megatron with several samples per micro batch is refused."""
+    result = _invoke(tmp_path, "hybrid", "actor_rollout_ref.actor.strategy=megatron", f"{key}=4")
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert f"refused `{key}=4`" in text
+    assert "forward_step is dumped whole" in text
+    assert list(tmp_path.iterdir()) == []
+    ok = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "hybrid",
+            "--dry-run",
+            "--json",
+            "--dump-root",
+            str(tmp_path),
+            "--run-id",
+            "ok",
+            "actor_rollout_ref.actor.strategy=megatron",
+            f"{key}=1",
+        ],
+    )
+    assert ok.exit_code == 0, ok.output

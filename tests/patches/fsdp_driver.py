@@ -24,6 +24,8 @@ debugger first), ``VC_TEST_TOKEN_LEVEL`` (1: after the old log-probs, verl's
 ``VC_TEST_PERTURB`` (1: the training side's last ``down_proj`` output x1.5),
 ``VC_TEST_INIT_RANGE`` (the tiny model's initializer_range; peaked outputs need a large one),
 ``VC_TEST_IDS_FROM_AGENT_LOOP`` (1: request ids made as the patched agent loop makes them),
+``VC_TEST_MICRO`` (the micro batch size, default 1), ``VC_TEST_RMPAD`` (0: the padded layout
+instead of verl's packed THD one),
 ``VC_TEST_V1_TQ`` (1, verl 0.9 only: the V1 trainer's data path instead of steps 2-3, below),
 plus the hooks' own variables (DUMP_ON, DUMP_PHASE, ...).
 
@@ -291,9 +293,9 @@ def _engine_keys(td: Any, **extra: Any) -> None:
 
     tu.assign_non_tensor(
         td,
-        use_remove_padding=True,
+        use_remove_padding=os.environ.get("VC_TEST_RMPAD", "1") == "1",
         use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=1,
+        micro_batch_size_per_gpu=int(os.environ.get("VC_TEST_MICRO", "1")),
         max_token_len_per_gpu=4096,
         use_fused_kernels=False,
         temperature=1.0,

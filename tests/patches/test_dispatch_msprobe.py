@@ -25,7 +25,7 @@ import orjson
 import pytest
 
 from tests.fixtures.subprocess_run import run_module_json
-from verl_consistency.patches.contracts import capture
+from verl_consistency.patches.contracts import capture, records
 from verl_consistency.patches.contracts.env import CAPTURE, RUN_DIR
 from verl_consistency.patches.contracts.records import DISPATCH_LOG, DispatchRecord
 
@@ -199,6 +199,12 @@ def _dump(folder: Path, step: int) -> dict[str, Any]:
     return data
 
 
+def _lane_dump(folder: Path, step: int, lane: int) -> dict[str, Any]:
+    (path,) = (folder / f"step{step}").glob(f"*/{records.lane_folder(lane)}/dump.json")
+    data: dict[str, Any] = json.loads(path.read_text())["data"]
+    return data
+
+
 def _first_input(dump: dict[str, Any]) -> dict[str, Any]:
     arg: dict[str, Any] = dump[FIRST_LINEAR]["input_args"][0]
     return arg
@@ -284,7 +290,7 @@ def test_selective_skips_decode_uncaptured_and_partial_prefills_and_keeps_steps_
     tmp_path, vllm_src, attn_states
 ):
     rule = capture.parse("fraction:0.5")
-    cap1, cap2, cap3, cap4 = _ids(rule, True, 4)
+    cap1, cap2, cap3, cap4, cap5, cap6 = _ids(rule, True, 6)
     unc1, unc2 = _ids(rule, False, 2)
     steps = [
         # 0: a prefill of an uncaptured request only
@@ -313,6 +319,12 @@ def test_selective_skips_decode_uncaptured_and_partial_prefills_and_keeps_steps_
             "new": [{"id": unc2, "prompt": 3, "tokens": 3}, {"id": cap4, "prompt": 4, "tokens": 4}],
             "fills": {unc2: -50.0, cap4: 3.0},
         },
+        # 7: a batched prefill of two captured requests: each gets a lane of its own
+        {
+            "attn_state": "PrefillNoCache",
+            "new": [{"id": cap5, "prompt": 2, "tokens": 2}, {"id": cap6, "prompt": 6, "tokens": 6}],
+            "fills": {cap5: 4.0, cap6: 5.0},
+        },
     ]
     run = tmp_path / "run"
     cfg = tmp_path / "rollout.json"
@@ -322,20 +334,26 @@ def test_selective_skips_decode_uncaptured_and_partial_prefills_and_keeps_steps_
 
     folder = run / "rollout" / str(result["pid"])
     recs = _records(folder)
-    assert [r.runner_step for r in recs] == list(range(7)), "every step is logged, dumped or not"
-    assert [r.dumped for r in recs] == [False, False, True, False, False, False, True]
-    assert [r.scoped_request_id for r in recs] == [None, None, cap1, None, None, None, cap4]
+    assert [r.runner_step for r in recs] == list(range(8)), "every step is logged, dumped or not"
+    assert [r.dumped for r in recs] == [False, False, True, False, False, False, True, True]
+    lanes = [r.lane_request_ids for r in recs]
+    assert lanes == [None, None, [cap1], None, None, None, [cap4], [cap5, cap6]]
+    assert all(r.scoped_request_id is None for r in recs)
     dumped = [r for r in recs if r.dumped]
-    assert [r.step for r in dumped] == [0, 1] == _step_folders(folder), "msprobe folders align with records"
+    assert [r.step for r in dumped] == [0, 1, 2] == _step_folders(folder), (
+        "msprobe folders align with records"
+    )
     assert all(r.dump_path is None for r in recs if not r.dumped)
     # an undumped record carries the step number the next dumped step takes
-    assert [r.step for r in recs] == [0, 0, 0, 1, 1, 1, 1]
-    # request-scoped: only the captured request's rows are in the dump, found by batch order
-    for step, n_rows, fill in [(0, 5, 2.0), (1, 4, 3.0)]:
-        arg = _first_input(_dump(folder, step))
+    assert [r.step for r in recs] == [0, 0, 0, 1, 1, 1, 1, 2]
+    # one lane per captured request: only its rows are in its dump, found by batch order
+    for step, lane, n_rows, fill in [(0, 0, 5, 2.0), (1, 0, 4, 3.0), (2, 0, 2, 4.0), (2, 1, 6, 5.0)]:
+        arg = _first_input(_lane_dump(folder, step, lane))
         assert arg["shape"] == [n_rows, HIDDEN]
         assert arg["Min"] == arg["Max"] == fill
-    assert result["second_finish"] == [False] * 7
+    # a lane step writes no whole-step dump beside its lanes
+    assert not list((folder / "step2").glob("*/dump.json"))
+    assert result["second_finish"] == [False] * 8
 
 
 def test_dump_path_survives_config_reload(tmp_path, vllm_src, attn_states):

@@ -9,6 +9,7 @@ landed on disk. On the next set one more test sends the batch through verl 0.9's
 from __future__ import annotations
 
 import json
+import math
 import socket
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,21 @@ def _drive(root: Path, work: Path, **env: str) -> dict[str, Any]:
     return json.loads(line.removeprefix("VC_REPORT "))
 
 
+def _dumping_drive(root: Path, work: Path, run_dir: Path, cfg: Path, **env: str) -> dict[str, Any]:
+    """:func:`_drive` with the training-side dump on, into ``run_dir``; the run must end finite."""
+    report = _drive(
+        root,
+        work,
+        DUMP_ON="1",
+        VERL_CONSISTENCY_ACTOR_CONFIG=str(cfg),
+        VERL_CONSISTENCY_RUN_DIR=str(run_dir),
+        **env,
+    )
+    assert report["error"] is None
+    assert report["finite"]
+    return report
+
+
 def _records(run_dir: Path) -> list[records.UpdateActorRecord]:
     logs = list((run_dir / "actor").glob(f"*/{records.UPDATE_ACTOR_LOG}"))
     assert len(logs) == 1, logs
@@ -86,17 +102,7 @@ def test_one_dump_per_micro_batch_in_both_phases_with_prompts_only(
 ):
     run_dir = tmp_path / "dumps" / "hybrid-20261129-000000-abcd"
     cfg = _msprobe_config(tmp_path / "msprobe_actor.json", tmp_path / "unused")
-    report = _drive(
-        root,
-        model_cache,
-        DUMP_ON="1",
-        DUMP_PHASE="all",
-        VERL_CONSISTENCY_ACTOR_CONFIG=str(cfg),
-        VERL_CONSISTENCY_RUN_DIR=str(run_dir),
-        VC_TEST_TRIM="ours",
-    )
-    assert report["error"] is None
-    assert report["finite"]
+    report = _dumping_drive(root, model_cache, run_dir, cfg, DUMP_PHASE="all", VC_TEST_TRIM="ours")
     assert report["old_log_probs_finite"]
     assert report["advantages_abs_max"] == 0.0, "the re-split response carries no reward"
 
@@ -180,17 +186,7 @@ def test_v1_transfer_queue_path_dumps_every_micro_batch_with_its_ids(
     0001 lifts them into fields of their own; the trainer's padding row copies row 0's fields."""
     run_dir = tmp_path / "dumps" / "hybrid-20261201-000000-abcd"
     cfg = _msprobe_config(tmp_path / "msprobe_actor.json", tmp_path / "unused")
-    report = _drive(
-        root,
-        model_cache,
-        DUMP_ON="1",
-        DUMP_PHASE="all",
-        VERL_CONSISTENCY_ACTOR_CONFIG=str(cfg),
-        VERL_CONSISTENCY_RUN_DIR=str(run_dir),
-        VC_TEST_V1_TQ="1",
-    )
-    assert report["error"] is None
-    assert report["finite"]
+    report = _dumping_drive(root, model_cache, run_dir, cfg, DUMP_PHASE="all", VC_TEST_V1_TQ="1")
     assert report["has_request_id_column"] == series_has("verl", "0001-"), (
         "0001 lifts the id out of extra_fields"
     )
@@ -211,3 +207,116 @@ def test_v1_transfer_queue_path_dumps_every_micro_batch_with_its_ids(
         (dump,) = (run_dir / rec.dump_path).glob(f"step{rec.step}/*/dump.json")
         sample = ids.index(rec.request_ids[0])
         assert _embed_tokens(dump) == PROMPT_VALID[sample] + [4, 2, 3][sample], "the row's whole sequence"
+
+
+def _stats(dump_json: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every tensor's (shape, Max, Min, Mean, Norm) per module call, in dump order."""
+    out: dict[str, list[tuple[Any, ...]]] = {}
+
+    def walk(x: Any, found: list[tuple[Any, ...]]) -> None:
+        if isinstance(x, dict):
+            if x.get("type") == "torch.Tensor":
+                found.append((tuple(x["shape"]), x.get("Max"), x.get("Min"), x.get("Mean"), x.get("Norm")))
+            else:
+                for v in x.values():
+                    walk(v, found)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v, found)
+
+    for key, entry in json.loads(dump_json.read_text())["data"].items():
+        out[key] = []
+        walk(entry, out[key])
+    return out
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    if a[0] != b[0]:
+        return False
+    return all(
+        (x is None and y is None)
+        or (x is not None and y is not None and math.isclose(x, y, rel_tol=2e-4, abs_tol=2e-5))
+        for x, y in zip(a[1:], b[1:], strict=True)
+    )
+
+
+def _square_4d(shape: tuple[int, ...]) -> bool:
+    return len(shape) == 4 and shape[-1] == shape[-2]
+
+
+def _lane_run(
+    root: Path, work: Path, run_dir: Path, cfg: Path, **env: str
+) -> list[records.UpdateActorRecord]:
+    _dumping_drive(
+        root,
+        work,
+        run_dir,
+        cfg,
+        DUMP_PHASE="log_prob",
+        VERL_CONSISTENCY_TOKEN_LEVEL="1",
+        VC_TEST_NEXT_TOKEN="1",
+        **env,
+    )
+    return _records(run_dir)
+
+
+def _next_tokens(run_dir: Path) -> dict[str, dict[str, Any]]:
+    (log,) = (run_dir / "actor").glob("*/next_token.jsonl")
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    return {r["request_id"]: r for r in recs}
+
+
+@pytest.mark.parametrize("rmpad", ["1", "0"], ids=["thd", "padded"])
+def test_packed_micro_batch_dumps_one_lane_per_request_equal_to_the_request_alone(
+    root: Path, model_cache: Path, tmp_path: Path, rmpad: str
+):
+    """A micro batch of 4 (verl's packed THD layout, or its padded one) against micro batches of 1.
+
+    Each lane must hold the statistics of its request's own forward, module by module: the
+    embedding, every layer and the logits, for the prompt tokens of that request alone.
+    """
+    cfg = _msprobe_config(tmp_path / "msprobe_actor.json", tmp_path / "unused")
+    alone = _lane_run(
+        root, model_cache, tmp_path / "alone" / "hybrid-20261201-000000-aaaa", cfg, VC_TEST_RMPAD=rmpad
+    )
+    packed_dir = tmp_path / "packed" / "hybrid-20261201-000000-bbbb"
+    packed = _lane_run(root, model_cache, packed_dir, cfg, VC_TEST_MICRO="4", VC_TEST_RMPAD=rmpad)
+    assert [r.num_requests for r in alone] == [1, 1, 1, 1]
+    assert all(r.lane_request_ids is None for r in alone), "one row: the whole micro batch is the request"
+    (rec,) = packed
+    assert rec.num_requests == 4
+    assert rec.lane_request_ids == rec.request_ids, "every captured row gets a lane, in row order"
+    (rank,) = (packed_dir / rec.dump_path / f"step{rec.step}").iterdir()
+    assert not (rank / "dump.json").exists(), "no whole-batch dump beside the lanes"
+    by_id = {r.request_ids[0]: r for r in alone}
+    compared = 0
+    for k, rid in enumerate(rec.lane_request_ids):
+        lane = _stats(rank / records.lane_folder(k) / "dump.json")
+        a = by_id[rid]
+        (ref_dump,) = (tmp_path / "alone" / "hybrid-20261201-000000-aaaa" / a.dump_path).glob(
+            f"step{a.step}/*/dump.json"
+        )
+        ref = _stats(ref_dump)
+        assert lane.keys() == ref.keys()
+        lane_json = rank / records.lane_folder(k) / "dump.json"
+        assert _embed_tokens(lane_json) == PROMPT_VALID[list(by_id).index(rid)], (
+            "the lane holds the prompt only"
+        )
+        for key, tensors in lane.items():
+            bad = [i for i, (x, y) in enumerate(zip(tensors, ref[key], strict=True)) if not _same(x, y)]
+            # the 4-D attention mask a layer is handed, and eager attention's probabilities, span
+            # every token of the micro batch ([b, 1|heads, t, t]); they are not rows of a request
+            # and have no vLLM counterpart. Every other tensor must match.
+            bad = [i for i in bad if not _square_4d(tensors[i][0])]
+            assert bad == [], f"lane {k} ({rid}) {key}: tensors {bad} differ from the request alone"
+            compared += len(tensors)
+    assert compared > 100
+    # the next-token view: one record per lane, each the request's own last prompt position
+    alone_next = _next_tokens(tmp_path / "alone" / "hybrid-20261201-000000-aaaa")
+    packed_next = _next_tokens(packed_dir)
+    assert sorted(packed_next) == sorted(alone_next) == sorted(rec.lane_request_ids)
+    for rid, got in packed_next.items():
+        want = alone_next[rid]
+        assert got["step"] == rec.step
+        assert (got["token"], got["train_argmax"]) == (want["token"], want["train_argmax"])
+        assert math.isclose(got["train_log_prob"], want["train_log_prob"], rel_tol=1e-3, abs_tol=1e-4), rid

@@ -7,7 +7,8 @@ twice; training micro batches of one, several or no requests on one or all train
 both phases; missing and damaged dump folders (gone, truncated dump.json, a fifo for dump.json
 or stack.json); malformed and over-long log lines. Each run is written twice, in the project's
 log format (the hooks' fields: ``prompt_tokens``, ``num_computed_tokens``, ``attn_state``,
-``dumped``, ``scoped_request_id``, ``dump_path``, and the ``spec_tokens`` extension) and in the
+``dumped``, ``scoped_request_id``, ``lane_request_ids`` on both sides (per-request lanes in
+``req{k}`` folders), ``dump_path``, and the ``spec_tokens`` extension) and in the
 public recipe's (none of them; ``step_N/rank_M`` folders; actor dumps under the actor root).
 
 The oracle below reads the written files itself (stdlib json, no discovery code, no pairing
@@ -78,6 +79,8 @@ class Step:
     attn: str | None
     dumped: bool = True
     scoped: str | None = None
+    lanes: list[str] | None = None
+    """Per-request lanes (``lane_request_ids``): lane k's dump is ``req{k}`` in the rank folder."""
 
 
 @dataclass
@@ -85,6 +88,7 @@ class MicroBatch:
     ranks: list[int]
     ids: list[str]
     phase: str
+    lanes: list[str] | None = None
 
 
 @dataclass
@@ -198,11 +202,14 @@ def _schedule(rnd: random.Random) -> Schedule:
                 phase, attn = "prefill", "PrefillNoCache"
             else:
                 phase, attn = "prefill", rnd.choice(["ChunkedPrefill", "ChunkedPrefill", "PrefillCacheHit"])
-            scoped = None
-            if len(entries) > 1 and new and rnd.random() < 0.3:
+            scoped, lanes = None, None
+            roll = rnd.random()
+            if new and roll < 0.3:  # per-request lanes: any new requests of the step, in any order
+                lanes = [e.vid for e in rnd.sample(new, rnd.randint(1, len(new)))]
+            elif len(entries) > 1 and new and roll < 0.5:
                 scoped = rnd.choice(new).vid
             dumped = rnd.random() > 0.1
-            steps.append(Step(rep, n, phase, entries, attn, dumped, scoped))
+            steps.append(Step(rep, n, phase, entries, attn, dumped, scoped, lanes))
         n = len(steps) + 100
         while chunking:  # every started prefill finishes, so a first chunk is always followed
             n += 1
@@ -221,7 +228,8 @@ def _schedule(rnd: random.Random) -> Schedule:
         size = rnd.choice([1, 1, 1, 2, 3])
         ids, pool = pool[:size], pool[size:]
         ranks = list(range(train_ranks)) if rnd.random() < 0.5 else [rnd.randrange(train_ranks)]
-        batches.append(MicroBatch(ranks, ids, rnd.choice(["log_prob", "log_prob", "update_actor"])))
+        lanes = rnd.sample(ids, rnd.randint(1, len(ids))) if len(ids) > 1 and rnd.random() < 0.5 else None
+        batches.append(MicroBatch(ranks, ids, rnd.choice(["log_prob", "log_prob", "update_actor"]), lanes))
         if rnd.random() < 0.15:  # the same request again (update_actor pass, another epoch)
             batches.append(MicroBatch(ranks, list(ids), rnd.choice(["log_prob", "update_actor"])))
     if rnd.random() < 0.1:
@@ -330,10 +338,17 @@ def write_run(s: Schedule, root: Path, recipe: bool) -> dict[str, Path]:
                         rec["dumped"] = False
                     if st_.scoped:
                         rec["scoped_request_id"] = st_.scoped
+                    if st_.lanes:
+                        rec["lane_request_ids"] = st_.lanes
                 recs.append(rec)
                 if st_.phase == "prefill" and (st_.dumped or recipe):
                     folder = roll / str(pid) / sd.format(st_.step) / rd.format(rank)
-                    _write_dump(folder, s.damage.get(("rollout", rep, rank, st_.step)))
+                    damage = s.damage.get(("rollout", rep, rank, st_.step))
+                    if st_.lanes and not recipe:
+                        for k in range(len(st_.lanes)):
+                            _write_dump(folder / f"req{k}", damage)
+                    else:
+                        _write_dump(folder, damage)
             _write_log(
                 roll / str(pid) / "dispatch_log.jsonl", recs, s.junk.get(("rollout", rep * s.tp + rank), [])
             )
@@ -356,12 +371,16 @@ def write_run(s: Schedule, root: Path, recipe: bool) -> dict[str, Path]:
             }
             if not recipe:
                 rec.update(phase=b.phase, backend="fsdp", dump_path=f"actor/{pid}")
+                if b.lanes:
+                    rec["lane_request_ids"] = b.lanes
             recs_by_rank[rank].append(rec)
-            if len(b.ids) == 1:
-                base = act if recipe else act / str(pid)
-                _write_dump(
-                    base / sd.format(step) / rd.format(rank), s.damage.get(("actor", rank, rank, step))
-                )
+            base = act if recipe else act / str(pid)
+            damage = s.damage.get(("actor", rank, rank, step))
+            if b.lanes and not recipe:
+                for k in range(len(b.lanes)):
+                    _write_dump(base / sd.format(step) / rd.format(rank) / f"req{k}", damage)
+            elif len(b.ids) == 1:
+                _write_dump(base / sd.format(step) / rd.format(rank), damage)
     for rank, recs in recs_by_rank.items():
         _write_log(act / str(2000 + rank) / "update_actor_log.jsonl", recs, s.junk.get(("actor", rank), []))
     return {"run": run, "rollout": roll, "actor": act}
@@ -446,16 +465,33 @@ def oracle(paths: dict[str, Path], recipe: bool) -> Verdicts:
     for virtual, path in logs(act, "update_actor_log.jsonl", "actor"):
         for n, o in _read_lines(path, virtual, v):
             ids = o.get("request_ids")
+            lanes = o.get("lane_request_ids")
             if not (
                 all(_isint(o.get(k)) for k in ("step", "rank", "pid"))
                 and isinstance(ids, list)
                 and all(isinstance(i, str) for i in ids)
+                and (
+                    lanes is None
+                    or (
+                        isinstance(lanes, list)
+                        and all(isinstance(i, str) for i in lanes)
+                        and len(set(lanes)) == len(lanes)
+                        and set(lanes) <= set(ids)
+                    )
+                )
             ):
                 v.bad_lines.add(f"{virtual}:{n}")
                 continue
             train_order += ids
-            if len(ids) == 1:
-                singles.append(dict(o, _line=n, _log=path.parent, _virtual=virtual))
+            if lanes is not None:
+                for k, rid in enumerate(lanes):
+                    singles.append(dict(o, _id=rid, _lane=k, _line=n, _log=path.parent, _virtual=virtual))
+                rest = set(ids) - set(lanes)
+                if rest:
+                    v.counts[("actor_step", "multi_request_micro_batch")] += 1
+                    multi |= rest
+            elif len(ids) == 1:
+                singles.append(dict(o, _id=ids[0], _lane=None, _line=n, _log=path.parent, _virtual=virtual))
             elif ids:
                 v.counts[("actor_step", "multi_request_micro_batch")] += 1
                 multi |= set(ids)
@@ -480,22 +516,33 @@ def oracle(paths: dict[str, Path], recipe: bool) -> Verdicts:
                 and all(isinstance(q, dict) and isinstance(q.get("request_id"), str) for q in reqs)
             )
             is_decode = ok and (o["phase"] == "decode" or o.get("attn_state") == "DecodeOnly")
-            target = None
+            targets: list[tuple[int, int | None]] = []
             if ok and not is_decode:
                 ok = bool(reqs) and all(
                     q.get("type") in ("new", "cached") and _isint(q.get("tokens")) for q in reqs
                 )
+                lanes = o.get("lane_request_ids")
                 cap = o.get("scoped_request_id") or o.get("captured_request_id")
-                if ok and cap is not None:
+                if ok and lanes is not None:
+                    names = [q["request_id"] for q in reqs]
+                    ok = (
+                        isinstance(lanes, list)
+                        and all(isinstance(x, str) for x in lanes)
+                        and len(set(lanes)) == len(lanes)
+                        and all(x in names for x in lanes)
+                    )
+                    targets = [(names.index(x), k) for k, x in enumerate(lanes)] if ok else []
+                elif ok and cap is not None:
                     idx = [i for i, q in enumerate(reqs) if q["request_id"] == cap]
                     ok = bool(idx)
-                    target = idx[0] if idx else None
+                    targets = [(idx[0], None)] if idx else []
                 elif ok and len(reqs) == 1:
-                    target = 0
-                if ok and target is not None:
-                    t = reqs[target]
+                    targets = [(0, None)]
+                if ok:
                     ok = all(
-                        t.get(f) is None or _isint(t.get(f)) for f in ("prompt_tokens", "num_computed_tokens")
+                        reqs[i].get(f) is None or _isint(reqs[i].get(f))
+                        for i, _ in targets
+                        for f in ("prompt_tokens", "num_computed_tokens")
                     )
             if not ok:
                 v.bad_lines.add(f"{virtual}:{n}")
@@ -520,8 +567,9 @@ def oracle(paths: dict[str, Path], recipe: bool) -> Verdicts:
                     _isint(q.get("spec_tokens")) and q["tokens"] == 1 + q["spec_tokens"]
                 )
 
+            target_set = {i for i, _ in targets}
             for i, q in enumerate(reqs):
-                if i == target:
+                if i in target_set:
                     continue
                 if q["type"] == "new":
                     appear[q["request_id"]].append(((li, n, i), "multi_request_step"))
@@ -530,34 +578,37 @@ def oracle(paths: dict[str, Path], recipe: bool) -> Verdicts:
                 else:
                     conts.append((pid, rank, q["request_id"], (li, n, i)))
                     appear[q["request_id"]].append(((li, n, i), "chunked_prefill"))
-            if target is None:
+            if not targets:
                 v.counts[("rollout_step", "multi_request_step")] += 1
                 continue
-            t = reqs[target]
-            pos = (li, n, target)
-            scoped = len(reqs) > 1
-            why = None
-            if t["type"] == "cached":
-                if is_dec(t):
-                    v.counts[("rollout_step", "decode_only")] += 1
-                    decodes.add(t["request_id"])
+            for target, lane in targets:
+                t = reqs[target]
+                pos = (li, n, target)
+                scoped = len(reqs) > 1
+                why = None
+                if t["type"] == "cached":
+                    if is_dec(t):
+                        v.counts[("rollout_step", "decode_only")] += 1
+                        decodes.add(t["request_id"])
+                        continue
+                    conts.append((pid, rank, t["request_id"], pos))
+                    why = "chunked_prefill"
+                elif (t.get("num_computed_tokens") or 0) > 0:
+                    why = "prefix_cache_hit"
+                elif t.get("prompt_tokens") is not None and t["tokens"] < t["prompt_tokens"]:  # noqa: SIM114
+                    why = "chunked_prefill"
+                elif not scoped and attn == "ChunkedPrefill":
+                    why = "chunked_prefill"
+                elif not scoped and attn == "PrefillCacheHit":
+                    why = "prefix_cache_hit"
+                if why:
+                    v.counts[("rollout_step", why)] += 1
+                    appear[t["request_id"]].append((pos, why))
                     continue
-                conts.append((pid, rank, t["request_id"], pos))
-                why = "chunked_prefill"
-            elif (t.get("num_computed_tokens") or 0) > 0:
-                why = "prefix_cache_hit"
-            elif t.get("prompt_tokens") is not None and t["tokens"] < t["prompt_tokens"]:  # noqa: SIM114
-                why = "chunked_prefill"
-            elif not scoped and attn == "ChunkedPrefill":
-                why = "chunked_prefill"
-            elif not scoped and attn == "PrefillCacheHit":
-                why = "prefix_cache_hit"
-            if why:
-                v.counts[("rollout_step", why)] += 1
-                appear[t["request_id"]].append((pos, why))
-                continue
-            cand = dict(o, _vid=t["request_id"], _line=n, _log=path.parent, _scoped=scoped, _t=t)
-            pending.append((cand, pos, o.get("dumped", True) is not False))
+                cand = dict(
+                    o, _vid=t["request_id"], _lane=lane, _line=n, _log=path.parent, _scoped=scoped, _t=t
+                )
+                pending.append((cand, pos, o.get("dumped", True) is not False))
     for cand, pos, dumped in pending:  # rules 5 and 6 once the whole log is known
         later = any(
             (p, r, vid) == (cand["pid"], cand["rank"], cand["_vid"]) and cpos > pos
@@ -577,6 +628,8 @@ def oracle(paths: dict[str, Path], recipe: bool) -> Verdicts:
     def locate(c: dict[str, Any], side: str) -> str | None:
         sd, rd = ("step_{}", "rank_{}") if recipe else ("step{}", "rank{}")
         rel = Path(sd.format(c["step"])) / rd.format(c["rank"])
+        if c.get("_lane") is not None:
+            rel = rel / f"req{c['_lane']}"
         base = act if (side == "actor" and recipe) else c["_log"]
         if os.path.lexists(base / rel / "dump.json"):
             root = roll if side == "rollout" else act
@@ -605,7 +658,7 @@ def oracle(paths: dict[str, Path], recipe: bool) -> Verdicts:
         rolls_by[c["_key"]].append(c)
     acts_by: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for c in singles:
-        acts_by[c["request_ids"][0]].append(c)
+        acts_by[c["_id"]].append(c)
     checked: dict[str, bool] = {}
     for key in sorted(rolls_by):
         acts = acts_by.get(key, [])

@@ -20,6 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import Qwen2Config
@@ -40,12 +41,26 @@ def tiny_config() -> Qwen2Config:
     return tiny_qwen2_config(vocab_size=96, hidden_size=48, intermediate_size=80, max_position_embeddings=64)
 
 
-def main(task: str, out: Path) -> None:
+def setup(task: str, out: Path) -> tuple[Any, Any, dict[str, list[int]], list[list[int]]]:
+    """A run's scoped msprobe config in ``out``, the stand-in model, the prompts and the packed batch.
+
+    Returns ``(debugger, model, prompts by request, batch in packing order)``; the config carries
+    the one-request sentinel, as a collection run's does.
+    """
     from msprobe.pytorch import PrecisionDebugger
 
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "msprobe.json"
-    base = {
+    cfg_path.write_text(json.dumps(scoped_msprobe_config(base_config(task, out))))
+    model = Qwen2ForCausalLM.from_hf(tiny_qwen2(tiny_config(), seed=0)).eval()
+    gen = torch.Generator().manual_seed(1)
+    prompts = {r: torch.randint(0, 96, (n,), generator=gen).tolist() for r, n in LENGTHS.items()}
+    batch = [prompts[r] for r in PACKING]
+    return PrecisionDebugger(config_path=str(cfg_path)), model, prompts, batch
+
+
+def base_config(task: str, out: Path) -> dict[str, Any]:
+    return {
         "task": task,
         "dump_path": str(out / "dump"),
         "rank": [],
@@ -54,13 +69,12 @@ def main(task: str, out: Path) -> None:
         "dump_enable": True,
         task: {"scope": [], "list": [], "data_mode": ["all"]},
     }
-    cfg_path.write_text(json.dumps(scoped_msprobe_config(base)))
 
-    model = Qwen2ForCausalLM.from_hf(tiny_qwen2(tiny_config(), seed=0)).eval()
-    gen = torch.Generator().manual_seed(1)
-    prompts = {r: torch.randint(0, 96, (n,), generator=gen).tolist() for r, n in LENGTHS.items()}
-    batch = [prompts[r] for r in PACKING]
-    debugger = PrecisionDebugger(config_path=str(cfg_path))
+
+def main(task: str, out: Path) -> None:
+    debugger, model, prompts, batch = setup(task, out)
+    cfg_path = out / "msprobe.json"
+    base = base_config(task, out)
     dumped: list[bool] = []
 
     def step(

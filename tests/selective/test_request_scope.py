@@ -8,7 +8,6 @@ Qwen2). Each msprobe task runs in its own process (``scenario.py``), because
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import torch
 
 from tests.fixtures.subprocess_run import run_module_json
 from tests.selective import scenario
+from tests.selective.dump_stats import mismatches, tensors
 from verl_consistency.patches.hooks.request_scope import (
     CAPTURED_SENTINEL,
     scoped_msprobe_config,
@@ -55,42 +55,8 @@ def _dump(out: Path, step: int) -> tuple[dict[str, Any], Path]:
     return json.loads(path.read_text())["data"], path.parent
 
 
-def _tensors(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every tensor record of one module call, inputs, outputs and parameters alike."""
-    found: list[dict[str, Any]] = []
-
-    def walk(x: Any) -> None:
-        if isinstance(x, dict):
-            if x.get("type") == "torch.Tensor":
-                found.append(x)
-            else:
-                for v in x.values():
-                    walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
-
-    walk(entry)
-    return found
-
-
-def _close(a: Any, b: Any) -> bool:
-    if a is None or b is None:
-        return a is b
-    return math.isclose(float(a), float(b), rel_tol=1e-4, abs_tol=1e-5)
-
-
 def _stat_mismatches(packed: dict[str, Any], alone: dict[str, Any]) -> list[str]:
-    bad = []
-    for key, entry in packed.items():
-        if key == LOGITS:
-            continue
-        for tp, ta in zip(_tensors(entry), _tensors(alone[key]), strict=True):
-            if tp["shape"] != ta["shape"]:
-                bad.append(f"{key}: shape {tp['shape']} != {ta['shape']}")
-            elif not all(_close(tp[s], ta[s]) for s in ("Max", "Min", "Mean", "Norm")):
-                bad.append(f"{key}: stats differ")
-    return bad
+    return mismatches(packed, alone, skip=LOGITS)
 
 
 def test_decode_step_is_not_dumped_and_numbering_stays_aligned(stats_run: Path) -> None:
@@ -132,7 +98,7 @@ def test_scoped_tensor_dump_equals_the_request_alone(tensor_run: Path, tmp_path:
     for key, entry in packed.items():
         if key == LOGITS:
             continue
-        for tp, ta in zip(_tensors(entry), _tensors(alone[key]), strict=True):
+        for tp, ta in zip(tensors(entry), tensors(alone[key]), strict=True):
             a = torch.load(packed_dir / "dump_tensor_data" / tp["data_name"], weights_only=True)
             b = torch.load(alone_dir / "dump_tensor_data" / ta["data_name"], weights_only=True)
             assert a.shape == b.shape, key
