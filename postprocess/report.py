@@ -21,11 +21,14 @@ from verl_consistency.postprocess.model import Pair, Unpaired
 from verl_consistency.postprocess.verdict import (
     DIVERGED_COSINE,
     DIVERGED_REL_ERR,
+    DIVERGED_REL_ERR_TENSOR,
     HEALTHY_COSINE,
     HEALTHY_REL_ERR,
+    HEALTHY_REL_ERR_TENSOR,
     STRUCTURAL,
     PairComparison,
     judge,
+    rel_bounds,
 )
 
 REPORT_HTML = "report.html"
@@ -66,7 +69,8 @@ def _color(rel: float | None, cos: float | None = None) -> str:
         return _STATUS_COLOR[status]
     if rel is not None and rel > 0:
         # Healthy: a lighter green the closer it is to the threshold.
-        frac = max(0.0, min(1.0, (math.log10(rel) - _LOG_MIN) / (math.log10(HEALTHY_REL_ERR) - _LOG_MIN)))
+        healthy = rel_bounds(cos)[0]
+        frac = max(0.0, min(1.0, (math.log10(rel) - _LOG_MIN) / (math.log10(healthy) - _LOG_MIN)))
         g = int(0xA3 + (0xE6 - 0xA3) * frac)
         return f"#16{g:02x}4a" if frac < 0.5 else f"#4a{g:02x}80"
     return "#16a34a"
@@ -93,9 +97,14 @@ def layer_plot_svg(comp: PairComparison, width: int = 560, height: int = 220) ->
         y = _y(10.0**e, h, top)
         parts.append(f'<line x1="{left}" x2="{left + w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
         parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" class="ax">1e{e}</text>')
+    healthy, diverged = (
+        (HEALTHY_REL_ERR_TENSOR, DIVERGED_REL_ERR_TENSOR)
+        if comp.task == "tensor"
+        else (HEALTHY_REL_ERR, DIVERGED_REL_ERR)
+    )
     for thr, col, name in (
-        (HEALTHY_REL_ERR, "#f59e0b", "healthy ≤"),
-        (DIVERGED_REL_ERR, "#dc2626", "diverged >"),
+        (healthy, "#f59e0b", "healthy ≤"),
+        (diverged, "#dc2626", "diverged >"),
     ):
         y = _y(thr, h, top)
         parts.append(
@@ -219,6 +228,8 @@ def _context(
         "thr": {
             "healthy_rel": HEALTHY_REL_ERR,
             "diverged_rel": DIVERGED_REL_ERR,
+            "healthy_rel_tensor": HEALTHY_REL_ERR_TENSOR,
+            "diverged_rel_tensor": DIVERGED_REL_ERR_TENSOR,
             "healthy_cos": HEALTHY_COSINE,
             "diverged_cos": DIVERGED_COSINE,
         },

@@ -9,10 +9,12 @@ prompts (the others' step folders are gone, hence ``dump_missing``). Each folder
 real CLI: ``postprocess`` (pair, compare with msprobe, report, bundle), ``verify``, ``extract``.
 
 What this pins down: the pairs and why the rest did not pair, the bundle's file layout, and the
-verdicts of real bf16 kernels. Every pair is ``suspicious`` under the thresholds of
-``postprocess/verdict.py`` (relative L2 error 0.0108-0.0116 > 0.01, cosine >= 0.99993): see
-"Measured on real kernels" in ``postprocess/README-compare.md``. When the tensor-mode thresholds
-change, the recorded verdicts below must change with them.
+verdicts of real bf16 kernels. Every pair is ``healthy`` under the tensor-mode thresholds of
+``postprocess/verdict.py`` (relative L2 error 0.0108-0.0116 <= 0.045, the bound cosine 0.999
+allows; cosine >= 0.99993), which these runs set: under the statistics bound (0.01) all 71 pairs
+of the four runs were ``suspicious``. See "Measured on real kernels" in
+``postprocess/README-compare.md``. When the tensor-mode thresholds change, the recorded verdicts
+below must change with them.
 """
 
 from __future__ import annotations
@@ -64,16 +66,16 @@ def _unpaired(dump_missing: int, multi: int, decode_only: int) -> dict[str, dict
 
 RUNS = {
     "h200-next-hybrid-log-prob": Expected(
-        "hybrid", "log_prob", 4, 1, 144, _unpaired(12, 112, 128), {"suspicious": 4}, 8
+        "hybrid", "log_prob", 4, 1, 144, _unpaired(12, 112, 128), {"healthy": 4}, 8
     ),
     "h200-next-hybrid-update-actor": Expected(
-        "hybrid", "update_actor", 5, 3, 144, _unpaired(13, 110, 126), {"suspicious": 5}, 20
+        "hybrid", "update_actor", 5, 3, 144, _unpaired(13, 110, 126), {"healthy": 5}, 20
     ),
     "h200-next-colocate-async-log-prob": Expected(
-        "colocate-async", "log_prob", 5, 4, 162, _unpaired(14, 109, 143), {"suspicious": 5}, 8
+        "colocate-async", "log_prob", 5, 4, 162, _unpaired(14, 109, 143), {"healthy": 5}, 8
     ),
     "h200-next-colocate-async-update-actor": Expected(
-        "colocate-async", "update_actor", 3, 1, 162, _unpaired(15, 110, 144), {"suspicious": 3}, 20
+        "colocate-async", "update_actor", 3, 1, 162, _unpaired(15, 110, 144), {"healthy": 3}, 20
     ),
 }
 

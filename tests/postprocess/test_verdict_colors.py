@@ -25,3 +25,15 @@ def test_a_moved_threshold_moves_the_colour(monkeypatch):
     monkeypatch.setattr(verdict, "HEALTHY_REL_ERR", 0.03)
     assert verdict.judge(0.02, None) == "ok"
     assert report._color(0.02) not in (RED, AMBER, GREY)
+
+
+def test_tensor_rows_use_the_relative_error_their_cosine_bounds_imply() -> None:
+    """The H200 runs' real bf16 kernel noise (rel 0.011, cosine 0.99993) is healthy in tensor
+    mode; the same relative error on a statistics row (no cosine) stays suspicious."""
+    assert verdict.judge(0.011, 0.99993) == "ok"
+    assert verdict.judge(0.011, None) == "warn"
+    assert verdict.judge(0.06, 0.9995) == "warn"  # over sqrt(2 * 0.001) though the cosine is fine
+    assert verdict.judge(0.2, 0.995) == "diverged"  # over sqrt(2 * 0.01)
+    assert verdict.judge(0.03, 0.98) == "diverged"  # the cosine alone
+    assert verdict.rel_bounds(1.0) == (verdict.HEALTHY_REL_ERR_TENSOR, verdict.DIVERGED_REL_ERR_TENSOR)
+    assert verdict.rel_bounds(None) == (verdict.HEALTHY_REL_ERR, verdict.DIVERGED_REL_ERR)
