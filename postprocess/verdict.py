@@ -62,6 +62,7 @@ def rel_bounds(cos: float | None) -> tuple[float, float]:
         return HEALTHY_REL_ERR_TENSOR, DIVERGED_REL_ERR_TENSOR
     return HEALTHY_REL_ERR, DIVERGED_REL_ERR
 
+
 STRUCTURAL: tuple[tuple[re.Pattern[str], frozenset[str], str], ...] = (
     (
         re.compile(r"(^|\.)act_fn$"),
