@@ -42,13 +42,18 @@ dispatch log writes a record for every step: a dumped one carries that N in ``st
 one has ``dumped: false``, the N the next dumped step will take, and ``runner_step`` (every
 model-runner step). Pair on dumped records only.
 
-Use at vllm-ascend's ``debugger.start`` site (``execute_model``)::
+What the dispatch hook (``hooks/dispatch.py``) does at vllm-ascend's ``debugger.start`` site
+(``execute_model``): every captured request of the step gets a lane of its own::
 
-    rid = should_dump(requests, phase, rule)          # None: not this step
-    dumped = start_step(self.debugger, self.model, capture_request_id=rid,
-                        scheduled_tokens=scheduler_output.num_scheduled_tokens,
-                        packing_order=self.input_batch.req_ids[: self.input_batch.num_reqs])
-    # write the DispatchRecord with dumped=dumped, scoped_request_id=rid
+    order = self.input_batch.req_ids[: self.input_batch.num_reqs]
+    targets = dump_targets(requests_in_packing_order, phase, rule)      # [] : not this step
+    lanes = msprobe_lanes.packed_lanes(num_scheduled_tokens, order, targets, request_rows=True)
+    dumped = start_lanes(self.debugger, self.model, lanes)
+    # write the DispatchRecord with dumped=dumped, lane_request_ids=targets
+
+:func:`should_dump` and :func:`start_step` are msprobe's own one-request cut (one pair per
+step at most), kept for ``bench/bench_selective.py`` and as the baseline the lanes are
+measured against.
 
 This module must not import torch_npu or vllm at import time; it imports msprobe lazily.
 """
@@ -221,20 +226,30 @@ def start_step(
     if capture_request_id is None:
         return False
     tokens = scoped_tokens(scheduled_tokens, capture_request_id, packing_order)
-    # msprobe's start() first re-reads a changed config file (at most every 0.5 s), which would
-    # drop a request_id that only ensure_request_scope set. Run that check now, so the one inside
-    # start() finds nothing new; a file that carries the sentinel needs none of this.
-    reload_now = getattr(debugger, "_maybe_reload_config", None)
-    if callable(reload_now):
-        reload_now(force=True)
+    _reload_config_now(debugger)
     ensure_request_scope(debugger)
     install_compact_tensor_save()
     msprobe_lanes.uninstall(debugger.service)
-    if model is None:
-        debugger.start(scheduled_tokens=tokens)
-    else:
-        debugger.start(model=model, scheduled_tokens=tokens)
+    _start(debugger, model, scheduled_tokens=tokens)
     return True
+
+
+def _reload_config_now(debugger: Any) -> None:
+    """msprobe's ``start()`` first re-reads a changed config file (at most every 0.5 s); a reload
+    rebuilds the service's collector (dropping lanes) and its config (dropping a ``request_id``
+    that only :func:`ensure_request_scope` set). Run that check now, so the one inside ``start()``
+    finds nothing new."""
+    reload_now = getattr(debugger, "_maybe_reload_config", None)
+    if callable(reload_now):
+        reload_now(force=True)
+
+
+def _start(debugger: Any, model: Any, **kwargs: Any) -> None:
+    """``debugger.start``; ``model`` None for level L1 (API hooks only), as vllm-ascend does."""
+    if model is None:
+        debugger.start(**kwargs)
+    else:
+        debugger.start(model=model, **kwargs)
 
 
 def start_lanes(debugger: Any, model: Any, lanes: Sequence[msprobe_lanes.Lane]) -> bool:
@@ -248,15 +263,10 @@ def start_lanes(debugger: Any, model: Any, lanes: Sequence[msprobe_lanes.Lane]) 
     """
     if not lanes:
         return False
-    reload_now = getattr(debugger, "_maybe_reload_config", None)
-    if callable(reload_now):
-        reload_now(force=True)
+    _reload_config_now(debugger)
     install_compact_tensor_save()
     msprobe_lanes.install(debugger.service, lanes)
-    if model is None:
-        debugger.start()
-    else:
-        debugger.start(model=model)
+    _start(debugger, model)
     return True
 
 
