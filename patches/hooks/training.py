@@ -38,8 +38,10 @@ Nothing here imports torch, verl or msprobe at import time.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -129,72 +131,70 @@ def padding_rows(micro_batch: Any) -> list[bool]:
     return [isinstance(u, str) and bool(_PADDING_UID.match(u)) for u in uids]
 
 
-def sequence_lengths(micro_batch: Any) -> list[int] | None:
-    """Each row's token count in a packed FSDP micro batch, or None when the layout is not known.
+@dataclass(frozen=True)
+class PackedLayout:
+    """How verl's FSDP engine lays a micro batch's rows out: read once per dumped micro batch.
 
     verl's FSDP engine keeps ``input_ids`` as a nested (jagged) tensor (``DatasetPadMode.NO_PADDING``,
     the only mode its ``prepare_model_inputs`` accepts); its offsets are the ``cu_seqlens`` that
-    both layouts are built from (``verl/workers/engine/fsdp/transformer_impl.py``).
+    both layouts are built from (``verl/workers/engine/fsdp/transformer_impl.py``). With
+    ``use_remove_padding`` (THD) the rows are concatenated into ``[1, total, ...]`` (and
+    ``[total, ...]`` after a squeeze); otherwise ``torch.nested.to_padded_tensor`` pads each row
+    on the right to ``[batch, longest, ...]``.
     """
-    input_ids = micro_batch.get("input_ids", None) if hasattr(micro_batch, "get") else None
-    offsets = getattr(input_ids, "offsets", None)
-    if input_ids is None or not callable(offsets) or not getattr(input_ids, "is_nested", False):
-        return None
-    return [int(n) for n in offsets().diff().tolist()]
 
+    lengths: tuple[int, ...]
+    """Each row's token count."""
+    thd: bool
 
-def training_lanes(micro_batch: Any, ids: list[str], wanted: list[str]) -> list[msprobe_lanes.Lane] | None:
-    """One lane per wanted request of a packed FSDP micro batch, cut as verl's engine lays it out.
+    @classmethod
+    def of(cls, micro_batch: Any) -> PackedLayout | None:
+        """The micro batch's layout, or None when its ``input_ids`` are not verl's nested tensor."""
+        input_ids = micro_batch.get("input_ids", None) if hasattr(micro_batch, "get") else None
+        offsets = getattr(input_ids, "offsets", None)
+        if input_ids is None or not callable(offsets) or not getattr(input_ids, "is_nested", False):
+            return None
+        from verl.utils import tensordict_utils as tu
 
-    ``use_remove_padding`` (THD): the rows are concatenated into ``[1, total, ...]`` (and
-    ``[total, ...]`` after a squeeze), so each request is ``[begin, end)`` of the cumulative
-    lengths along dim 1 (and dim 0). Otherwise ``torch.nested.to_padded_tensor`` pads each row on
-    the right to ``[batch, max_len, ...]``, so a request is its row (dim 0) and its first
-    ``len`` positions (dim 1). Returns None when the lengths cannot be read or do not match the
-    ids (the micro batch is then dumped whole and logged as a multi-request micro batch).
+        thd = bool(tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True))
+        return cls(tuple(int(n) for n in offsets().diff().tolist()), thd)
 
-    Not cut: the 4-D attention mask each layer is handed and eager attention's probabilities,
-    ``[batch, 1|heads, t, t]`` over every token of the micro batch. They are not a request's
-    rows, vLLM has no counterpart of them, and a ``t`` cut on dims 2 and 3 would also cut any
-    activation whose width happens to equal ``t``. ``tests/patches/test_training_fsdp.py`` shows
-    every other tensor of a lane equal to that request's forward alone, in both layouts.
-    """
-    from verl.utils import tensordict_utils as tu
+    def lanes(self, ids: list[str], wanted: list[str]) -> list[msprobe_lanes.Lane] | None:
+        """One lane per wanted request: THD, ``[begin, end)`` of the cumulative lengths along dim 1
+        (and dim 0); padded, its row (dim 0) and its first ``len`` positions (dim 1). None when
+        the lengths do not match the ids (the micro batch is then dumped whole and logged as a
+        multi-request micro batch).
 
-    lengths = sequence_lengths(micro_batch)
-    if lengths is None or len(lengths) != len(ids) or len(set(ids)) != len(ids):
-        return None
-    if bool(tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True)):
-        return msprobe_lanes.packed_lanes(dict(zip(ids, lengths, strict=True)), ids, wanted, dims=(1, 0))
-    batch, longest = len(ids), max(lengths)
-    lanes = []
-    for rid in wanted:
-        row = ids.index(rid)
-        cuts = (msprobe_lanes.Cut(0, batch, row, row + 1), msprobe_lanes.Cut(1, longest, 0, lengths[row]))
-        lanes.append(msprobe_lanes.Lane(rid, cuts))
-    return lanes
+        Not cut: the 4-D attention mask each layer is handed and eager attention's probabilities,
+        ``[batch, 1|heads, t, t]`` over every token of the micro batch. They are not a request's
+        rows, vLLM has no counterpart of them, and a ``t`` cut on dims 2 and 3 would also cut any
+        activation whose width happens to equal ``t``. ``tests/patches/test_training_fsdp.py`` shows
+        every other tensor of a lane equal to that request's forward alone, in both layouts.
+        """
+        if len(self.lengths) != len(ids) or len(set(ids)) != len(ids):
+            return None
+        if self.thd:
+            return msprobe_lanes.packed_lanes(
+                dict(zip(ids, self.lengths, strict=True)), ids, wanted, dims=(1, 0)
+            )
+        batch, longest = len(ids), max(self.lengths)
+        lanes = []
+        for rid in wanted:
+            row = ids.index(rid)
+            cuts = (
+                msprobe_lanes.Cut(0, batch, row, row + 1),
+                msprobe_lanes.Cut(1, longest, 0, self.lengths[row]),
+            )
+            lanes.append(msprobe_lanes.Lane(rid, cuts))
+        return lanes
 
-
-def last_positions(micro_batch: Any) -> list[int] | None:
-    """Each row's last prompt position in the micro batch's logits flattened to ``[positions, vocab]``.
-
-    THD (``use_remove_padding``): the rows are concatenated, so row ``i`` ends at
-    ``cu_seqlens[i + 1] - 1``. Padded: ``[batch, longest]`` rows padded on the right, so row ``i``
-    ends at ``i * longest + len_i - 1``. None when the lengths cannot be read.
-    """
-    from verl.utils import tensordict_utils as tu
-
-    lengths = sequence_lengths(micro_batch)
-    if lengths is None:
-        return None
-    if bool(tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True)):
-        ends, total = [], 0
-        for n in lengths:
-            total += n
-            ends.append(total - 1)
-        return ends
-    longest = max(lengths)
-    return [i * longest + n - 1 for i, n in enumerate(lengths)]
+    def last_positions(self) -> list[int]:
+        """Each row's last prompt position in the logits flattened to ``[positions, vocab]``:
+        THD, ``cu_seqlens[i + 1] - 1``; padded, ``i * longest + len_i - 1``."""
+        if self.thd:
+            return [end - 1 for end in itertools.accumulate(self.lengths)]
+        longest = max(self.lengths)
+        return [i * longest + n - 1 for i, n in enumerate(self.lengths)]
 
 
 def _config_dump_path(config_path: Path) -> str:
@@ -341,8 +341,11 @@ class BatchDumper:
         # several rows: one msprobe dump per captured request (msprobe_lanes), cut out of the
         # packed forward; one row: the whole micro batch is that request's dump, as before
         lanes = None
-        if self.backend == "fsdp" and len(ids) > 1 and captured:
-            lanes = training_lanes(micro_batch, ids, captured)
+        packed = (
+            PackedLayout.of(micro_batch) if self.backend == "fsdp" and len(ids) > 1 and captured else None
+        )
+        if packed is not None:
+            lanes = packed.lanes(ids, captured)
         self.session.enter()
         if lanes:
             msprobe_lanes.install(self.session.service, lanes)
@@ -352,12 +355,12 @@ class BatchDumper:
         step = int(self.session.service.current_iter)
         lane_ids = [lane.request_id for lane in lanes] if lanes else None
         self._active = (step, ids, ids_all, lane_ids)
-        if lane_ids:
+        if lane_ids and packed is not None:
             self._next = token_mismatch.NextTokenProbe.attach(
                 micro_batch,
                 model,
                 wanted=[ids.index(rid) for rid in lane_ids],
-                last_positions=last_positions(micro_batch),
+                last_positions=packed.last_positions(),
             )
         else:
             self._next = token_mismatch.NextTokenProbe.attach(micro_batch, model)
