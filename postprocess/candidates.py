@@ -48,6 +48,21 @@ def worker_step(o: dict[str, Any]) -> tuple[int, int, int]:
     return step, rank, pid
 
 
+def lane_ids(o: dict[str, Any], among: Container[str], where: str) -> list[str] | None:
+    """A record's ``lane_request_ids`` (lane k is its k-th id), or None when absent: both logs
+    carry it. Raises ``TypeError`` (a ``bad_log_line``) unless it is a list of distinct strings,
+    each ``among`` the record's ids (``where`` names them in the message)."""
+    lanes = o.get("lane_request_ids")
+    if lanes is None:
+        return None
+    if type(lanes) is not list or not all(type(v) is str for v in lanes) or len(set(lanes)) != len(lanes):
+        raise TypeError("lane_request_ids must be a list of distinct strings")
+    missing = [v for v in lanes if v not in among]
+    if missing:
+        raise TypeError(f"lane_request_ids {missing[0]!r} is not among {where}")
+    return lanes
+
+
 def why(exc: Exception) -> str:
     """A record check's failure as the bad line's detail."""
     return f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)

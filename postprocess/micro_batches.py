@@ -8,10 +8,9 @@ the requests (a vLLM id is resolved against them, :func:`~.candidates.request_ke
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from verl_consistency.postprocess import discover
-from verl_consistency.postprocess.candidates import Candidate, Progress, why, worker_step
+from verl_consistency.postprocess.candidates import Candidate, Progress, lane_ids, why, worker_step
 from verl_consistency.postprocess.discover import LogFile
 from verl_consistency.postprocess.model import UnpairedReason
 from verl_consistency.postprocess.reasons import Reporter
@@ -54,12 +53,16 @@ def read_actor(logs: list[LogFile], rep: Reporter, tick: Progress) -> TrainingBa
                 discover.bad_line(rep, log, lineno, f"not an update_actor record: {why(exc)}")
                 continue
             try:
-                lanes = _lanes(o, ids)
+                lanes = lane_ids(o, set(ids), "request_ids")
             except TypeError as exc:
                 discover.bad_line(rep, log, lineno, f"not an update_actor record: {exc}")
                 continue
             train_order.extend(ids)
-            usable = lanes if lanes is not None else ([(ids[0], None)] if len(ids) == 1 else [])
+            usable: list[tuple[str, int | None]] = (
+                [(rid, k) for k, rid in enumerate(lanes)]
+                if lanes is not None
+                else ([(ids[0], None)] if len(ids) == 1 else [])
+            )
             if usable:
                 dump_path = o.get("dump_path")
                 phase = o.get("phase")
@@ -96,16 +99,3 @@ def read_actor(logs: list[LogFile], rep: Reporter, tick: Progress) -> TrainingBa
     if empty:
         rep.bulk("actor_step", UnpairedReason.NO_REQUEST_ID, empty)
     return TrainingBatches(singles, multi_ids, dict.fromkeys(train_order), n)
-
-
-def _lanes(o: dict[str, Any], ids: list[str]) -> list[tuple[str, int]] | None:
-    """``lane_request_ids``: (id, lane) for each, or None when absent. Raises ``TypeError`` for a
-    list that is not distinct strings among the record's ``request_ids``."""
-    lanes = o.get("lane_request_ids")
-    if lanes is None:
-        return None
-    if type(lanes) is not list or not set(map(type, lanes)) <= _STR:
-        raise TypeError("lane_request_ids must be a list of strings")
-    if len(set(lanes)) != len(lanes) or not set(lanes) <= set(ids):
-        raise TypeError("lane_request_ids must be distinct ids among request_ids")
-    return [(rid, k) for k, rid in enumerate(lanes)]

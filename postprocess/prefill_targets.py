@@ -19,7 +19,14 @@ from operator import itemgetter
 from typing import Any
 
 from verl_consistency.postprocess import discover
-from verl_consistency.postprocess.candidates import Candidate, Progress, request_key, why, worker_step
+from verl_consistency.postprocess.candidates import (
+    Candidate,
+    Progress,
+    lane_ids,
+    request_key,
+    why,
+    worker_step,
+)
 from verl_consistency.postprocess.discover import LogFile
 from verl_consistency.postprocess.model import UnpairedReason
 from verl_consistency.postprocess.reasons import Reporter
@@ -129,14 +136,9 @@ def _prefill_targets(o: dict[str, Any], reqs: list[dict[str, Any]]) -> list[Targ
     where: dict[str, int] = {}
     for i, q in enumerate(reqs):
         where.setdefault(q["request_id"], i)  # a request listed twice: its first entry
-    lanes = o.get("lane_request_ids")
+    lanes = lane_ids(o, where, "the step's requests")
     found: list[tuple[int, int | None]] = []
     if lanes is not None:
-        if type(lanes) is not list or not set(map(type, lanes)) <= _STR or len(set(lanes)) != len(lanes):
-            raise TypeError("lane_request_ids must be a list of distinct strings")
-        missing = [v for v in lanes if v not in where]
-        if missing:
-            raise TypeError(f"lane_request_ids {missing[0]!r} is not among the step's requests")
         found = [(where[v], k) for k, v in enumerate(lanes)]
     else:
         captured = o.get("scoped_request_id") or o.get("captured_request_id")
