@@ -8,6 +8,7 @@
 | ``token_records`` | ``token_mismatch*.jsonl``, ``next_token.jsonl`` | hooks | postprocess |
 | ``capture`` | which requests a collection run captures | entrypoints | hooks (both sides) |
 | ``run_manifest`` | ``run.json`` | entrypoints | postprocess |
+| ``check_run`` | ``check.json``: a check run's two vLLM ids per prompt | entrypoints (check) | postprocess |
 | ``dataset`` | the embedded prompt set (verl's parquet schema) | entrypoints | verl, ``reward`` |
 | ``reward`` | the prompt set's rule-based score (copied into the run) | entrypoints | verl's reward |
 | ``atomic`` | how every file is written (temp file, then rename) | every stage | |
