@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from verl_consistency.entrypoints import demo, msprobe_defaults, run_cmd
+from verl_consistency.entrypoints import check, demo, msprobe_defaults, run_cmd
 from verl_consistency.patches import pins
 from verl_consistency.patches.cli import app as patches_app
 from verl_consistency.patches.contracts import __version__
@@ -46,6 +46,7 @@ run_cmd.register(app)
 postprocess_cli.register(app)
 app.command("wait-rayjob")(wait_rayjob_cmd)
 app.command("demo")(demo.demo_cmd)
+app.command("check")(check.check_cmd)
 
 
 def main() -> int:

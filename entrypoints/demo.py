@@ -199,13 +199,17 @@ def runtime_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _stage(stage: str, args: dict[str, Any], work: Path, env: dict[str, str], log: Path) -> dict[str, Any]:
+def _stage(
+    stage: str, args: dict[str, Any], work: Path, env: dict[str, str], log: Path, module: str = STAGES
+) -> dict[str, Any]:
+    """Run one engine's stage as ``python -m module stage ARGS OUT`` in this venv; its output, or
+    :class:`DemoError` with the log's tail."""
     work.mkdir(parents=True, exist_ok=True)
     args_path, out_path = work / f"{stage}-args.json", work / f"{stage}-out.json"
     write_json_atomic(args_path, args)
     with log.open("ab") as fh:
         res = subprocess.run(
-            [sys.executable, "-m", STAGES, stage, str(args_path), str(out_path)],
+            [sys.executable, "-m", module, stage, str(args_path), str(out_path)],
             env=env,
             stdout=fh,
             stderr=subprocess.STDOUT,

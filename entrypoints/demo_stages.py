@@ -239,9 +239,9 @@ def _batch(requests: list[dict[str, Any]]) -> Any:
     )
 
 
-def fsdp_engine(model_dir: str, actor_cfg: Any) -> Any:
-    """verl's ``FSDPEngineWithLMHead`` with eager attention, built directly: its registry knows only
-    cuda and npu. The demo and the tests' FSDP driver both build it here."""
+def fsdp_engine(model_dir: str, actor_cfg: Any, attn: str = "eager") -> Any:
+    """verl's ``FSDPEngineWithLMHead`` (eager attention unless told), built directly: its registry
+    knows only cuda and npu. The demo, ``check`` and the tests' FSDP driver all build it here."""
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import HFModelConfig
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
@@ -249,7 +249,7 @@ def fsdp_engine(model_dir: str, actor_cfg: Any) -> Any:
     model_config = HFModelConfig(
         path=model_dir,
         load_tokenizer=False,
-        override_config={"attn_implementation": "eager"},
+        override_config={"attn_implementation": attn},
         use_remove_padding=True,
         enable_gradient_checkpointing=False,
     )
@@ -263,17 +263,55 @@ def fsdp_engine(model_dir: str, actor_cfg: Any) -> Any:
     return engine
 
 
+DIST_BACKEND = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+"""torch.distributed backend per device (world size 1: FSDP still wants a process group)."""
+
+
+def precision(device: str, dtype: str) -> tuple[list[str], str]:
+    """The actor overrides for ``dtype`` and the attention implementation for ``device``.
+
+    float32: fp32 compute (:data:`FP32`), as vLLM's ``dtype=float32``; bfloat16/float16: verl's own
+    mixed precision with that compute dtype (parameters gathered in it, reductions in fp32), which
+    is what an RL job trains with. Attention: eager on CPU (the reference), sdpa on GPU/NPU
+    (``flash_attention_2`` needs a flash-attn wheel the machine may lack).
+    """
+    attn = "eager" if device == "cpu" else "sdpa"
+    if dtype == "float32":
+        return [FP32], attn
+    short = {"bfloat16": "bf16", "float16": "fp16"}[dtype]
+    return [
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision="
+        f"{{param_dtype:{short},reduce_dtype:fp32,buffer_dtype:fp32}}"
+    ], attn
+
+
+def _serve_attention_helpers(device: str) -> None:
+    """verl's pure-torch padding helpers where flash_attn cannot import (CPU; a GPU without the wheel)."""
+    if device == "cpu":
+        serve_pure_torch_attention_helpers()
+        return
+    if device == "cuda":
+        try:
+            import flash_attn  # noqa: F401
+        except ImportError:
+            serve_pure_torch_attention_helpers(cpu_platform=False)
+
+
 def train(args: dict[str, Any]) -> dict[str, Any]:
-    """Old log-probs on the real verl FSDP engine, PROMPTS_ONLY, ``micro_batch`` requests per forward."""
+    """Old log-probs on the real verl FSDP engine, PROMPTS_ONLY, ``micro_batch`` requests per forward.
+
+    ``device`` (cpu, cuda or npu) and ``dtype`` default to the demo's: CPU, fp32.
+    """
     import torch
     import torch.distributed as dist
 
+    device, dtype = str(args.get("device", "cpu")), str(args.get("dtype", "float32"))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(args["port"]))
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(k, v)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    serve_pure_torch_attention_helpers()
+    dist.init_process_group(DIST_BACKEND[device], rank=0, world_size=1)
+    _serve_attention_helpers(device)
 
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
@@ -282,8 +320,9 @@ def train(args: dict[str, Any]) -> dict[str, Any]:
 
     requests = args["requests"]
     micro_batch = int(args.get("micro_batch", 1))
-    actor_cfg = actor_config(args["model_dir"], len(requests), FP32, micro_batch=micro_batch)
-    engine = fsdp_engine(args["model_dir"], actor_cfg)
+    extra, attn = precision(device, dtype)
+    actor_cfg = actor_config(args["model_dir"], len(requests), *extra, micro_batch=micro_batch)
+    engine = fsdp_engine(args["model_dir"], actor_cfg, attn=attn)
     batch = prompts_only.trim(_batch(requests))
     td = left_right_2_no_padding(batch.to_tensordict())
     tu.assign_non_tensor(
@@ -306,6 +345,8 @@ def train(args: dict[str, Any]) -> dict[str, Any]:
         "log_probs_finite": bool(torch.isfinite(log_probs).all()),
         "micro_batches": -(-len(requests) // micro_batch),
         "micro_batch": micro_batch,
+        "device": device,
+        "dtype": dtype,
         "infer_s": round(time.monotonic() - t0, 1),
     }
 

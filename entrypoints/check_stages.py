@@ -1,0 +1,133 @@
+"""The check's vLLM process: the same prompts twice, batched then alone, on one engine.
+
+``python -m verl_consistency.entrypoints.check_stages rollout ARGS.json OUT.json`` (started by
+:mod:`verl_consistency.entrypoints.check`; never by hand). The training process is the demo's
+(``demo_stages train``), told the device and dtype.
+
+Why one engine for both passes: the batch variance must be vLLM against itself, same weights,
+same kernels, same process; only what shares the step differs. Prefix caching is off, or the
+alone pass would find every prompt cached by the batched pass and compute none of it. Each
+request asks for one token with ``logprobs=top_k``: the prefill is what is compared, and the
+top-k at the last prompt position is the head comparison (``token_mismatch.NextTokenProbe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+
+def engine_args(args: dict[str, Any]) -> Any:
+    """``AsyncEngineArgs`` for the check: eager (msprobe's module hooks), no prefix cache, one seed."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    extra: dict[str, Any] = dict(args.get("engine_kwargs") or {})
+    if args["device"] != "cpu":
+        extra.setdefault("gpu_memory_utilization", float(args.get("gpu_memory_utilization", 0.5)))
+    return AsyncEngineArgs(
+        model=args["model_dir"],
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype=args["dtype"],
+        seed=0,
+        max_model_len=int(args["max_model_len"]),
+        tensor_parallel_size=int(args.get("tensor_parallel_size", 1)),
+        enable_chunked_prefill=True,
+        enable_prefix_caching=False,
+        additional_config={"dump_config_path": args["rollout_config"]},
+        **extra,
+    )
+
+
+def first_position(output: Any) -> tuple[float | None, list[list[float]]]:
+    """vLLM's log-prob of its sampled token 0 and its top-k there, as ``[[token, log p], ...]``.
+
+    ``CompletionOutput.logprobs[0]`` maps token id -> ``Logprob`` for the sampled token and the
+    ``logprobs`` most likely ones (both 0.18.0 and 0.23.0); None when no log-probs were asked.
+    """
+    logprobs = getattr(output, "logprobs", None)
+    if not logprobs or not output.token_ids:
+        return None, []
+    first = logprobs[0]
+    sampled = first.get(output.token_ids[0])
+    ranked = sorted(first.items(), key=lambda kv: -float(kv[1].logprob))
+    return (
+        float(sampled.logprob) if sampled is not None else None,
+        [[int(t), float(lp.logprob)] for t, lp in ranked],
+    )
+
+
+def rollout(args: dict[str, Any]) -> dict[str, Any]:
+    """Warm-up request, then the batched pass (all at once), then the alone pass (one by one)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    t0 = time.monotonic()
+    engine = AsyncLLM.from_engine_args(engine_args(args))
+    started = time.monotonic() - t0
+    top_k = int(args.get("top_k", 20))
+    params = SamplingParams(max_tokens=1, temperature=1.0, logprobs=top_k or None, detokenize=False)
+
+    async def one(prompt: list[int]) -> dict[str, Any]:
+        request_id = uuid.uuid4().hex  # verl's LLMServerClient.generate: request_id=uuid4().hex
+        final = None
+        async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id):
+            final = out
+        assert final is not None
+        logp, topk = first_position(final.outputs[0])
+        return {
+            "request_id": request_id,
+            "engine_request_id": final.request_id,
+            "prompt_ids": prompt,
+            "response_ids": list(final.outputs[0].token_ids),
+            "first_token_log_prob": logp,
+            "topk": topk,
+        }
+
+    async def passes() -> dict[str, Any]:
+        prompts: list[list[int]] = args["prompts"]
+        # alone and first: the engine's first step compiles and warms its caches; its dump has
+        # no counterpart (unpaired, named in the report as such)
+        warm = await one(prompts[0][:16])
+        t1 = time.monotonic()
+        batched = await asyncio.gather(*(one(p) for p in prompts))
+        t2 = time.monotonic()
+        alone = [await one(p) for p in prompts]
+        return {
+            "warmup_request_id": warm["request_id"],
+            "batched": list(batched),
+            "alone": alone,
+            "batched_s": round(t2 - t1, 2),
+            "alone_s": round(time.monotonic() - t2, 2),
+        }
+
+    out = asyncio.run(passes())
+    engine.shutdown()
+    return {**out, "engine_start_s": round(started, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = sys.argv[1:] if argv is None else argv
+    if len(args_list) != 3 or args_list[0] != "rollout":
+        print(
+            "usage: python -m verl_consistency.entrypoints.check_stages rollout ARGS.json OUT.json",
+            file=sys.stderr,
+        )
+        return 2
+    _, args_path, out_path = args_list
+    result = rollout(json.loads(Path(args_path).read_text(encoding="utf-8")))
+    tmp = Path(out_path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(result), encoding="utf-8")
+    os.replace(tmp, out_path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
