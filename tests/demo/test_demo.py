@@ -24,50 +24,20 @@ with it set, a missing venv, or one built for another pin set, fails.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from verl_consistency.entrypoints.demo_venv import STAMP
-from verl_consistency.patches import pins
 from verl_consistency.patches.contracts.records import base_request_id
-
-from ..conftest import lean_disk
 
 pytestmark = [pytest.mark.demo, pytest.mark.pinset, pytest.mark.timeout(1500)]
 
-DEMO_VENV_ENV = "VERL_CONSISTENCY_DEMO_VENV"
 PERTURBED = "model.layers.1.mlp.down_proj"
 CPU_BLOCK = 128
 """vLLM's CPU platform sets block_size 128 unless the user chose one (``platforms/cpu.py``, 0.18 and 0.23)."""
-
-
-@pytest.fixture(scope="module")
-def demo_python() -> Iterator[Path]:
-    name = pins.get("set.name")
-    make = "make demo-venv" + ("" if name == "current" else f" PINS={name}")
-    venv = os.environ.get(DEMO_VENV_ENV)
-    if not venv:
-        pytest.skip(
-            f"${DEMO_VENV_ENV} unset: no demo venv for pin set {name!r} "
-            f"(`{make}` builds it; `make test-current`/`make test-next` then set the variable)"
-        )
-    py = Path(venv) / "bin" / "python"
-    assert py.is_file(), f"${DEMO_VENV_ENV}={venv} has no bin/python: run `{make}`"
-    stamp = Path(venv) / STAMP
-    assert stamp.is_file(), f"{venv} is unfinished (no {STAMP}): run `{make}`"
-    # stamps from before pin sets carry no "set": those venvs are the current set's
-    built_for = json.loads(stamp.read_text()).get("set", "current")
-    assert built_for == name, f"{venv} was built for pin set {built_for!r}, the tests run {name!r}"
-    yield py
-    if lean_disk():  # CI: the next set's demo venv needs the disk this one holds
-        shutil.rmtree(venv)
 
 
 @pytest.fixture(scope="module")
