@@ -110,7 +110,7 @@ def test_distribution_moved_away_from_the_sampled_token_is_flagged(tmp_path: Pat
     )
     page = html.read_text()
     assert page.count("output-head-row") == 1
-    assert f"TV over the top-{K}" in page
+    assert f"top-k ({K} tokens)" in page
     assert "top-1 same" in page
     assert "| top-k TV |" in md.read_text()
 
