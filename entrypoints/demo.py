@@ -43,7 +43,7 @@ from verl_consistency.entrypoints.msprobe_config import DumpOptions, Level, Task
 from verl_consistency.patches.contracts import capture as capture_mod
 from verl_consistency.patches.contracts import dataset, layout
 from verl_consistency.patches.contracts.atomic import write_json_atomic
-from verl_consistency.patches.contracts.env import ACTOR_CONFIG, CAPTURE, DUMP_ON, RUN_DIR
+from verl_consistency.patches.contracts.env import ACTOR_CONFIG, CAPTURE, DUMP_ON, RUN_DIR, TOKEN_LEVEL
 
 STAGES = "verl_consistency.entrypoints.demo_stages"
 """The module each engine's process runs (``python -m``), one process per engine."""
@@ -340,6 +340,7 @@ def run_demo(
             RUN_DIR: str(run.run_dir),
             DUMP_ON: "1",
             ACTOR_CONFIG: str(run.actor_config),
+            TOKEN_LEVEL: "1",  # the next-token records (the output row) from vLLM's log-probs
         }
         args = {
             "model_dir": str(model),

@@ -60,7 +60,10 @@ def rollout(args: dict[str, Any]) -> dict[str, Any]:
     # sample is discarded (gpu_model_runner.py _bookkeeping_sync: gen.set_offset), and CPU
     # generators raise "CPU Generator does not use offset", killing the engine (seen with 100
     # prompts at once). The engine's own seed (engine args) keeps the run reproducible enough.
-    params = SamplingParams(max_tokens=args["max_tokens"], temperature=1.0, detokenize=False)
+    # logprobs=k: per output position the sampled token's log-prob plus the top k (issue 22: the
+    # head as a distribution, where verl asks for the sampled token's only: logprobs=0)
+    top_k = int(args.get("top_k", 20))
+    params = SamplingParams(max_tokens=args["max_tokens"], temperature=1.0, detokenize=False, logprobs=top_k)
 
     async def one(prompt: list[int]) -> dict[str, Any]:
         request_id = uuid.uuid4().hex  # verl's LLMServerClient.generate: request_id=uuid4().hex
@@ -68,11 +71,18 @@ def rollout(args: dict[str, Any]) -> dict[str, Any]:
         async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id):
             final = out
         assert final is not None
+        tokens = list(final.outputs[0].token_ids)
+        # output position 0: token id -> Logprob, the sampled token and the top k (vLLM 0.18, 0.23)
+        first = final.outputs[0].logprobs[0] if tokens and final.outputs[0].logprobs else {}
         return {
             "request_id": request_id,
             "engine_request_id": final.request_id,
             "prompt_ids": prompt,
-            "response_ids": list(final.outputs[0].token_ids),
+            "response_ids": tokens,
+            "first_token_log_prob": float(first[tokens[0]].logprob)
+            if tokens and tokens[0] in first
+            else None,
+            "topk": [[int(t), float(lp.logprob)] for t, lp in first.items()] or None,
         }
 
     async def run_all() -> list[dict[str, Any]]:
@@ -226,17 +236,29 @@ def _batch(requests: list[dict[str, Any]]) -> Any:
     ids = [r["request_id"] for r in requests]
     every = np.empty(n, dtype=object)
     every[:] = [[i] for i in ids]
-    return DataProto.from_dict(
-        tensors={
-            "prompts": prompts,
-            "responses": responses,
-            "response_mask": attn[:, plen:].clone(),
-            "input_ids": input_ids,
-            "attention_mask": attn,
-            "position_ids": position_ids,
-        },
-        non_tensors={"request_id": np.array(ids, dtype=object), "request_ids_all": every},
-    )
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": attn[:, plen:].clone(),
+        "input_ids": input_ids,
+        "attention_mask": attn,
+        "position_ids": position_ids,
+    }
+    non_tensors = {"request_id": np.array(ids, dtype=object), "request_ids_all": every}
+    # vLLM's log-probs where the rollout asked for them (NaN where none; only position 0 is
+    # known), and its top-k there: what the PROMPTS_ONLY trim stashes for the output row
+    if any(r.get("first_token_log_prob") is not None for r in requests):
+        from verl_consistency.patches.hooks.token_mismatch import NEXT_TOKEN_TOPK
+
+        logps = torch.full((n, rlen), float("nan"), dtype=torch.float32)
+        topk = np.empty(n, dtype=object)
+        for i, r in enumerate(requests):
+            if r.get("first_token_log_prob") is not None:
+                logps[i, 0] = r["first_token_log_prob"]
+            topk[i] = r.get("topk")
+        tensors["rollout_log_probs"] = logps
+        non_tensors[NEXT_TOKEN_TOPK] = topk
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
 
 
 def fsdp_engine(model_dir: str, actor_cfg: Any, attn: str = "eager") -> Any:

@@ -36,6 +36,17 @@ OUTPUT_HEALTHY_ABS = 0.05
 """|Δ log p| of the next token at or below which the output row is ``ok`` (bf16 engines differ by ~1e-2)."""
 OUTPUT_DIVERGED_ABS = tm.DEFAULT_THRESHOLD
 """Above this the two engines predict different distributions: the pair is ``diverged``."""
+HEAD_HEALTHY_ABS = OUTPUT_HEALTHY_ABS
+"""The same bounds for ``topk_max_abs_diff`` (the worst |Δ log p| over vLLM's top-k), because any
+token of the top-k could have been the sampled one, and then the output row would have judged it by
+these bounds. So a pair whose sampled token agrees but whose distribution moved elsewhere in the
+top-k is flagged as if vLLM had sampled the moved token. No separate bound for ``topk_tv``: with
+every top-k |Δ log p| ≤ a, the top-k TV is at most 0.5 * (e^a - 1) (0.026 at 0.05, 0.053 at 0.1),
+so a TV bound would flag nothing these do not; the TV is shown for what it says about sampling."""
+HEAD_DIVERGED_ABS = OUTPUT_DIVERGED_ABS
+"""See :data:`HEAD_HEALTHY_ABS`. A different top-1 is at least ``warn`` (greedy decoding would
+differ; with every top-k |Δ log p| small that is a near-tie flipped), and ``diverged`` when
+training's argmax is not in vLLM's top-k at all: training puts first a token vLLM ranks below k."""
 
 TOKEN_DIR = "token"
 CAPTURE_THESE = "capture-these.txt"
@@ -73,19 +84,35 @@ def next_token_records(run_dir: Path, bad: list[BadLine] | None = None) -> list[
     return recs
 
 
-def output_status(abs_diff: float) -> str:
-    if not math.isfinite(abs_diff) or abs_diff > OUTPUT_DIVERGED_ABS:
-        return "diverged"
-    return "ok" if abs_diff <= OUTPUT_HEALTHY_ABS else "warn"
+_RANK = {"ok": 0, "warn": 1, "diverged": 2}
+
+
+def output_status(abs_diff: float, rec: tm.NextTokenRecord | None = None) -> str:
+    """The sampled token's |Δ log p| against the bounds; with ``rec``'s head figures, the worst of
+    that and the head's (:data:`HEAD_HEALTHY_ABS`, :data:`HEAD_DIVERGED_ABS`)."""
+
+    def by_abs(x: float, healthy: float, diverged: float) -> str:
+        if not math.isfinite(x) or x > diverged:
+            return "diverged"
+        return "ok" if x <= healthy else "warn"
+
+    found = [by_abs(abs_diff, OUTPUT_HEALTHY_ABS, OUTPUT_DIVERGED_ABS)]
+    if rec is not None and rec.topk_max_abs_diff is not None:
+        found.append(by_abs(rec.topk_max_abs_diff, HEAD_HEALTHY_ABS, HEAD_DIVERGED_ABS))
+    if rec is not None and rec.top1_same is False:
+        in_topk = any(t == rec.train_argmax for t, _ in rec.rollout_topk or [])
+        found.append("warn" if in_topk else "diverged")
+    return max(found, key=_RANK.__getitem__)
 
 
 def output_row(rec: tm.NextTokenRecord) -> OutputRow:
-    status = output_status(rec.abs_diff)
-    note = (
-        f"vLLM sampled {rec.token}; training's most likely next token is {rec.train_argmax}"
-        if rec.train_argmax != rec.token
-        else ""
-    )
+    status = output_status(rec.abs_diff, rec)
+    notes = []
+    if rec.train_argmax != rec.token:
+        notes.append(f"vLLM sampled {rec.token}; training's most likely next token is {rec.train_argmax}")
+    if rec.rollout_topk and rec.top1_same is False:
+        vllm_top = max(rec.rollout_topk, key=lambda x: x[1])[0]
+        notes.append(f"top-1 differs: vLLM {vllm_top}, training {rec.train_argmax}")
     return OutputRow(
         token=rec.token,
         rollout_log_prob=rec.rollout_log_prob,
@@ -93,7 +120,11 @@ def output_row(rec: tm.NextTokenRecord) -> OutputRow:
         abs_diff=rec.abs_diff,
         train_argmax=rec.train_argmax,
         status=status,  # type: ignore[arg-type]
-        note=note,
+        note="; ".join(notes),
+        topk=len(rec.rollout_topk) if rec.rollout_topk else None,
+        topk_max_abs_diff=rec.topk_max_abs_diff,
+        topk_tv=rec.topk_tv,
+        top1_same=rec.top1_same,
     )
 
 

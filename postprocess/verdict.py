@@ -153,6 +153,10 @@ class OutputRow(_Model):
     log-prob of the token it sampled after the prompt (``rollout_log_probs[:, 0]``); the training
     forward of the same prompt gives its log-prob of that token at the same position
     (``hooks/token_mismatch.NextTokenProbe``). See ``postprocess/token_level.py``.
+
+    When vLLM also gave its top-k at that position, the head figures compare the distribution,
+    not just the one sampled token (``contracts.token_records.HEAD_FIGURES``); None otherwise
+    (and in bundles written before they existed).
     """
 
     token: int
@@ -162,6 +166,11 @@ class OutputRow(_Model):
     train_argmax: int
     status: RowStatus
     note: str = ""
+    topk: int | None = None
+    """How many of vLLM's top-k tokens the head figures cover."""
+    topk_max_abs_diff: float | None = None
+    topk_tv: float | None = None
+    top1_same: bool | None = None
 
 
 class PairComparison(_Model):

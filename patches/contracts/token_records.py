@@ -57,6 +57,45 @@ FIGURES: dict[str, str] = {
 NEXT_TOKEN_LOG = "next_token.jsonl"
 """Per dumped training micro batch, in ``actor/<pid>/`` beside ``update_actor_log.jsonl``."""
 
+HEAD_FIGURES: dict[str, str] = {
+    "topk_max_abs_diff": "max over vLLM's top-k tokens t of |train log p(t) - vLLM log p(t)|: the worst "
+    "|Δ log p| of any token vLLM could likely have sampled there",
+    "topk_tv": "total variation over vLLM's top-k set: 0.5 * sum over its tokens |p_train(t) - p_vllm(t)| "
+    "(a lower bound of the full TV: the mass outside the top-k is not compared)",
+    "top1_same": "training's argmax over the whole vocabulary == vLLM's most likely token among its top-k",
+}
+"""The head of the output row, as a distribution (issue 22): the sampled token alone agreeing says
+nothing about the rest of the distribution it was drawn from. Computed by :func:`head_figures`."""
+
+
+class HeadFigures(BaseModel):
+    topk_max_abs_diff: float | None = None
+    topk_tv: float | None = None
+    top1_same: bool | None = None
+
+
+def head_figures(
+    topk: list[tuple[int, float]], train_log_probs: list[float], train_argmax: int
+) -> HeadFigures:
+    """:data:`HEAD_FIGURES` from vLLM's top-k ``[token, log p]`` and training's log p of the same tokens.
+
+    Entries with a non-finite vLLM log-prob (vLLM pads with -inf when fewer than k tokens are
+    possible) are left out; with none left every figure is None.
+    """
+    pairs = [(int(t), float(v), float(tr)) for (t, v), tr in zip(topk, train_log_probs, strict=True)]
+    pairs = [x for x in pairs if math.isfinite(x[1])]
+    if not pairs:
+        return HeadFigures()
+    diffs = [abs(tr - v) for _, v, tr in pairs]
+    tv = 0.5 * sum(abs(math.exp(tr) - math.exp(v)) for _, v, tr in pairs)
+    top1 = max(pairs, key=lambda x: x[1])[0]
+    worst = max(diffs)
+    return HeadFigures(
+        topk_max_abs_diff=worst if math.isfinite(worst) else None,
+        topk_tv=tv if math.isfinite(tv) else None,
+        top1_same=top1 == int(train_argmax),
+    )
+
 
 def threshold(environ: Mapping[str, str] | None = None) -> float:
     """``$VERL_CONSISTENCY_TOKEN_THRESHOLD``, else :data:`DEFAULT_THRESHOLD`; ValueError unless positive.
@@ -153,6 +192,13 @@ class NextTokenRecord(BaseModel):
     train_argmax: int = Field(description="the training forward's most likely next token")
     train_argmax_log_prob: float
     temperature: float = 1.0
+    rollout_topk: list[tuple[int, float]] | None = Field(
+        default=None,
+        description="vLLM's top-k [token, log p] at the same position (its logprobs=k), when asked",
+    )
+    topk_max_abs_diff: float | None = Field(default=None, description=HEAD_FIGURES["topk_max_abs_diff"])
+    topk_tv: float | None = Field(default=None, description=HEAD_FIGURES["topk_tv"])
+    top1_same: bool | None = Field(default=None, description=HEAD_FIGURES["top1_same"])
 
 
 def read_side(run_dir: Path, rec: TokenRecord) -> list[float | None]:

@@ -101,7 +101,11 @@ def clear_padding(sample: dict[str, Any]) -> None:
         extra.pop(REQUEST_IDS_ALL, None)
     from verl_consistency.patches.hooks import token_mismatch
 
-    for key in (token_mismatch.NEXT_TOKEN, token_mismatch.NEXT_TOKEN_ROLLOUT_LOG_PROB):
+    for key in (
+        token_mismatch.NEXT_TOKEN,
+        token_mismatch.NEXT_TOKEN_ROLLOUT_LOG_PROB,
+        token_mismatch.NEXT_TOKEN_TOPK,
+    ):
         if key in sample:
             sample[key] = None
 

@@ -48,6 +48,7 @@ from verl_consistency.patches.contracts.token_records import (
     NextTokenRecord,
     StepRecord,
     TokenRecord,
+    head_figures,
     threshold,
 )
 
@@ -416,6 +417,29 @@ NEXT_TOKEN = "vc_next_token"
 """``non_tensor_batch`` key: vLLM's first response token (sampled at the last prompt position)."""
 NEXT_TOKEN_ROLLOUT_LOG_PROB = "vc_next_token_rollout_log_prob"
 """``non_tensor_batch`` key: vLLM's log-prob of that token (``rollout_log_probs[:, 0]``)."""
+NEXT_TOKEN_TOPK = "vc_next_token_topk"
+"""``non_tensor_batch`` key (optional): per row, vLLM's top-k ``[token, log p]`` pairs at the last
+prompt position (``SamplingParams(logprobs=k)``, output position 0: the sampled token plus the top
+k), or None. verl 0.8.0 and 0.9.1 never fill it: their ``vLLMHttpServer.generate``
+(``vllm_async_server.py``) sets ``sampling_params["logprobs"] = 0`` when asked for log-probs, i.e.
+the sampled token's log-prob only. Whatever has vLLM's top-k (the demo, ``check``) puts it in this
+column at rollout; the trims below then carry it like the two keys above."""
+
+
+def _topk_pairs(value: Any) -> list[tuple[int, float]] | None:
+    """One row of :data:`NEXT_TOKEN_TOPK` as ``(token, log p)`` pairs with a finite log p, or None.
+
+    None too for a row of another shape: the probe runs inside training, which a malformed
+    diagnostic column must not stop (the record then simply has no head figures).
+    """
+    if value is None:
+        return None
+    try:
+        rows = value.tolist() if hasattr(value, "tolist") else list(value)
+        out = [(int(t), float(v)) for t, v in rows if math.isfinite(float(v))]
+    except (TypeError, ValueError):
+        return None
+    return out or None
 
 
 def stash_next_token(batch: Any) -> bool:
@@ -426,7 +450,9 @@ def stash_next_token(batch: Any) -> bool:
     ``rollout_log_probs[:, 0]``. That is the only thing vLLM tells verl about its output
     distribution (verl asks for the sampled token's log-prob only). Both go into two new
     ``non_tensor_batch`` keys, which verl's engines carry into every micro batch as they carry
-    ``request_id``. Returns False (nothing stashed) without rollout log-probs. Read-only on tensors.
+    ``request_id``. A batch that carries vLLM's top-k (:data:`NEXT_TOKEN_TOPK`) keeps it, emptied on
+    the rows without a valid response token 0. Returns False (nothing stashed) without rollout
+    log-probs. Read-only on tensors.
     """
     if not enabled():
         return False
@@ -445,6 +471,14 @@ def stash_next_token(batch: Any) -> bool:
     lp[:] = [float(x) if v else None for x, v in zip(logps, valid, strict=True)]
     batch.non_tensor_batch[NEXT_TOKEN] = tok
     batch.non_tensor_batch[NEXT_TOKEN_ROLLOUT_LOG_PROB] = lp
+    if batch.non_tensor_batch.get(NEXT_TOKEN_TOPK) is not None:
+        pairs = [
+            _topk_pairs(x) if v else None
+            for x, v in zip(batch.non_tensor_batch[NEXT_TOKEN_TOPK], valid, strict=True)
+        ]
+        topk = np.empty(len(tokens), dtype=object)
+        topk[:] = [None if x is None else [list(p) for p in x] for x in pairs]
+        batch.non_tensor_batch[NEXT_TOKEN_TOPK] = topk
     return True
 
 
@@ -458,10 +492,16 @@ class NextTokenProbe:
     which the training hook derives from verl's layout: ``training.last_positions``).
     """
 
-    def __init__(self, handle: Any, rows: list[tuple[int, int, float]], temperature: float) -> None:
+    def __init__(
+        self,
+        handle: Any,
+        rows: list[tuple[int, int, float, list[tuple[int, float]] | None]],
+        temperature: float,
+    ) -> None:
         self.handle = handle
         self.rows = rows
-        """(position in the flattened logits, or -1; sampled token; vLLM's log-prob), per wanted row."""
+        """(position in the flattened logits, or -1; sampled token; vLLM's log-prob; vLLM's top-k
+        or None), per wanted row."""
         self.temperature = temperature
         self.last: list[Any] = []
 
@@ -489,6 +529,12 @@ class NextTokenProbe:
             return None
         tokens = list(tokens.tolist() if hasattr(tokens, "tolist") else tokens)
         logps = list(logps.tolist() if hasattr(logps, "tolist") else logps)
+        topks = tu.get(micro_batch, key=NEXT_TOKEN_TOPK, default=None)
+        topks = (
+            [None] * len(tokens)
+            if topks is None
+            else list(topks.tolist() if hasattr(topks, "tolist") else topks)
+        )
         if wanted is None:
             if len(tokens) != 1:
                 return None
@@ -498,7 +544,7 @@ class NextTokenProbe:
                 return None
             last_positions = [-1]
         rows = [
-            (int(last_positions[i]), int(tokens[i]), float(logps[i]))
+            (int(last_positions[i]), int(tokens[i]), float(logps[i]), _topk_pairs(topks[i]))
             for i in wanted
             if tokens[i] is not None and logps[i] is not None
         ]
@@ -517,7 +563,7 @@ class NextTokenProbe:
             try:
                 logits = output[0] if isinstance(output, tuple) else output
                 flat = logits.reshape(-1, logits.shape[-1])
-                probe.last = [flat[pos].detach().float().clone() for pos, _, _ in probe.rows]
+                probe.last = [flat[pos].detach().float().clone() for pos, *_ in probe.rows]
             except Exception as exc:  # never break the forward
                 _warn(f"next-token probe skipped: {type(exc).__name__}: {exc}")
 
@@ -536,7 +582,7 @@ class NextTokenProbe:
         if not self.last:
             return
         try:
-            for logits, (_, token, rollout_log_prob), request_id in zip(
+            for logits, (_, token, rollout_log_prob, topk), request_id in zip(
                 self.last, self.rows, request_ids, strict=True
             ):
                 self._write(
@@ -544,6 +590,7 @@ class NextTokenProbe:
                     logits,
                     token,
                     rollout_log_prob,
+                    topk,
                     step=step,
                     dump_path=dump_path,
                     phase=phase,
@@ -558,6 +605,7 @@ class NextTokenProbe:
         logits: Any,
         token: int,
         rollout_log_prob: float,
+        topk: list[tuple[int, float]] | None = None,
         *,
         step: int,
         dump_path: str | None,
@@ -569,6 +617,10 @@ class NextTokenProbe:
         logp = torch.log_softmax(logits / self.temperature, dim=-1)
         top = int(torch.argmax(logp).item())
         train = float(logp[token].item())
+        head: dict[str, Any] = {}
+        if topk:
+            train_topk = logp[torch.tensor([t for t, _ in topk])].tolist()
+            head = {"rollout_topk": topk, **head_figures(topk, train_topk, top).model_dump()}
         rec = NextTokenRecord(
             timestamp=records.now(),
             pid=os.getpid(),
@@ -583,6 +635,7 @@ class NextTokenProbe:
             train_argmax=top,
             train_argmax_log_prob=float(logp[top].item()),
             temperature=self.temperature,
+            **head,
         )
         with (dump_dir / NEXT_TOKEN_LOG).open("ab") as fh:
             fh.write(orjson.dumps(rec.model_dump(mode="json", exclude_none=True)) + b"\n")
@@ -605,4 +658,7 @@ def stash_next_token_sample(field: dict[str, Any]) -> bool:
     valid = len(responses) > 0 and len(logps) > 0 and (mask is None or int(mask[0]) != 0)
     field[NEXT_TOKEN] = int(responses[0]) if valid else None
     field[NEXT_TOKEN_ROLLOUT_LOG_PROB] = float(logps[0]) if valid else None
+    if NEXT_TOKEN_TOPK in field:  # only where the rollout filled it (see NEXT_TOKEN_TOPK)
+        pairs = _topk_pairs(field[NEXT_TOKEN_TOPK]) if valid else None
+        field[NEXT_TOKEN_TOPK] = None if pairs is None else [list(p) for p in pairs]
     return True
