@@ -254,6 +254,11 @@ def run_check(o: CheckOptions, echo: Any = print) -> demo.RunOutcome:
     training_model = (o.training_model or model).resolve()
     dtype = resolve_dtype(model, o.dtype)
     texts = read_prompts(o.prompts_file) if o.prompts_file else demo.prompt_texts(o.num_prompts)
+    if len(texts) % o.micro_batch:
+        raise CheckError(
+            f"--micro-batch {o.micro_batch} does not divide the {len(texts)} prompts; verl's engine "
+            "splits a batch into equal micro batches: pick a divisor"
+        )
     prompts = encode(model, texts)
     longest = max(len(p) for p in prompts)
     max_len = o.max_model_len or max_model_len(model, longest)

@@ -18,9 +18,10 @@ import json
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
+
+from verl_consistency.entrypoints import demo_stages
 
 
 def engine_args(args: dict[str, Any]) -> Any:
@@ -45,28 +46,9 @@ def engine_args(args: dict[str, Any]) -> Any:
     )
 
 
-def first_position(output: Any) -> tuple[float | None, list[list[float]]]:
-    """vLLM's log-prob of its sampled token 0 and its top-k there, as ``[[token, log p], ...]``.
-
-    ``CompletionOutput.logprobs[0]`` maps token id -> ``Logprob`` for the sampled token and the
-    ``logprobs`` most likely ones (both 0.18.0 and 0.23.0); None when no log-probs were asked.
-    """
-    logprobs = getattr(output, "logprobs", None)
-    if not logprobs or not output.token_ids:
-        return None, []
-    first = logprobs[0]
-    sampled = first.get(output.token_ids[0])
-    ranked = sorted(first.items(), key=lambda kv: -float(kv[1].logprob))
-    return (
-        float(sampled.logprob) if sampled is not None else None,
-        [[int(t), float(lp.logprob)] for t, lp in ranked],
-    )
-
-
 def rollout(args: dict[str, Any]) -> dict[str, Any]:
     """Warm-up request, then the batched pass (all at once), then the alone pass (one by one)."""
     from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
     from vllm.v1.engine.async_llm import AsyncLLM
 
     t0 = time.monotonic()
@@ -76,20 +58,7 @@ def rollout(args: dict[str, Any]) -> dict[str, Any]:
     params = SamplingParams(max_tokens=1, temperature=1.0, logprobs=top_k or None, detokenize=False)
 
     async def one(prompt: list[int]) -> dict[str, Any]:
-        request_id = uuid.uuid4().hex  # verl's LLMServerClient.generate: request_id=uuid4().hex
-        final = None
-        async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id):
-            final = out
-        assert final is not None
-        logp, topk = first_position(final.outputs[0])
-        return {
-            "request_id": request_id,
-            "engine_request_id": final.request_id,
-            "prompt_ids": prompt,
-            "response_ids": list(final.outputs[0].token_ids),
-            "first_token_log_prob": logp,
-            "topk": topk,
-        }
+        return await demo_stages.generate(engine, prompt, params)
 
     async def passes() -> dict[str, Any]:
         prompts: list[list[int]] = args["prompts"]

@@ -296,6 +296,11 @@ def run_demo(
     t0 = time.monotonic()
     if not (model_dir / "config.json").is_file():
         build_model(model_dir, prompt_texts(dataset.DEFAULT_SIZE))
+    if len(texts) % micro_batch:
+        raise DemoError(
+            f"--micro-batch {micro_batch} does not divide the {len(texts)} requests (prompts x n); "
+            "verl's engine splits a batch into equal micro batches: pick a divisor"
+        )
     token_prompts = encode(model_dir, texts)
     timings: dict[str, float] = {"model_s": round(time.monotonic() - t0, 1)}
 

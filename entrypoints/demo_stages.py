@@ -34,11 +34,36 @@ from pathlib import Path
 from typing import Any
 
 
+async def generate(engine: Any, prompt: list[int], params: Any) -> dict[str, Any]:
+    """One request through ``AsyncLLM.generate`` with verl's id; what came back, and the head.
+
+    ``first_token_log_prob`` and ``topk`` (``[[token, log p], ...]``) are output position 0's
+    ``logprobs`` (token id -> ``Logprob``: the sampled token and the top k; vLLM 0.18 and 0.23),
+    None when no log-probs were asked for. The demo and ``check`` both call it.
+    """
+    from vllm.inputs import TokensPrompt
+
+    request_id = uuid.uuid4().hex  # verl's LLMServerClient.generate: request_id=uuid4().hex
+    final = None
+    async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id):
+        final = out
+    assert final is not None
+    tokens = list(final.outputs[0].token_ids)
+    first = final.outputs[0].logprobs[0] if tokens and final.outputs[0].logprobs else {}
+    return {
+        "request_id": request_id,
+        "engine_request_id": final.request_id,
+        "prompt_ids": prompt,
+        "response_ids": tokens,
+        "first_token_log_prob": float(first[tokens[0]].logprob) if tokens and tokens[0] in first else None,
+        "topk": [[int(t), float(lp.logprob)] for t, lp in first.items()] or None,
+    }
+
+
 def rollout(args: dict[str, Any]) -> dict[str, Any]:
     """Generate every prompt concurrently on the real engine; return what came back."""
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.inputs import TokensPrompt
     from vllm.v1.engine.async_llm import AsyncLLM
 
     engine_args = AsyncEngineArgs(
@@ -66,24 +91,7 @@ def rollout(args: dict[str, Any]) -> dict[str, Any]:
     params = SamplingParams(max_tokens=args["max_tokens"], temperature=1.0, detokenize=False, logprobs=top_k)
 
     async def one(prompt: list[int]) -> dict[str, Any]:
-        request_id = uuid.uuid4().hex  # verl's LLMServerClient.generate: request_id=uuid4().hex
-        final = None
-        async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id):
-            final = out
-        assert final is not None
-        tokens = list(final.outputs[0].token_ids)
-        # output position 0: token id -> Logprob, the sampled token and the top k (vLLM 0.18, 0.23)
-        first = final.outputs[0].logprobs[0] if tokens and final.outputs[0].logprobs else {}
-        return {
-            "request_id": request_id,
-            "engine_request_id": final.request_id,
-            "prompt_ids": prompt,
-            "response_ids": tokens,
-            "first_token_log_prob": float(first[tokens[0]].logprob)
-            if tokens and tokens[0] in first
-            else None,
-            "topk": [[int(t), float(lp.logprob)] for t, lp in first.items()] or None,
-        }
+        return await generate(engine, prompt, params)
 
     async def run_all() -> list[dict[str, Any]]:
         stagger = float(args.get("stagger_s", 0.0))

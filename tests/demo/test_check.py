@@ -28,7 +28,8 @@ import zstandard
 
 from verl_consistency.postprocess.manifest import MANIFEST_NAME
 
-pytestmark = [pytest.mark.demo, pytest.mark.pinset, pytest.mark.timeout(1200)]
+# current set only (CI time): the next set's check is proven on the H200 (bench/results/check-h200-next.log)
+pytestmark = [pytest.mark.demo, pytest.mark.timeout(1200)]
 
 PERTURBED = "model.layers.1.mlp.down_proj"
 BATCH_EFFECT = "model.layers.0.mlp"
