@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Copy /dump/bundles/bundle-<run id>.tar.zst from the dump volume to this machine.
+# Copy /dump/bundles/bundle-<run id>.tar.zst from the dump volume to this machine: the bundle of a
+# collection run (RayJob + postprocess Job) or of a consistency check (k8s/check-job.yaml), which
+# write to the same place; a RayJob's final status (rayjob-<run id>.json) comes along when present.
 # Usage: k8s/download-bundle.sh RUN_ID [DEST_DIR]   (make download-bundle RUN=<run id>)
 # Env: KUBECTL (default kubectl), NAMESPACE (default: the current context's namespace).
 set -euo pipefail
@@ -24,14 +26,16 @@ k wait --for=condition=Ready "pod/$pod" --timeout=180s >/dev/null
 if ! k exec "$pod" -- test -f "$bundle"; then
   echo "error: $bundle is not on the dump volume. Bundles there:" >&2
   k exec "$pod" -- ls -l /dump/bundles >&2 || true
-  echo "Is the postprocess Job done? kubectl logs job/verl-consistency-fully-async-postprocess" >&2
+  echo "Has the run finished? A collection run's bundle is written by its postprocess Job" \
+    "(kubectl logs job/verl-consistency-fully-async-postprocess, or -hybrid-), a check's by the" \
+    "check Job itself (kubectl logs job/verl-consistency-check)." >&2
   exit 1
 fi
 mkdir -p "$dest"
 tmp="$dest/.bundle-$run.tar.zst.part"
 k cp "$pod:$bundle" "$tmp" >/dev/null
 mv -f "$tmp" "$dest/bundle-$run.tar.zst"
-# How the RayJob ended (written by `verl-consistency wait-rayjob`), when present.
+# How the RayJob ended (written by `verl-consistency wait-rayjob`): collection runs only.
 if k exec "$pod" -- test -f "/dump/bundles/rayjob-$run.json"; then
   k cp "$pod:/dump/bundles/rayjob-$run.json" "$dest/rayjob-$run.json" >/dev/null
 fi

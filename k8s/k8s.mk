@@ -10,12 +10,13 @@ download-bundle: ## Copy bundle-$(RUN).tar.zst from the dump volume to $(BUNDLE_
 	@KUBECTL="$(KUBECTL)" NAMESPACE="$(NAMESPACE)" k8s/download-bundle.sh "$(RUN)" "$(BUNDLE_DIR)"
 
 .PHONY: k8s-render
-k8s-render: ## Write k8s/fully-async-rayjob.yaml and k8s/hybrid-rayjob.yaml from k8s/base/<mode>; OVERLAY=<name> prints k8s/overlays/<name> instead.
+k8s-render: ## Write k8s/{fully-async,hybrid}-rayjob.yaml and k8s/check-job.yaml from k8s/base/<name>; OVERLAY=<name> prints k8s/overlays/<name> instead.
 ifdef OVERLAY
 	@$(KUBECTL) kustomize k8s/overlays/$(OVERLAY)
 else
-	@set -e; for mode in fully-async hybrid; do \
-	  KUBECTL="$(KUBECTL)" k8s/render.sh $$mode > k8s/.$$mode-rayjob.yaml.tmp; \
-	  mv k8s/.$$mode-rayjob.yaml.tmp k8s/$$mode-rayjob.yaml; echo "wrote k8s/$$mode-rayjob.yaml"; \
+	@set -e; for name in fully-async:fully-async-rayjob hybrid:hybrid-rayjob check:check-job; do \
+	  base=$${name%%:*}; file=k8s/$${name#*:}.yaml; \
+	  KUBECTL="$(KUBECTL)" k8s/render.sh $$base > k8s/.$${name#*:}.yaml.tmp; \
+	  mv k8s/.$${name#*:}.yaml.tmp $$file; echo "wrote $$file"; \
 	done
 endif

@@ -71,6 +71,7 @@ def test_key_make_targets_are_in_help_and_readme(repo, readme):
         "bench",
         "demo",
         "demo-venv",
+        "check-model",
     ):
         assert needed in targets, f"`make help` does not list {needed}"
         assert f"make {needed}" in readme, f"README.md does not show `make {needed}`"

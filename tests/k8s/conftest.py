@@ -19,10 +19,18 @@ K8S = REPO / "k8s"
 MODES = ("fully-async", "hybrid")
 # The plain files that `make k8s-render` writes from k8s/base/<mode> (k8s/render.sh).
 FILES = {f"file:{mode}": K8S / f"{mode}-rayjob.yaml" for mode in MODES}
+# The one-pod consistency check (a batch/v1 Job, no RayJob): its plain file and its base.
+# test_check_job.py covers them; the RayJob checks below do not apply.
+CHECK_FILE = K8S / "check-job.yaml"
+CHECK_SOURCES = ["file:check", "kustomize:base/check"]
+# Every plain file `make k8s-render` writes (kubectl's output: not linted, compared instead).
+RENDERED = [*FILES.values(), CHECK_FILE]
+# Bases that are not a collection run by themselves: the shared parts, and the check.
+NOT_RUNS = {K8S / "base" / name for name in ("common", "volumes", "check")}
 KUSTOMIZATIONS = sorted(
     p.parent
     for p in K8S.glob("*/*/kustomization.yaml")
-    if p.parent.parent.name != "components" and p.parent != K8S / "base" / "common"
+    if p.parent.parent.name != "components" and p.parent not in NOT_RUNS
 )
 SOURCES = [*FILES, *(f"kustomize:{d.relative_to(K8S)}" for d in KUSTOMIZATIONS)]
 COMPONENTS = sorted(p.parent.name for p in (K8S / "components").glob("*/kustomization.yaml"))
@@ -45,6 +53,8 @@ def render(source: str) -> tuple[str, list[dict[str, Any]]]:
     ``compose:<mode>:<component>+<component>...`` (the mode's base with those components)."""
     if source in FILES:
         text = FILES[source].read_text()
+    elif source == "file:check":
+        text = CHECK_FILE.read_text()
     elif source.startswith("compose:"):
         _, mode, names = source.split(":", 2)
         res = compose(mode, tuple(names.split("+")))

@@ -112,3 +112,25 @@ def test_run_is_required(tmp_path: Path, kubectl: Path) -> None:
     assert res.returncode == 2
     assert "usage: make download-bundle RUN=<run id>" in res.stderr
     assert calls == []
+
+
+def test_a_checks_bundle_downloads_the_same_way(tmp_path: Path, kubectl: Path) -> None:
+    """The check Job (k8s/check-job.yaml) writes /dump/bundles/bundle-<RUN_ID>.tar.zst on the
+    same volume and no rayjob-<run>.json (there is no RayJob): the bundle alone comes back."""
+    check = yaml.safe_load_all((REPO / "k8s" / "check-job.yaml").read_text())
+    (run_id,) = [d["data"]["RUN_ID"] for d in check if d and d["kind"] == "ConfigMap"]
+    dest = tmp_path / "bundles"
+    res, calls = make(
+        tmp_path,
+        kubectl,
+        f"RUN={run_id}",
+        f"BUNDLE_DIR={dest}",
+        present=f"/dump/bundles/bundle-{run_id}.tar.zst",
+    )
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in dest.iterdir()) == [f"bundle-{run_id}.tar.zst"]
+    assert [c["args"][0] for c in calls] == ["apply", "wait", "exec", "cp", "exec", "delete"]
+    # a check that has not written its bundle yet: the hint names the check Job too
+    res, _ = make(tmp_path, kubectl, f"RUN={run_id}", f"BUNDLE_DIR={tmp_path / 'none'}")
+    assert res.returncode != 0
+    assert "kubectl logs job/verl-consistency-check)" in res.stderr

@@ -23,6 +23,7 @@ from tests.k8s.conftest import (
     FILES,
     K8S,
     MODES,
+    RENDERED,
     SOURCES,
     expand_entrypoint,
     kubectl,
@@ -107,7 +108,7 @@ def test_plain_files_are_current(mode: str) -> None:
 def test_yamllint() -> None:
     config = "{extends: default, rules: {line-length: {max: 130}, comments: {min-spaces-from-content: 1}}}"
     # The rendered plain files are kubectl's output (its own list indentation): not linted.
-    files = sorted(str(p) for p in K8S.rglob("*.yaml") if p not in FILES.values())
+    files = sorted(str(p) for p in K8S.rglob("*.yaml") if p not in RENDERED)
     res = subprocess.run(
         [sys.executable, "-m", "yamllint", "-s", "-d", config, *files], capture_output=True, text=True
     )
