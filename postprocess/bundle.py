@@ -67,10 +67,18 @@ class Item:
 
 
 def collect(
-    result: PairingResult, *, run_json: Path | None = None, results_dir: Path | None = None
+    result: PairingResult,
+    *,
+    run_json: Path | None = None,
+    results_dir: Path | None = None,
+    check_json: Path | None = None,
+    dump_dirs: Iterable[str] = (),
 ) -> list[Item]:
     """What goes into the bundle: the logs, the paired dumps (with their tensor folders), the run
-    manifest and the compare results. Never anything else from the dump tree."""
+    manifest and the compare results. Never anything else from the dump tree.
+
+    A check run adds its ``check.json`` and ``dump_dirs``: the batch variance's rollout dumps
+    (virtual paths), of which the batched ones belong to no pair."""
     items: dict[str, Item] = {}
     roots = result.roots
 
@@ -80,6 +88,7 @@ def collect(
     for log in result.logs:
         add(log.virtual, log.path, "log")
     dirs = dict.fromkeys(d for p in result.pairs for d in (p.rollout.dir, p.actor.dir))
+    dirs.update(dict.fromkeys(dump_dirs))
     for d in dirs:
         side = d.partition("/")[0]
         real_dir = roots.to_real(d)
@@ -98,6 +107,8 @@ def collect(
                     add(f"{d}/{discover.TENSOR_DIR}/{rel}", real, "dump")
     if run_json is not None and run_json.is_file():
         add(layout.RUN_MANIFEST, run_json, "run_manifest")
+    if check_json is not None and check_json.is_file():
+        add(check_json.name, check_json, "run_manifest")
     if results_dir is not None and results_dir.is_dir():
         for path in _walk_files(results_dir):
             add(f"{RESULTS_DIR}/{path.relative_to(results_dir).as_posix()}", path, "result")

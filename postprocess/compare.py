@@ -42,10 +42,14 @@ def compare_pairs(
     *,
     jobs: int = 2,
     on_done: Callable[[PairComparison], None] | None = None,
+    folder: str = COMPARE_DIR,
+    consistent_check: bool = True,
 ) -> list[PairComparison]:
-    """Compare every pair; results in the order of ``pairs``. A failing pair never stops the rest."""
+    """Compare every pair; results in the order of ``pairs``. A failing pair never stops the rest.
+
+    ``folder`` and ``consistent_check``: see :func:`compare_one`."""
     run_dir, out_dir = Path(run_dir).resolve(), Path(out_dir).resolve()
-    (out_dir / COMPARE_DIR).mkdir(parents=True, exist_ok=True)
+    (out_dir / folder).mkdir(parents=True, exist_ok=True)
     results: dict[int, PairComparison] = {}
 
     def done(i: int, res: PairComparison) -> None:
@@ -55,12 +59,12 @@ def compare_pairs(
 
     if jobs <= 1 or len(pairs) <= 1:
         for i, pair in enumerate(pairs):
-            done(i, compare_one(run_dir, pair, out_dir))
+            done(i, compare_one(run_dir, pair, out_dir, folder=folder, consistent_check=consistent_check))
     else:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=min(jobs, len(pairs)), mp_context=ctx) as pool:
             futures = {
-                pool.submit(_worker, str(run_dir), p.model_dump(), str(out_dir)): i
+                pool.submit(_worker, str(run_dir), p.model_dump(), str(out_dir), folder, consistent_check): i
                 for i, p in enumerate(pairs)
             }
             for fut in as_completed(futures):
@@ -73,8 +77,17 @@ def compare_pairs(
     return [results[i] for i in range(len(pairs))]
 
 
-def _worker(run_dir: str, pair: dict[str, Any], out_dir: str) -> dict[str, Any]:
-    return compare_one(Path(run_dir), Pair.model_validate(pair), Path(out_dir), fd_level=True).model_dump()
+def _worker(
+    run_dir: str, pair: dict[str, Any], out_dir: str, folder: str, consistent_check: bool
+) -> dict[str, Any]:
+    return compare_one(
+        Path(run_dir),
+        Pair.model_validate(pair),
+        Path(out_dir),
+        fd_level=True,
+        folder=folder,
+        consistent_check=consistent_check,
+    ).model_dump()
 
 
 @contextlib.contextmanager
@@ -113,14 +126,30 @@ def _failed(pair: Pair, error: str, **kw: Any) -> PairComparison:
     )
 
 
-def compare_one(run_dir: Path, pair: Pair, out_dir: Path, *, fd_level: bool = False) -> PairComparison:
-    """Run msprobe on one pair into a temp folder, summarise, then swap it into place (rerun-safe)."""
+def compare_one(
+    run_dir: Path,
+    pair: Pair,
+    out_dir: Path,
+    *,
+    fd_level: bool = False,
+    folder: str = COMPARE_DIR,
+    consistent_check: bool = True,
+) -> PairComparison:
+    """Run msprobe on one pair into a temp folder, summarise, then swap it into place (rerun-safe).
+
+    Results go to ``<out_dir>/<folder>/<pair_id>/``. ``consistent_check=False`` runs msprobe's
+    plain compare, for two dumps of the *same* engine (a check run's batch variance: vLLM batched
+    as target, vLLM alone as golden, ``postprocess/batch_variance.py``): ``--consistent_check``
+    maps training names onto vLLM's and matched 3 of 197 rows of two vLLM lanes of the same
+    prompt (msprobe 26.2.0), where the plain compare matches every row by its identical name.
+    Both sides' names are then vLLM's, so no FSDP renaming, and the result's ``backend`` is
+    ``vllm``."""
     t0 = time.monotonic()
-    final = out_dir / COMPARE_DIR / pair.pair_id
-    tmp = out_dir / COMPARE_DIR / f".{pair.pair_id}.tmp-{os.getpid()}"
+    final = out_dir / folder / pair.pair_id
+    tmp = out_dir / folder / f".{pair.pair_id}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    rel = f"{COMPARE_DIR}/{pair.pair_id}"
+    rel = f"{folder}/{pair.pair_id}"
     target = run_dir / pair.actor.dir / "dump.json"
     golden = run_dir / pair.rollout.dir / "dump.json"
     view = tmp / "fsdp1-view"
@@ -129,10 +158,11 @@ def compare_one(run_dir: Path, pair: Pair, out_dir: Path, *, fd_level: bool = Fa
         for path, side in ((target, "training"), (golden, "vLLM")):
             if not path.is_file():
                 raise FileNotFoundError(f"{side} dump {path} is missing; re-run the postprocess pairing")
-        if pair.backend == "fsdp":
+        if pair.backend == "fsdp" and consistent_check:
             renamed = fsdp2_names.write_fsdp1_view(target.parent, view)
+        backend = pair.backend if consistent_check else None
         with _quiet_stdio(tmp / "compare.log", fd_level=fd_level):
-            csv, da_json = _run_msprobe(view / "dump.json" if renamed else target, golden, tmp, pair.backend)
+            csv, da_json = _run_msprobe(view / "dump.json" if renamed else target, golden, tmp, backend)
         back = {v: k for k, v in renamed.items()} if renamed else None
         res = summarise(csv, pair, da_json=da_json, back=back)
         res = res.model_copy(
@@ -148,17 +178,20 @@ def compare_one(run_dir: Path, pair: Pair, out_dir: Path, *, fd_level: bool = Fa
     finally:
         shutil.rmtree(view, ignore_errors=True)  # a renamed copy and a link into the run: not results
     res = res.model_copy(update={"fsdp2_normalised": renamed is not None})
+    if not consistent_check:
+        res = res.model_copy(update={"backend": "vllm"})
     res = res.model_copy(update={"seconds": round(time.monotonic() - t0, 3), "log": f"{rel}/compare.log"})
     (tmp / "comparison.json").write_bytes(orjson.dumps(res.model_dump(), option=orjson.OPT_INDENT_2))
     _swap_into_place(tmp, final)
     return res
 
 
-def _run_msprobe(target: Path, golden: Path, work: Path, backend: str) -> tuple[Path, Path | None]:
+def _run_msprobe(target: Path, golden: Path, work: Path, backend: str | None) -> tuple[Path, Path | None]:
+    """msprobe's compare, then its ``-da``; ``backend`` None: the plain compare (same names)."""
     from msprobe.pytorch.compare.pt_compare import pt_compare
 
     param = {"npu_path": str(target), "bench_path": str(golden), "is_print_compare_log": False}
-    kw: dict[str, Any] = {"consistent_check": True, "backend": backend}
+    kw: dict[str, Any] = {"consistent_check": True, "backend": backend} if backend else {}
     out = work / "csv"
     pt_compare(dict(param), str(out), **kw)
     csvs = sorted(out.glob("compare_result_*.csv"))

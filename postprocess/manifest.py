@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from verl_consistency.patches.contracts import __version__
+from verl_consistency.postprocess.batch_variance import PromptVariance
 from verl_consistency.postprocess.model import Pair, Unpaired, printable_value
 
 if TYPE_CHECKING:
@@ -106,6 +107,19 @@ class BundleManifest(_Model):
     )
     warnings: list[str] = Field(default_factory=list)
     files: list[FileEntry] = Field(description="every file in the bundle except manifest.json itself")
+    # A check run's (`verl-consistency check`) additions. Left out of an ordinary run's manifest,
+    # which keeps the shape it had before check runs existed.
+    check_manifest: str | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="bundle path of check.json, for a check run (absent otherwise)",
+    )
+    batch_variance: list[PromptVariance] = Field(
+        default_factory=list,
+        exclude_if=lambda v: not v,
+        description="a check run's batch variance per prompt: vLLM batched (target) against vLLM alone "
+        "(golden), compared by msprobe and judged like the pairs; file paths relative to results_dir",
+    )
 
 
 def schema_bytes() -> bytes:

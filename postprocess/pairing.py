@@ -120,13 +120,19 @@ from typing import Literal
 
 from verl_consistency.patches.contracts import records
 from verl_consistency.postprocess import discover
-from verl_consistency.postprocess.candidates import Progress, request_key
+from verl_consistency.postprocess.candidates import Candidate, Progress, request_key
 from verl_consistency.postprocess.discover import LogFile, Roots
 from verl_consistency.postprocess.micro_batches import read_actor
 from verl_consistency.postprocess.model import Pair, Unpaired, UnpairedReason
 from verl_consistency.postprocess.prefill_targets import First, RolloutSteps, read_rollout
 from verl_consistency.postprocess.reasons import LIST_CAP, Reporter
-from verl_consistency.postprocess.request_match import Matched, drop_unreadable, match_requests
+from verl_consistency.postprocess.request_match import (
+    Matched,
+    drop_unreadable,
+    locate,
+    match_requests,
+    pick_child,
+)
 
 R = UnpairedReason
 
@@ -134,6 +140,33 @@ TP_RULE = (
     "rank i <-> rank i (sorted) when both sides hold the request on the same number of ranks; "
     "otherwise lowest rank <-> lowest rank, the other ranks reported as tp_sharding_mismatch"
 )
+
+
+@dataclass
+class RolloutIndex:
+    """The rollout side by request (verl's id), as the pairing read it. Kept so that a request
+    no training micro batch holds (a check run's batched-pass id, ``postprocess/batch_variance.py``)
+    can still be found, with the same rules and no second pass over the logs."""
+
+    prefills: dict[str, list[Candidate]]
+    """Every request with a usable prefill (the matching's ``prefilled``)."""
+    first: dict[str, First]
+    """Requests with no usable prefill: the reason and position of their first unusable appearance."""
+    decoding: set[str]
+    """Requests seen only decoding."""
+    logs: list[LogFile]
+    """The rollout logs, in the order ``first``'s positions index."""
+
+
+@dataclass(frozen=True)
+class RolloutDump:
+    """Where one request's rollout prefill was dumped (:func:`rollout_dump`), or why it cannot be used."""
+
+    request_id: str
+    by_rank: dict[int, Candidate]
+    """Rank -> its first usable, located prefill (``Candidate.dir`` set). Empty when ``reason``."""
+    reason: UnpairedReason | None = None
+    detail: str = ""
 
 
 @dataclass
@@ -148,6 +181,8 @@ class PairingResult:
     requests_seen: int = 0
     requests_paired: int = 0
     tp_rule: str = TP_RULE
+    rollout: RolloutIndex | None = None
+    """The rollout side by request (None when no log was read)."""
 
     @property
     def requests_unpaired(self) -> int:
@@ -180,7 +215,8 @@ def pair_run(
     tb = read_actor(act_logs, rep, tick)
     ro = read_rollout(roll_logs, tb.train, rep, tick)
     matched = match_requests(roots, ro.usable, tb.singles, tb.multi_ids, rep, tick, default_backend)
-    seen = _verdicts(ro, tb.train, matched, roll_logs, rep)
+    first_by_key, decode_keys = _by_key(ro, tb.train)
+    seen = _verdicts(tb.train, matched, first_by_key, decode_keys, roll_logs, rep)
     if check_dumps:
         matched = drop_unreadable(roots, matched, rep, tick)
 
@@ -194,14 +230,44 @@ def pair_run(
         tb.n,
         requests_seen=seen,
         requests_paired=len(set(matched.keys)),
+        rollout=RolloutIndex(matched.prefilled, first_by_key, decode_keys, roll_logs),
     )
 
 
-def _verdicts(
-    ro: RolloutSteps, train: dict[str, None], matched: Matched, roll_logs: list[LogFile], rep: Reporter
-) -> int:
-    """One verdict for every request seen that has no usable prefill (the matching gave the
-    others theirs); returns how many requests were seen in all."""
+def rollout_dump(result: PairingResult, request_id: str) -> RolloutDump:
+    """The rollout dumps of one request (verl's id) by rank, by the rules above, whether or not a
+    training micro batch holds it: Matching step 1 (lowest n>1 child) and step 2 (locate; the
+    first prefill per rank), or the request's verdict when it has no usable prefill (the
+    reasons of "One verdict per request" that do not need the training side)."""
+    index = result.rollout
+    if index is None:
+        return RolloutDump(request_id, {}, R.NO_ROLLOUT_PREFILL, "no dispatch log was read")
+    rep = Reporter()  # what this finds was reported by pair_run already
+    cands = index.prefills.get(request_id)
+    if cands:
+        located = [c for c in pick_child(cands, rep) if locate(result.roots, c, rep)]
+        if not located:
+            why = rep.listed[-1].detail if rep.listed else "no dump folder left"
+            return RolloutDump(request_id, {}, R.DUMP_MISSING, why)
+        by_rank: dict[int, Candidate] = {}
+        for c in sorted(located, key=lambda c: c.order):
+            by_rank.setdefault(c.rank, c)
+        return RolloutDump(request_id, dict(sorted(by_rank.items())))
+    hit = index.first.get(request_id)
+    if hit is not None:
+        why, li, lineno, _ = hit
+        return RolloutDump(
+            request_id, {}, why, f"no usable prefill: {why.value}, e.g. {index.logs[li].virtual}:{lineno}"
+        )
+    if request_id in index.decoding:
+        return RolloutDump(
+            request_id, {}, R.DECODE_ONLY, "seen only decoding: its prefill is in no dispatch log line"
+        )
+    return RolloutDump(request_id, {}, R.NO_ROLLOUT_PREFILL, "no dispatch_log line holds this request")
+
+
+def _by_key(ro: RolloutSteps, train: dict[str, None]) -> tuple[dict[str, First], set[str]]:
+    """By request: the first unusable appearance, and the requests seen only decoding."""
     first_by_key: dict[str, First] = {}
     for vid, v in ro.first.items():
         k = request_key(vid, train)[0]
@@ -214,6 +280,19 @@ def _verdicts(
     decode_keys = {
         request_key(v, train)[0] for v in ro.decode_vids if v not in ro.first and v not in usable_vids
     }
+    return first_by_key, decode_keys
+
+
+def _verdicts(
+    train: dict[str, None],
+    matched: Matched,
+    first_by_key: dict[str, First],
+    decode_keys: set[str],
+    roll_logs: list[LogFile],
+    rep: Reporter,
+) -> int:
+    """One verdict for every request seen that has no usable prefill (the matching gave the
+    others theirs); returns how many requests were seen in all."""
     prefilled = matched.prefilled
     seen: dict[str, None] = dict.fromkeys(train)
     seen.update(dict.fromkeys(prefilled))

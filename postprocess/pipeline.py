@@ -7,10 +7,11 @@ Exit codes: :class:`Exit`, whose meanings (and what each leaves behind) are docu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, Literal
 
 import orjson
 
-from verl_consistency.patches.contracts import layout, token_records
+from verl_consistency.patches.contracts import check_run, layout, token_records
 from verl_consistency.postprocess import bundle as bundle_mod
 from verl_consistency.postprocess import discover
 from verl_consistency.postprocess.manifest import (
@@ -111,6 +112,10 @@ def postprocess(
     run_json = read_run_json(run_json_path, warnings)
     run_id = run_id_for(roots.run_dir, run_json)
     backend = backend_of(run_json)
+    try:
+        check = check_run.read(roots.run_dir)  # a check run: the batch variance too
+    except ValueError as exc:  # the message names the file and what to do
+        raise discover.BadInput(str(exc)) from None
 
     out_dir = (out or roots.run_dir.parent / layout.BUNDLES_DIR).resolve()
     if any(_inside(out_dir, r) for r in (roots.run_dir, roots.rollout, roots.actor)):
@@ -144,9 +149,22 @@ def postprocess(
     token = _token_level(roots.run_dir, results, result, comparisons, warnings)
     if token is not None and compare:
         comparisons = token[1]
+    variance: list[Any] = []
+    check_summary = None
+    if check is not None:
+        variance, check_summary, bv_failed = _batch_variance(
+            roots, work, results, result, check, comparisons, compare, jobs, hooks, warnings
+        )
+        failed |= bv_failed
     if compare:
         failed |= not _report(
-            results, run_id, result, comparisons, warnings, token[0] if token is not None else None
+            results,
+            run_id,
+            result,
+            comparisons,
+            warnings,
+            token[0] if token is not None else None,
+            check_summary,
         )
 
     for w in warnings:
@@ -171,12 +189,16 @@ def postprocess(
             ],
             warnings=warnings,
             files=files,
+            check_manifest=check_run.CHECK_MANIFEST if check is not None else None,
+            batch_variance=variance,
         )
 
     items = bundle_mod.collect(
         result,
         run_json=run_json_path if run_json is not None else None,
         results_dir=results if compare else None,
+        check_json=roots.run_dir / check_run.CHECK_MANIFEST if check is not None else None,
+        dump_dirs=[ref.dir for v in variance for ref in (v.batched, v.alone) if ref is not None],
     )
     dest = out_dir / layout.bundle_name(run_id)
     manifest = bundle_mod.write_bundle(
@@ -215,14 +237,6 @@ def _compare(
     except ImportError as exc:
         warnings.append(f"compare is not available ({exc}); rerun with --no-compare to silence this")
         return [], True
-    # compare reads pair paths relative to a run folder; when the sides were given separately,
-    # a folder of two symlinks stands in for it (read-only use, inside our scratch folder).
-    view = roots.run_dir
-    if not roots.standard:
-        view = work / "view"
-        view.mkdir()
-        os.symlink(roots.rollout, view / layout.ROLLOUT_DIR)
-        os.symlink(roots.actor, view / layout.ACTOR_DIR)
     total = len(result.pairs)
     done = 0
 
@@ -233,19 +247,77 @@ def _compare(
         hooks.compared(c)
 
     try:
-        comparisons = list(compare_pairs(view, result.pairs, results, jobs=jobs, on_done=on_done))
+        with _run_view(roots, work) as view:
+            comparisons = list(compare_pairs(view, result.pairs, results, jobs=jobs, on_done=on_done))
     except Exception as exc:  # a crash in compare must not lose the pairing work
         warnings.append(f"compare failed: {type(exc).__name__}: {exc}")
         return [], True
-    finally:
-        if view != roots.run_dir:
-            shutil.rmtree(view, ignore_errors=True)
     failed = [c for c in comparisons if getattr(c, "error", None)]
     if failed:
         warnings.append(
             f"{len(failed)} of {len(comparisons)} compares failed; see the manifest's comparisons"
         )
     return comparisons, bool(failed)
+
+
+@contextlib.contextmanager
+def _run_view(roots: discover.Roots, work: Path) -> Iterator[Path]:
+    """compare reads pair paths relative to a run folder; when the sides were given separately,
+    a folder of two symlinks stands in for it (read-only use, inside our scratch folder)."""
+    if roots.standard:
+        yield roots.run_dir
+        return
+    view = work / "view"
+    view.mkdir()
+    os.symlink(roots.rollout, view / layout.ROLLOUT_DIR)
+    os.symlink(roots.actor, view / layout.ACTOR_DIR)
+    try:
+        yield view
+    finally:
+        shutil.rmtree(view, ignore_errors=True)
+
+
+def _batch_variance(
+    roots: discover.Roots,
+    work: Path,
+    results: Path,
+    result: PairingResult,
+    check: check_run.CheckRun,
+    comparisons: list[Any],
+    compare: bool,
+    jobs: int,
+    hooks: Hooks,
+    warnings: list[str],
+) -> tuple[list[Any], Any, bool]:
+    """A check run's batch variance (postprocess/batch_variance.py): (per-prompt entries, the
+    summary written to results/check.json or None, whether a compare failed)."""
+    from verl_consistency.postprocess import batch_variance as bv
+
+    entries, pairs = bv.plan(result, check)
+    for e in entries:
+        if e.reason is not None:
+            warnings.append(f"batch variance of prompt {e.index} not compared: {e.reason.value} ({e.detail})")
+    if not compare:
+        return entries, None, False
+    total, done = len(pairs), 0
+
+    def on_done(_c: Any) -> None:
+        nonlocal done
+        done += 1
+        hooks.stage("batch variance", done, total)
+
+    try:
+        with _run_view(roots, work) as view:
+            entries = bv.compare(view, entries, pairs, results, jobs=jobs, on_done=on_done)
+        summary = bv.summarise(check, result, comparisons, entries, results)
+        bv.write_summary(results, summary)
+    except Exception as exc:  # the engine gap is still worth bundling without it
+        warnings.append(f"batch variance failed: {type(exc).__name__}: {exc}")
+        return entries, None, True
+    bad = [e for e in entries if e.comparison is not None and e.comparison.status == "failed"]
+    if bad:
+        warnings.append(f"{len(bad)} of {len(pairs)} batch-variance compares failed; see batch_variance")
+    return entries, summary, bool(bad)
 
 
 def _token_level(
@@ -272,6 +344,7 @@ def _report(
     comparisons: list[Any],
     warnings: list[str],
     token: Any = None,
+    check: Any = None,
 ) -> bool:
     try:
         from verl_consistency.postprocess.report import write_report
@@ -287,6 +360,7 @@ def _report(
             comparisons=comparisons,
             unpaired_counts=result.counts,
             token=token,
+            check=check,
         )
     except Exception as exc:  # the bundle is still worth writing without its report
         warnings.append(f"report failed: {type(exc).__name__}: {exc}")

@@ -304,11 +304,13 @@ def write_report(
     comparisons: Sequence[PairComparison],
     unpaired_counts: Mapping[str, Mapping[str, int]] | None = None,
     token: object | None = None,
+    check: object | None = None,
 ) -> tuple[Path, Path]:
     """Write ``report.html`` and ``summary.md`` into ``out_dir`` (atomically; reruns overwrite).
 
     ``unpaired`` is the listed detail; ``unpaired_counts`` (subject → reason → n), when given, is
     the full tally, which also holds the reasons counted in bulk (decode steps, multi-request steps).
+    ``check``: a check run's ``batch_variance.CheckSummary``, shown as "Engine gap and batch variance".
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -317,6 +319,7 @@ def write_report(
     ctx["token"] = token if token is not None and not getattr(token, "empty", True) else None
     ctx["position_svg"] = position_svg(getattr(token, "position_mean", [])) if ctx["token"] else ""
     ctx["histogram_svg"] = histogram_svg(getattr(token, "histogram", [])) if ctx["token"] else ""
+    ctx["check"] = check
     html, md = out_dir / REPORT_HTML, out_dir / SUMMARY_MD
     write_text_atomic(html, env.get_template("report.html.j2").render(**ctx))
     write_text_atomic(md, env.get_template("summary.md.j2").render(**ctx))

@@ -84,9 +84,9 @@ def _match_one(
     roots: Roots, key: str, rolls: list[Candidate], acts: list[Candidate], rep: Reporter
 ) -> list[tuple[Candidate, Candidate]]:
     """One request's (rollout, training) steps to pair: steps 1-4, or its ``dump_missing`` verdict."""
-    rolls = _pick_child(rolls, rep)
-    rolls = [c for c in rolls if _locate(roots, c, rep)]
-    acts = [c for c in acts if _locate(roots, c, rep)]
+    rolls = pick_child(rolls, rep)
+    rolls = [c for c in rolls if locate(roots, c, rep)]
+    acts = [c for c in acts if locate(roots, c, rep)]
     if not rolls or not acts:
         side = "rollout" if not rolls else "actor"
         rep.request(key, R.DUMP_MISSING, "no dump folder left on the {} side", side)
@@ -109,7 +109,7 @@ def _match_one(
     return _match_ranks(roll_group, act_group, rep)
 
 
-def _pick_child(rolls: list[Candidate], rep: Reporter) -> list[Candidate]:
+def pick_child(rolls: list[Candidate], rep: Reporter) -> list[Candidate]:
     """n>1: the training side cannot tell siblings apart (same prompt), so the lowest child pairs."""
     children = sorted({c.child for c in rolls}, key=lambda c: -1 if c is None else c)
     if len(children) == 1:
@@ -162,7 +162,7 @@ def _match_ranks(
     return [(rolls[0], acts[0])]
 
 
-def _locate(roots: Roots, c: Candidate, rep: Reporter) -> bool:
+def locate(roots: Roots, c: Candidate, rep: Reporter) -> bool:
     """Find the step's dump folder: the record's ``dump_path`` first, then the log's own folder,
     then (recipe-style actor dumps) the side's root. Sets ``c.dir`` (virtual) on success."""
     subject: StepSubject = "rollout_step" if c.side == "rollout" else "actor_step"
