@@ -250,6 +250,9 @@ def _outcome(run_dir: Path, bundles: Path, timings: dict[str, float], info: dict
     verdicts: dict[str, int] = {}
     for c in comparisons:
         verdicts[str(c.get("verdict"))] = verdicts.get(str(c.get("verdict")), 0) + 1
+    variance: dict[str, int] = {}
+    for v in outcome.manifest.batch_variance:  # a check run's (vLLM batched vs alone); else empty
+        variance[str(v.verdict)] = variance.get(str(v.verdict), 0) + 1
     return RunOutcome(
         run_dir=run_dir,
         bundle=outcome.bundle,
@@ -261,6 +264,7 @@ def _outcome(run_dir: Path, bundles: Path, timings: dict[str, float], info: dict
         stage_info={
             **info,
             "exit_code": int(outcome.code),
+            "batch_variance": variance,
             "counts": outcome.result.counts,
             "paired_request_ids": sorted({p.request_id for p in outcome.result.pairs}),
             # why each request the pairing listed was left out (its manifest's `unpaired`)
