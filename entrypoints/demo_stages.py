@@ -239,9 +239,10 @@ def _batch(requests: list[dict[str, Any]]) -> Any:
     )
 
 
-def fsdp_engine(model_dir: str, actor_cfg: Any) -> Any:
+def fsdp_engine(model_dir: str, actor_cfg: Any, attn_implementation: str = "eager") -> Any:
     """verl's ``FSDPEngineWithLMHead`` with eager attention, built directly: its registry knows only
-    cuda and npu. The demo and the tests' FSDP driver both build it here."""
+    cuda and npu. The demo and the tests' FSDP driver both build it here; the GPU cost bench
+    (``bench/gpu/fsdp_cost.py``) asks for ``sdpa`` (the device has no flash_attn)."""
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import HFModelConfig
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
@@ -249,7 +250,7 @@ def fsdp_engine(model_dir: str, actor_cfg: Any) -> Any:
     model_config = HFModelConfig(
         path=model_dir,
         load_tokenizer=False,
-        override_config={"attn_implementation": "eager"},
+        override_config={"attn_implementation": attn_implementation},
         use_remove_padding=True,
         enable_gradient_checkpointing=False,
     )
