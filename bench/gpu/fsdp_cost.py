@@ -125,14 +125,17 @@ def build_model(model_dir: Path, shape: str, device: str) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(
-        **SHAPES[shape], head_dim=SHAPES[shape]["hidden_size"] // SHAPES[shape]["num_attention_heads"]
-    )
+    kwargs = SHAPES[shape] | {
+        "head_dim": SHAPES[shape]["hidden_size"] // SHAPES[shape]["num_attention_heads"]
+    }
+    cfg = Qwen2Config(**kwargs)
     torch.manual_seed(0)
     with torch.device(device):  # initialising 0.5B parameters is much faster on the GPU
-        model = Qwen2ForCausalLM(cfg)
+        model: Any = Qwen2ForCausalLM(cfg)
     model.to(torch.bfloat16).save_pretrained(model_dir)
     del model
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the engine loads its own copy
 
 
 def make_requests(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[dict[str, Any]]:
