@@ -269,9 +269,10 @@ def _batch(requests: list[dict[str, Any]]) -> Any:
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
 
 
-def fsdp_engine(model_dir: str, actor_cfg: Any, attn: str = "eager") -> Any:
+def fsdp_engine(model_dir: str, actor_cfg: Any, attn_implementation: str = "eager") -> Any:
     """verl's ``FSDPEngineWithLMHead`` (eager attention unless told), built directly: its registry
-    knows only cuda and npu. The demo, ``check`` and the tests' FSDP driver all build it here."""
+    knows only cuda and npu. The demo, ``check``, the tests' FSDP driver and the GPU cost bench
+    (``bench/gpu/fsdp_cost.py``: ``sdpa``, the device has no flash_attn) all build it here."""
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import HFModelConfig
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
@@ -279,7 +280,7 @@ def fsdp_engine(model_dir: str, actor_cfg: Any, attn: str = "eager") -> Any:
     model_config = HFModelConfig(
         path=model_dir,
         load_tokenizer=False,
-        override_config={"attn_implementation": attn},
+        override_config={"attn_implementation": attn_implementation},
         use_remove_padding=True,
         enable_gradient_checkpointing=False,
     )
@@ -352,7 +353,7 @@ def train(args: dict[str, Any]) -> dict[str, Any]:
     micro_batch = int(args.get("micro_batch", 1))
     extra, attn = precision(device, dtype)
     actor_cfg = actor_config(args["model_dir"], len(requests), *extra, micro_batch=micro_batch)
-    engine = fsdp_engine(args["model_dir"], actor_cfg, attn=attn)
+    engine = fsdp_engine(args["model_dir"], actor_cfg, attn_implementation=attn)
     batch = prompts_only.trim(_batch(requests))
     td = left_right_2_no_padding(batch.to_tensordict())
     tu.assign_non_tensor(

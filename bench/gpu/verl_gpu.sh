@@ -30,6 +30,21 @@
 #   3. here: unpack trim/<run id>/ as tests/postprocess/fixtures/h200-next/<run id>/
 #      (tests/postprocess/test_compare_h200_next.py re-pairs them on CPU in `make test`; its recorded
 #      pair counts and verdicts change with a new run).
+#
+# Issue 21's training cost (`cost`: bench/gpu/fsdp_cost.py, verl's FSDP log_prob pass with per-request
+# dumps at micro batch 1 vs 8 and 16). Run the CHECKOUT's copy of this script: it runs the checkout's
+# fsdp_cost.py and imports verl_consistency from the checkout (the bundle wheel in p3 may predate the
+# lanes); only the stage's parts are carried. Three calls back to back, S=.gpu-stage (step 1 above):
+#   run(carry=[S/p1]):            bash bench/gpu/verl_gpu.sh stage p1
+#   run(carry=[S/p2]):            bash bench/gpu/verl_gpu.sh stage p2
+#   run(carry=[S/p3, S/SHA256]):  bash bench/gpu/verl_gpu.sh cost
+# `cost` unpacks and patches as `run` does (with this checkout's patch series), then runs
+#   python3 -m bench.gpu.fsdp_cost --device cuda --requests 64 --micro-batches 1,8,16 --reps 3
+# (a random bf16 Qwen2 of Qwen2-0.5B's shape, sdpa, nccl world 1) within what is left of BUDGET
+# (575 s) and writes to $OUT: fsdp-cost.txt (the table: bench/results/fsdp-lanes-cost-h200-next.log),
+# fsdp-cost.json, fsdp-cost.log (without msprobe's INFO lines) and fsdp-cost-full.log. Expected:
+# ~6 min (set-up ~1 min; a dumped pass over 64 requests ~20-30 s). If it prints SKIP lines, repeat
+# the last call with MBS=1,8. REQUESTS, MBS, REPS, DEVICE (cpu), COST_ARGS (e.g. --tiny) override.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 cmd=${1:-}; shift || true
@@ -99,29 +114,32 @@ G=/tmp/vgpu
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 if [ "$cmd" = stage ]; then
-  mkdir -p "$G/parts" && cp "$HERE/$1"/* "$G/parts/" && ls -la "$G/parts" && df -h /tmp | tail -1
+  # run from the stage folder (S/verl_gpu.sh) or from the checkout (bench/gpu/verl_gpu.sh: $STAGE)
+  src=$HERE/$1; [ -d "$src" ] || src=${STAGE:-$HERE/../../.gpu-stage}/$1
+  mkdir -p "$G/parts" && cp "$src"/* "$G/parts/" && ls -la "$G/parts" && df -h /tmp | tail -1
   exit 0
 fi
 
-if [ "$cmd" = run ]; then
-  # Each argument is MODE:PHASE (default: both modes' log_prob, then both modes' update_actor).
-  RUNS=${*:-"hybrid:log_prob colocate-async:log_prob hybrid:update_actor colocate-async:update_actor"}
-  OUT=${OUT:-$G/out}; mkdir -p "$OUT"
-  t0=$(date +%s); stamp() { echo "STAGE $1 $(( $(date +%s) - t0 ))s" | tee -a "$OUT/stages.txt"; }
-  set -o pipefail
+# Unpack the carried parts once (stage p1, stage p2, then this with p3 and SHA256), take a fixed script
+# or bundle wheel that a later call carries, put the bundle on PYTHONPATH with its `verl-consistency`
+# command, and patch vLLM and verl once. Used by `run` and `cost`.
+#   FROM: holds p3/ and SHA256; SCRIPTS: holds make_assets.py, trim_run.py and any
+#   verl_consistency-*.whl; OVERLAY (may be empty): a folder put before the bundle on PYTHONPATH.
+install() {  # FROM SCRIPTS OVERLAY
+  local from=$1 scripts=$2 overlay=$3 a f w
   if [ ! -f "$G/.installed" ]; then
-    cp "$HERE"/p3/* "$HERE/SHA256" "$HERE/make_assets.py" "$HERE/trim_run.py" "$G/parts/" || exit 3
+    cp "$from"/p3/* "$from/SHA256" "$scripts/make_assets.py" "$scripts/trim_run.py" "$G/parts/" || exit 3
     (cd "$G/parts" && cat site.tar.xz.part-0 site.tar.xz.part-1 >"$G/site.tar.xz" && cd "$G" && sha256sum -c parts/SHA256) || exit 3
     for a in "$G/site.tar.xz" "$G/parts/vsite.tar.xz" "$G/parts/extra.tar.xz"; do tar -xJf "$a" -C "$G" || exit 3; done
     rm -f "$G/site.tar.xz" "$G"/parts/site.tar.xz.part-*
     touch "$G/.installed"; stamp unpacked
   fi
   # A later call may carry a fixed script or bundle wheel (S/verl_consistency-*.whl): it replaces the old.
-  for f in make_assets.py trim_run.py; do [ -f "$HERE/$f" ] && cp "$HERE/$f" "$G/parts/"; done
-  for w in "$HERE"/verl_consistency-*.whl; do [ -f "$w" ] && (cd "$G/extra" && unzip -q -o "$w") && echo "bundle: $w"; done
+  for f in make_assets.py trim_run.py; do [ -f "$scripts/$f" ] && cp "$scripts/$f" "$G/parts/"; done
+  for w in "$scripts"/verl_consistency-*.whl; do [ -f "$w" ] && (cd "$G/extra" && unzip -q -o "$w") && echo "bundle: $w"; done
   # The bundle's wheel is unpacked into extra/ (no registry there, no console script): this is the
   # `verl-consistency` command, the same entry point.
-  export PYTHONPATH=$G/extra:$G/vsite:$G/site
+  export PYTHONPATH=${overlay:+$overlay:}$G/extra:$G/vsite:$G/site
   mkdir -p "$G/bin" && printf '#!/bin/sh\nexec python3 -c "import sys; from verl_consistency.entrypoints.cli import main; sys.argv[0] = \\"verl-consistency\\"; sys.exit(main())" "$@"\n' >"$G/bin/verl-consistency" && chmod +x "$G/bin/verl-consistency"
   export PATH=$G/bin:$PATH VERL_CONSISTENCY_PIN_SET=next
   if [ ! -f "$G/.patched" ]; then
@@ -129,6 +147,15 @@ if [ "$cmd" = run ]; then
       verl-consistency patches apply --set next -c verl --root "$G/vsite"; } 2>&1 | tee "$OUT/patch.log" || exit 4
     touch "$G/.patched"; stamp patched
   fi
+}
+
+if [ "$cmd" = run ]; then
+  # Each argument is MODE:PHASE (default: both modes' log_prob, then both modes' update_actor).
+  RUNS=${*:-"hybrid:log_prob colocate-async:log_prob hybrid:update_actor colocate-async:update_actor"}
+  OUT=${OUT:-$G/out}; mkdir -p "$OUT"
+  t0=$(date +%s); stamp() { echo "STAGE $1 $(( $(date +%s) - t0 ))s" | tee -a "$OUT/stages.txt"; }
+  set -o pipefail
+  install "$HERE" "$HERE" ""
   if [ ! -d "$G/assets/model" ]; then
     python3 "$G/parts/make_assets.py" "$G/assets" 2>&1 | tail -3 | tee "$OUT/assets.log" || exit 5; stamp assets
   fi
@@ -202,4 +229,34 @@ if [ "$cmd" = run ]; then
   stamp done
   exit 0
 fi
-echo "usage: $0 prepare [STAGE] | stage p1|p2 | run [MODE:PHASE ...]" >&2; exit 2
+if [ "$cmd" = cost ]; then
+  # Issue 21's training cost: bench/gpu/fsdp_cost.py of THIS checkout (the device call's working tree),
+  # on the unpacked next set. verl_consistency is imported from the checkout too (OVERLAY): the bundle
+  # wheel in the stage may predate the per-request lanes (hooks/msprobe_lanes.py).
+  REPO=$(cd "$HERE/../.." && pwd)
+  [ -f "$REPO/bench/gpu/fsdp_cost.py" ] || { echo "cost: run the checkout's copy: bash bench/gpu/verl_gpu.sh cost" >&2; exit 2; }
+  STAGE=${STAGE:-$REPO/.gpu-stage}
+  OUT=${OUT:-$G/out}; mkdir -p "$OUT"
+  t0=$(date +%s); stamp() { echo "STAGE $1 $(( $(date +%s) - t0 ))s" | tee -a "$OUT/stages.txt"; }
+  set -o pipefail
+  ov=$G/vcrepo; mkdir -p "$ov/verl_consistency"
+  for d in entrypoints patches postprocess; do ln -sfn "$REPO/$d" "$ov/verl_consistency/$d"; done
+  [ -f "$G/.patched" ] && echo "cost: verl was patched by an earlier call (its series is used as it is)"
+  install "$STAGE" "$HERE" "$ov"
+  export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HYDRA_FULL_ERROR=1 WANDB_MODE=disabled
+  # The bench gets what is left of this call's BUDGET s (it skips a repetition that would overrun).
+  left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
+  # DEVICE=cpu COST_ARGS=--tiny REQUESTS=16 MBS=1,8 REPS=1 checks this path without a GPU.
+  # shellcheck disable=SC2086  # COST_ARGS: more options, split on spaces
+  (cd "$REPO" && timeout -k 10 $(( left - 5 )) python3 -m bench.gpu.fsdp_cost --device "${DEVICE:-cuda}" \
+    --requests "${REQUESTS:-64}" --micro-batches "${MBS:-1,8,16}" --reps "${REPS:-3}" --work "$G/cost" \
+    --budget-s $(( left - 25 )) --out "$OUT/fsdp-cost.json" ${COST_ARGS:-}) >"$OUT/fsdp-cost-full.log" 2>&1
+  rc=$?; echo "COST rc=$rc" | tee -a "$OUT/stages.txt"; stamp cost
+  # fsdp-cost.log: the run without msprobe's INFO lines; fsdp-cost.txt: the table (written by the bench)
+  grep -v '\[INFO\]' "$OUT/fsdp-cost-full.log" >"$OUT/fsdp-cost.log"
+  grep -E '^\[ *[0-9.]+s\]|SKIP|PROBLEM|FAILED|Error' "$OUT/fsdp-cost.log" | tail -40
+  cat "$OUT/fsdp-cost.txt" 2>/dev/null || tail -40 "$OUT/fsdp-cost.log"
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
+  exit $rc
+fi
+echo "usage: $0 prepare [STAGE] | stage p1|p2 | run [MODE:PHASE ...] | cost" >&2; exit 2

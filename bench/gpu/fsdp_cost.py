@@ -1,0 +1,638 @@
+"""What do per-request training dumps cost at the user's micro batch? verl's log_prob phase, mb 1 vs 8.
+
+Issue 21 (acceptance, training cost). Before the lanes (``patches/hooks/msprobe_lanes.py``) a
+collection run forced ``log_prob_micro_batch_size_per_gpu=1`` so that each training dump held one
+request; with lanes a micro batch of several rows is dumped one msprobe dump per request. This
+bench times verl's real ``FSDPEngineWithLMHead.infer_batch`` (the old-log-prob pass, PROMPTS_ONLY
+trimmed by ``prompts_only.trim``, ``use_remove_padding`` THD) over the same N requests:
+
+* with the training dump on (the patched ``forward_backward_batch`` and ``hooks/training.py``:
+  ``DUMP_ON=1``, ``VERL_CONSISTENCY_ACTOR_CONFIG``, ``VERL_CONSISTENCY_RUN_DIR``, capture
+  ``fraction:1``; msprobe statistics, L0, written by ``entrypoints/msprobe_config``), at micro batch
+  1 (today's forced setting: one msprobe step per request) and at 8 (one step per 8 requests, one
+  lane each);
+* without dumps at the same micro batches (the baseline).
+
+All in ONE process and on one engine (the micro batch is a field of the batch, not of the engine),
+repetitions alternating the order of the micro batches, so that clocks, caches and the GPU's state
+are shared. The undumped repetitions run first: msprobe's L0 hooks stay registered on the model
+once the debugger has started, so a later undumped pass pays their idle cost (it is shown as
+``off-after``, for information). Each dumped repetition's step folders are moved out of the
+process's dump folder afterwards (outside the timing), so every repetition writes into an empty
+one, and it is checked: every request must appear in exactly one dump (a ``req*`` lane folder at
+micro batch > 1, a whole step at micro batch 1) and in the ``update_actor_log.jsonl`` records.
+
+The acceptance figure is ``ratio dumps mb1/mb8``: wall time at micro batch 1 over micro batch 8,
+both with dumps, medians of the same run. Written to ``--out`` (JSON) and ``--out`` with ``.txt``
+(the table; ``fsdp_cost_report.py`` makes both).
+
+Run (from the repository root; ``verl_consistency`` must import this checkout):
+
+* device (H200, the ``next`` set unpacked by ``bench/gpu/verl_gpu.sh``): ``bash bench/gpu/verl_gpu.sh
+  cost`` runs ``python3 -m bench.gpu.fsdp_cost --device cuda --out $OUT/fsdp-cost.json``: a random
+  Qwen2 of Qwen2-0.5B's shape, bf16 (verl's default mixed precision), sdpa attention, nccl world 1.
+* CPU (a check of the script, not a measurement): ``VERL_CONSISTENCY_PIN_SET=next
+  .cache/demo-venv-next/bin/python -m bench.gpu.fsdp_cost --device cpu --tiny --requests 16 --reps 1``
+  (gloo, fp32, eager attention, verl's pure-torch padding helpers, a tiny Qwen2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.gpu.fsdp_cost_report import hardware, summarize, table
+
+SHAPES: dict[str, dict[str, Any]] = {
+    # Qwen2-0.5B's config.json, random weights
+    "0.5b": {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+    },
+}
+SHAPES["tiny"] = SHAPES["0.5b"] | {
+    **dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4),
+    **dict(vocab_size=512, max_position_embeddings=1024, rope_theta=10000.0),
+}
+
+
+class BenchError(RuntimeError):
+    """A stage of the bench failed; the message names the stage and what to check."""
+
+
+@contextlib.contextmanager
+def stage(name: str, hint: str = "") -> Iterator[None]:
+    """Turn any failure inside into one BenchError that names the stage (the traceback is printed)."""
+    try:
+        yield
+    except BenchError:
+        raise
+    except Exception as exc:  # reported with its stage, then re-raised as one error
+        traceback.print_exc()
+        raise BenchError(f"{name}: {type(exc).__name__}: {exc}" + (f" ({hint})" if hint else "")) from exc
+
+
+@dataclass
+class Rep:
+    """One timed ``infer_batch`` over every request."""
+
+    label: str  # "dumps", "off" or "off-after"
+    micro_batch: int
+    index: int
+    wall_s: float | None = None
+    peak_gib: float | None = None
+    steps: int = 0
+    lane_folders: int = 0
+    requests_dumped: int = 0
+    bytes_dumped: int = 0
+    problems: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def build_model(model_dir: Path, shape: str, device: str) -> None:
+    """A random Qwen2 of ``shape`` saved in bf16 with ``save_pretrained`` (no download, no tokenizer)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    kwargs = SHAPES[shape] | {
+        "head_dim": SHAPES[shape]["hidden_size"] // SHAPES[shape]["num_attention_heads"]
+    }
+    cfg = Qwen2Config(**kwargs)
+    torch.manual_seed(0)
+    with torch.device(device):  # initialising 0.5B parameters is much faster on the GPU
+        model: Any = Qwen2ForCausalLM(cfg)
+    model.to(torch.bfloat16).save_pretrained(model_dir)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the engine loads its own copy
+
+
+def make_requests(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[dict[str, Any]]:
+    """N prompts of lengths spread evenly over [lo, hi] (shuffled), random tokens, one response token,
+    each with a uuid4-style hex id as verl's rollout client makes them."""
+    rng = random.Random(seed)
+    lengths = [lo + round(i * (hi - lo) / max(n - 1, 1)) for i in range(n)]
+    rng.shuffle(lengths)
+    return [
+        {
+            "request_id": uuid.UUID(int=rng.getrandbits(128), version=4).hex,
+            "prompt_ids": [rng.randrange(1, vocab) for _ in range(length)],
+            "response_ids": [rng.randrange(1, vocab)],
+        }
+        for length in lengths
+    ]
+
+
+def init_process_group(device: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(k, v)
+    if device == "cuda":
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", rank=0, world_size=1)
+    else:
+        dist.init_process_group("gloo", rank=0, world_size=1)
+
+
+def dump_env(run_root: Path) -> Any:
+    """The run folder and msprobe configs (statistics, L0) as ``verl-consistency run`` writes them;
+    the hooks' environment points at them. Returns the run layout."""
+    from verl_consistency.entrypoints.msprobe_config import DumpOptions, Level, Task, build, write
+    from verl_consistency.patches.contracts import env, layout
+
+    lay = layout.RunLayout(run_root, "fsdp-cost")
+    shutil.rmtree(lay.run_dir, ignore_errors=True)  # a reused --work: every pass's dump starts empty
+    lay.run_dir.mkdir(parents=True, exist_ok=True)
+    write(lay, build(lay, DumpOptions(task=Task.STATISTICS, level=Level.L0)))
+    os.environ.update(
+        {
+            env.RUN_DIR: str(lay.run_dir),
+            env.ACTOR_CONFIG: str(lay.actor_config),
+            env.CAPTURE: "fraction:1",
+            env.DUMP_PHASE: env.DumpPhase.LOG_PROB.value,
+        }
+    )
+    os.environ.pop(env.DUMP_ON, None)
+    return lay
+
+
+def build_engine(model_dir: Path, device: str, n: int) -> Any:
+    from verl_consistency.entrypoints import demo_stages
+
+    if device == "cuda":
+        demo_stages.serve_pure_torch_attention_helpers(cpu_platform=False)
+        extra: tuple[str, ...] = ()  # verl's default mixed precision: bf16 compute
+        attn = "sdpa"
+    else:
+        demo_stages.serve_pure_torch_attention_helpers()
+        extra, attn = (demo_stages.FP32,), "eager"
+    actor_cfg = demo_stages.actor_config(str(model_dir), n, *extra, micro_batch=1)
+    return demo_stages.fsdp_engine(str(model_dir), actor_cfg, attn_implementation=attn)
+
+
+def trimmed_batch(requests: list[dict[str, Any]]) -> Any:
+    from verl_consistency.entrypoints import demo_stages
+    from verl_consistency.patches.hooks import prompts_only
+
+    return prompts_only.trim(demo_stages._batch(requests))
+
+
+def engine_input(batch: Any, micro_batch: int) -> Any:
+    """A fresh TensorDict per call (``forward_backward_batch`` writes fields into the one it gets)."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    td = left_right_2_no_padding(batch.to_tensordict())
+    tu.assign_non_tensor(
+        td,
+        use_remove_padding=True,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=micro_batch,
+        max_token_len_per_gpu=1 << 16,
+        use_fused_kernels=False,
+        temperature=1.0,
+        calculate_entropy=False,
+        compute_loss=False,
+    )
+    return td
+
+
+# ----------------------------------------------------------------------------- one pass
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def infer(
+    engine: Any, batch: Any, micro_batch: int, device: str, dumps: bool
+) -> tuple[float, Any, float | None]:
+    """One log_prob pass; returns (wall s, padded log-probs on the CPU, peak GiB on the GPU)."""
+    import torch
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    from verl_consistency.patches.contracts import env
+
+    if dumps:
+        os.environ[env.DUMP_ON] = "1"
+    else:
+        os.environ.pop(env.DUMP_ON, None)
+    td = engine_input(batch, micro_batch)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        sync(device)
+        t0 = time.perf_counter()
+        with engine.eval_mode():
+            out = engine.infer_batch(td)
+        sync(device)
+        wall = time.perf_counter() - t0
+    finally:
+        os.environ.pop(env.DUMP_ON, None)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+    log_probs = no_padding_2_padding(tu.get(out["model_output"], "log_probs"), td).float().cpu()
+    return wall, log_probs, peak
+
+
+def harvest(lay: Any, into: Path, log_offset: int, expected: dict[str, int], rep: Rep) -> int:
+    """Move this pass's step folders out of the process's dump folder into ``into``, count what they
+    hold, and check them (:func:`check_dumps`). ``expected``: request id -> prompt tokens. Returns
+    the records log's new offset."""
+    from verl_consistency.patches.contracts import layout, records
+
+    dump_dir = layout.process_dump_dir(lay.actor_dir)
+    shutil.rmtree(into, ignore_errors=True)  # a kept dump of an earlier bench in the same --work
+    into.mkdir(parents=True)
+    steps = sorted(p for p in dump_dir.glob("step*") if p.is_dir()) if dump_dir.is_dir() else []
+    for step in steps:
+        shutil.move(str(step), str(into / step.name))
+    rep.steps = len(steps)
+    rep.lane_folders = sum(1 for p in into.glob("step*/*/req*") if p.is_dir())
+    rep.bytes_dumped = sum(f.stat().st_size for f in into.rglob("*") if f.is_file())
+    log = dump_dir / records.UPDATE_ACTOR_LOG
+    new = b""
+    if log.is_file():
+        with log.open("rb") as fh:
+            fh.seek(log_offset)
+            new = fh.read()
+    check_dumps(into, [json.loads(line) for line in new.splitlines()], expected, rep)
+    return log_offset + len(new)
+
+
+def dumped_tokens(dump_json: Path) -> int | None:
+    """The token count of the first decoder layer's input in an msprobe dump (THD: ``[1, T, hidden]``)."""
+    data = json.loads(dump_json.read_text()).get("data", {})
+    for name, item in data.items():
+        if ".layers.0.input_layernorm." in name and ".forward" in name:
+            shape = item["input_args"][0]["shape"]
+            return int(shape[-2])
+    return None
+
+
+def check_dumps(into: Path, recs: list[dict[str, Any]], expected: dict[str, int], rep: Rep) -> None:
+    """Every request in exactly one dump, each dump holding that request's rows (its prompt's
+    token count), as many lane folders and steps as verl's micro batches imply."""
+    dumped: list[str] = []
+    for rec in recs:
+        ids = rec.get("request_ids", [])
+        lane_ids = rec.get("lane_request_ids")
+        folders = [(f"req{k}", rid) for k, rid in enumerate(lane_ids)] if lane_ids else [("", ids[0])]
+        dumped += [rid for _, rid in folders]
+        if lane_ids and len(lane_ids) != len(ids):
+            rep.problems.append(f"step {rec.get('step')}: {len(lane_ids)} lanes for {len(ids)} requests")
+        for sub, rid in folders:
+            path = into / f"step{rec['step']}" / f"rank{rec.get('rank', 0)}" / sub / "dump.json"
+            got = dumped_tokens(path) if path.is_file() else None
+            if got != expected.get(rid):
+                rep.problems.append(
+                    f"{path}: {got} tokens dumped for request {rid}, its prompt has {expected.get(rid)}"
+                )
+    rep.requests_dumped = len(dumped)
+    missing = set(expected) - set(dumped)
+    if missing or len(dumped) != len(expected):
+        rep.problems.append(f"{len(dumped)} dumps for {len(expected)} requests, {len(missing)} missing")
+    # verl cuts the batch in order into micro batches of micro_batch rows (the last may be short);
+    # a micro batch of one row is dumped whole (a step without lanes), any other one lane per row
+    n = len(expected)
+    sizes = [min(rep.micro_batch, n - i) for i in range(0, n, rep.micro_batch)]
+    want_lanes = sum(s for s in sizes if s > 1)
+    if rep.lane_folders != want_lanes:
+        rep.problems.append(f"{rep.lane_folders} req* lane folders under {into}, expected {want_lanes}")
+    if rep.steps != len(sizes):
+        rep.problems.append(f"{rep.steps} step folders under {into}, expected {len(sizes)}")
+
+
+# ----------------------------------------------------------------------------- the schedule
+
+
+@dataclass
+class Bench:
+    """What every pass shares: one engine, one batch, one run folder."""
+
+    args: argparse.Namespace
+    device: str
+    engine: Any
+    batch: Any
+    warm_batch: Any
+    ids: dict[str, int]
+    """request id -> prompt tokens"""
+    warm_ids: dict[str, int]
+    lay: Any
+    work: Path
+    t0: float
+    reps: list[Rep] = field(default_factory=list)
+    warmups: list[Rep] = field(default_factory=list)
+    log_probs: dict[str, Any] = field(default_factory=dict)
+    log_off: int = 0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+
+def one_pass(b: Bench, label: str, mb: int, index: int, warm: bool = False) -> Rep:
+    """One pass, its failure recorded (not raised): the other passes still run and are reported."""
+    rep = Rep(label, mb, index)
+    dumps = label == "dumps"
+    batch, ids = (b.warm_batch, b.warm_ids) if warm and dumps else (b.batch, b.ids)
+    try:
+        wall, log_probs, peak = infer(b.engine, batch, mb, b.device, dumps)
+        rep.wall_s, rep.peak_gib = round(wall, 4), None if peak is None else round(peak, 2)
+        if not bool(log_probs.isfinite().all()) or log_probs.shape[0] != len(ids):
+            rep.problems.append(
+                f"log-probs of shape {tuple(log_probs.shape)} not finite or not one row per request"
+            )
+        if not warm:
+            b.log_probs.setdefault(f"{label}-mb{mb}", log_probs)
+    except Exception as exc:  # one failed pass is reported, the rest still run
+        traceback.print_exc()
+        rep.error = f"{type(exc).__name__}: {exc}"
+        if b.device == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+    if dumps:
+        into = b.work / "reps" / f"{'warm-' if warm else ''}{label}-mb{mb}-{index}"
+        try:
+            b.log_off = harvest(b.lay, into, b.log_off, ids, rep)
+        except Exception as exc:  # a broken dump is a problem of this pass, not of the bench
+            traceback.print_exc()
+            rep.problems.append(f"could not read the dump of this pass: {type(exc).__name__}: {exc}")
+        if not b.args.keep_dumps:
+            shutil.rmtree(into, ignore_errors=True)
+    what = "warm-up " if warm else ""
+    detail = f"{rep.wall_s:.3f} s" if rep.wall_s is not None else f"FAILED {rep.error}"
+    if dumps:
+        detail += f", {rep.steps} steps, {rep.lane_folders} lanes, {rep.bytes_dumped / 1e6:.1f} MB"
+    print(f"[{b.elapsed():6.1f}s] {what}{label} mb{mb} #{index}: {detail}", flush=True)
+    for p in rep.problems:
+        print(f"    PROBLEM: {p}", flush=True)
+    (b.warmups if warm else b.reps).append(rep)
+    return rep
+
+
+def estimate(b: Bench, label: str, mb: int) -> float:
+    """Seconds the next (label, mb) pass should take: its last pass, else its warm-up scaled up."""
+    done = [r.wall_s for r in b.reps if r.label == label and r.micro_batch == mb and r.wall_s]
+    if done:
+        return done[-1]
+    warm = [r.wall_s for r in b.warmups if r.label == label and r.micro_batch == mb and r.wall_s]
+    if not warm:
+        return 0.0
+    scale = len(b.ids) / len(b.warm_ids) if label == "dumps" else 1.0
+    return warm[-1] * scale
+
+
+def run_schedule(b: Bench) -> None:
+    """Warm-ups (untimed), then the undumped passes, then the dumped ones, each set alternating the
+    order of the micro batches; a pass that would overrun ``--budget-s`` is skipped (and said)."""
+    mbs, reps = b.args.micro_batches, b.args.reps
+    for mb in mbs:
+        one_pass(b, "off", mb, 0, warm=True)
+
+    def timed(label: str) -> None:
+        for r in range(reps):
+            for mb in mbs if r % 2 == 0 else mbs[::-1]:
+                need = estimate(b, label, mb) * 1.15 + 5
+                if b.elapsed() + need > b.args.budget_s:
+                    rep = Rep(label, mb, r, error=f"skipped: ~{need:.0f} s needed, {b.elapsed():.0f} s used")
+                    print(
+                        f"SKIP {label} mb{mb} #{r}: {rep.error} of --budget-s {b.args.budget_s}", flush=True
+                    )
+                    b.reps.append(rep)
+                    continue
+                one_pass(b, label, mb, r)
+
+    timed("off")
+    for mb in mbs:  # msprobe's set-up and first hooks, on a few requests
+        one_pass(b, "dumps", mb, 0, warm=True)
+    timed("dumps")
+    for mb in mbs:  # the undumped pass again, with msprobe's hooks registered (for information)
+        if b.elapsed() + estimate(b, "off", mb) + 5 < b.args.budget_s:
+            one_pass(b, "off-after", mb, 0)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="a tiny Qwen2 and prompts of 8-64 tokens (CPU check)")
+    ap.add_argument("--model", type=Path, help="an HF Qwen2 folder to use instead of building a random one")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--min-len", type=int, help="shortest prompt (default 64; 8 with --tiny)")
+    ap.add_argument("--max-len", type=int, help="longest prompt (default 512; 64 with --tiny)")
+    ap.add_argument(
+        "--micro-batches", default="1,8", help="comma-separated, the first must be 1 (e.g. 1,8,16)"
+    )
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per micro batch and pass kind")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--work", type=Path, help="model and dump folders (default: a new temporary folder)")
+    ap.add_argument("--keep-dumps", action="store_true", help="keep each pass's dump under WORK/reps/")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=540.0,
+        help="seconds from the start: a pass that would end later is skipped",
+    )
+    ap.add_argument(
+        "--out", type=Path, default=Path("fsdp-cost.json"), help="JSON result (and .txt beside it)"
+    )
+    args = ap.parse_args(argv)
+    try:
+        args.micro_batches = [int(x) for x in args.micro_batches.split(",")]
+    except ValueError:
+        ap.error(f"--micro-batches {args.micro_batches!r}: give comma-separated integers, e.g. 1,8")
+    if (
+        args.micro_batches[0] != 1
+        or min(args.micro_batches) < 1
+        or len(set(args.micro_batches)) != len(args.micro_batches)
+    ):
+        ap.error(
+            "--micro-batches: distinct positive sizes, the first 1 (the ratios are against micro batch 1)"
+        )
+    args.min_len = args.min_len or (8 if args.tiny else 64)
+    args.max_len = args.max_len or (64 if args.tiny else 512)
+    if not 2 <= args.min_len <= args.max_len:
+        ap.error("--min-len/--max-len: need 2 <= min <= max (PROMPTS_ONLY needs two prompt tokens)")
+    if any(args.requests % mb for mb in args.micro_batches) or args.reps < 1:
+        ap.error(
+            f"--requests {args.requests} must be a multiple of every micro batch {args.micro_batches} "
+            "(verl asserts it: data size must be divisible by ... micro_batch_size_per_gpu); --reps >= 1"
+        )
+    return args
+
+
+def set_up(args: argparse.Namespace, t_start: float) -> tuple[Bench, dict[str, Any]]:
+    import torch
+
+    device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchError(
+            "--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False); "
+            "on a machine without a GPU use --device cpu --tiny"
+        )
+    work = (args.work or Path(tempfile.mkdtemp(prefix="fsdp-cost-"))).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    shape = "tiny" if args.tiny else "0.5b"
+    model_dir = args.model.resolve() if args.model else work / f"qwen2-{shape}-random"
+    with stage("model", "a random Qwen2 built with transformers and saved with save_pretrained"):
+        if not (model_dir / "config.json").is_file():
+            if args.model:
+                raise BenchError(f"--model {args.model}: no config.json there; give an HF model folder")
+            t = time.monotonic()
+            build_model(model_dir, shape, device)
+            print(f"built {model_dir} ({shape}, bf16) in {time.monotonic() - t:.1f}s", flush=True)
+        vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    with stage("requests"):
+        requests = make_requests(args.requests, args.min_len, args.max_len, vocab, args.seed)
+        # msprobe's set-up on a few requests: two micro batches of the largest size, a size verl takes
+        unit = math.lcm(*args.micro_batches)
+        warm = requests[: min(len(requests), unit * -(-2 * max(args.micro_batches) // unit))]
+        batch, warm_batch = trimmed_batch(requests), trimmed_batch(warm)
+    with stage("dump configs", "entrypoints/msprobe_config.build/write into WORK/runs"):
+        lay = dump_env(work / "runs")
+    with stage("process group", "MASTER_ADDR/MASTER_PORT, world size 1"):
+        init_process_group(device)
+    with stage(
+        "verl FSDP engine", "is verl 0.9.1 patched (verl-consistency patches apply --set next -c verl)?"
+    ):
+        t = time.monotonic()
+        engine = build_engine(model_dir, device, len(requests))
+        print(f"engine ready in {time.monotonic() - t:.1f}s", flush=True)
+        from verl_consistency.patches.hooks import training  # the patched verl imports it
+
+        del training
+    tokens = sum(len(r["prompt_ids"]) for r in requests)
+    config = {
+        "requests": len(requests),
+        "min_len": args.min_len,
+        "max_len": args.max_len,
+        "tokens": tokens,
+        "shape": shape if not args.model else str(model_dir),
+        "model": SHAPES[shape] if not args.model else str(model_dir),
+        "dtype": "bf16 (verl mixed precision)" if device == "cuda" else "fp32",
+        "attn": "sdpa" if device == "cuda" else "eager",
+        "micro_batches": args.micro_batches,
+        "reps": args.reps,
+        "seed": args.seed,
+        "work": str(work),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+    b = Bench(
+        args=args,
+        device=device,
+        engine=engine,
+        batch=batch,
+        warm_batch=warm_batch,
+        ids={r["request_id"]: len(r["prompt_ids"]) for r in requests},
+        warm_ids={r["request_id"]: len(r["prompt_ids"]) for r in warm},
+        lay=lay,
+        work=work,
+        t0=t_start,
+    )
+    return b, config
+
+
+def write_outputs(out: Path, result: dict[str, Any]) -> str:
+    from verl_consistency.patches.contracts.atomic import write_json_atomic, write_text_atomic
+
+    text = table(result)
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out, result)
+    write_text_atomic(out.with_suffix(".txt"), text + "\n")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t_start = time.monotonic()
+    result: dict[str, Any] = {
+        "ok": False,
+        "problems": [],
+        "skipped": [],
+        "config": {"command": " ".join(sys.argv)},
+    }
+    try:
+        result["hardware"] = hardware(args.device) if args.device == "cpu" or _cuda() else {"device": "none"}
+        b, result["config"] = set_up(args, t_start)
+        with stage("passes"):
+            run_schedule(b)
+        result["summary"] = summarize(b, result["config"]["tokens"])
+        result["reps"] = [asdict(r) for r in b.reps]
+        result["warmups"] = [asdict(r) for r in b.warmups]
+        for r in b.reps + b.warmups:
+            where = f"{'warm-up ' if r in b.warmups else ''}{r.label} mb{r.micro_batch} #{r.index}"
+            result["problems"] += [f"{where}: {p}" for p in r.problems]
+            if r.error:
+                result["skipped" if r.error.startswith("skipped") else "problems"].append(
+                    f"{where}: {r.error}"
+                )
+        result["ok"] = not result["problems"] and all(
+            result["summary"]["ratios"].get(f"dumps mb1/mb{mb}") for mb in args.micro_batches[1:]
+        )
+    except BenchError as exc:
+        result["problems"].append(f"FAILED at {exc}")
+        print(f"FSDP COST BENCH FAILED at {exc}", file=sys.stderr, flush=True)
+    finally:
+        with contextlib.suppress(Exception):
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    result["elapsed_s"] = round(time.monotonic() - t_start, 1)
+    result.setdefault("hardware", {})
+    print(write_outputs(args.out, result), flush=True)
+    print(f"written: {args.out.resolve()} and {args.out.resolve().with_suffix('.txt')}", flush=True)
+    return 0 if result["ok"] else 1
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""``bench/gpu/fsdp_cost.py`` (issue 21's training cost): its checks must catch a missing or wrong lane.
+
+The bench runs once on the device, by hand, so what it checks is tested here: the request set,
+the argument checks, and the per-pass dump check (every request in exactly one dump holding its
+own rows) against dumps laid out as the training hook lays them out, written with the real
+record model. The last test runs the whole bench on CPU in the demo venv (skipped without
+``$VERL_CONSISTENCY_DEMO_VENV``): verl's real FSDP engine, real msprobe, micro batches 1, 4 and 8.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench.gpu import fsdp_cost
+from verl_consistency.patches.contracts import layout, records
+
+
+def test_requests_are_fixed_spread_and_uniquely_named():
+    a = fsdp_cost.make_requests(16, 8, 64, 512, seed=3)
+    assert a == fsdp_cost.make_requests(16, 8, 64, 512, seed=3)
+    lengths = sorted(len(r["prompt_ids"]) for r in a)
+    assert lengths[0] == 8
+    assert lengths[-1] == 64
+    assert len(set(lengths)) == 16
+    assert len({r["request_id"] for r in a}) == 16
+    assert all(len(r["response_ids"]) == 1 and min(r["prompt_ids"]) > 0 for r in a)
+    assert a != fsdp_cost.make_requests(16, 8, 64, 512, seed=4)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--requests", "17", "--micro-batches", "1,8"],  # verl asserts divisibility
+        ["--micro-batches", "8,1"],  # the ratios are against micro batch 1
+        ["--micro-batches", "1,x"],
+        ["--min-len", "1"],  # PROMPTS_ONLY needs two prompt tokens
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_runs(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        fsdp_cost.parse_args(argv)
+    assert exc.value.code == 2
+    assert "--" in capsys.readouterr().err
+
+
+def _write_pass(
+    run_dir: Path, tokens: dict[str, int], micro_batch: int, first_step: int = 0
+) -> layout.RunLayout:
+    """One pass's dumps as the hook writes them: step{N}/rank0/ per micro batch, req{k}/ per lane."""
+    lay = layout.RunLayout.from_run_dir(run_dir)
+    dump_dir = layout.process_dump_dir(lay.actor_dir)
+    writer = records.JsonlWriter(dump_dir / records.UPDATE_ACTOR_LOG)
+    ids = list(tokens)
+    for n, i in enumerate(range(0, len(ids), micro_batch)):
+        chunk, step = ids[i : i + micro_batch], first_step + n
+        lanes = chunk if len(chunk) > 1 else None
+        for k, rid in enumerate(lanes or chunk):
+            folder = dump_dir / f"step{step}" / "rank0" / (f"req{k}" if lanes else "")
+            folder.mkdir(parents=True, exist_ok=True)
+            shape = [1, tokens[rid], 64]
+            row = {"input_args": [{"type": "torch.Tensor", "shape": shape}], "output": []}
+            data = {"Module.model.layers.0.input_layernorm.Qwen2RMSNorm.forward.0": row}
+            (folder / "dump.json").write_text(json.dumps({"task": "statistics", "data": data}))
+        writer.write(
+            records.UpdateActorRecord(
+                timestamp=records.now(),
+                pid=os.getpid(),
+                rank=0,
+                step=step,
+                dump_path=layout.relative_to_run(dump_dir, run_dir),
+                phase="log_prob",
+                backend="fsdp",
+                request_ids=chunk,
+                num_requests=len(chunk),
+                **({"lane_request_ids": lanes} if lanes else {}),
+            )
+        )
+    writer.close()
+    return lay
+
+
+TOKENS = {f"{i:032x}": 10 + i for i in range(8)}
+
+
+@pytest.mark.parametrize("micro_batch", [1, 4, 8])
+def test_a_complete_pass_is_counted_and_passes(tmp_path, micro_batch):
+    lay = _write_pass(tmp_path / "run", TOKENS, micro_batch)
+    rep = fsdp_cost.Rep("dumps", micro_batch, 0)
+    offset = fsdp_cost.harvest(lay, tmp_path / "pass", 0, TOKENS, rep)
+    assert rep.problems == []
+    assert (rep.steps, rep.lane_folders, rep.requests_dumped) == (
+        8 // micro_batch,
+        0 if micro_batch == 1 else 8,
+        8,
+    )
+    assert rep.bytes_dumped > 0
+    # the next pass starts from an empty folder and reads only its own records
+    assert not list(layout.process_dump_dir(lay.actor_dir).glob("step*"))
+    _write_pass(tmp_path / "run", TOKENS, micro_batch, first_step=8)
+    again = fsdp_cost.Rep("dumps", micro_batch, 1)
+    fsdp_cost.harvest(lay, tmp_path / "pass", offset, TOKENS, again)
+    assert again.problems == []
+    assert again.requests_dumped == 8
+
+
+def test_a_missing_lane_and_another_requests_rows_are_problems(tmp_path):
+    lay = _write_pass(tmp_path / "run", TOKENS, 4)
+    dump_dir = layout.process_dump_dir(lay.actor_dir)
+    (dump_dir / "step1" / "rank0" / "req3" / "dump.json").unlink()
+    (dump_dir / "step1" / "rank0" / "req3").rmdir()
+    lane0 = dump_dir / "step0" / "rank0" / "req0" / "dump.json"  # holds request 1's rows
+    lane0.write_text((dump_dir / "step0" / "rank0" / "req1" / "dump.json").read_text())
+    rep = fsdp_cost.Rep("dumps", 4, 0)
+    fsdp_cost.harvest(lay, tmp_path / "pass", 0, TOKENS, rep)
+    text = "\n".join(rep.problems)
+    assert "7 req* lane folders" in text
+    assert "expected 8" in text
+    assert f"11 tokens dumped for request {next(iter(TOKENS))}, its prompt has 10" in text
+    assert "None tokens dumped" in text  # the record names a lane whose folder is gone
+
+
+def test_a_pass_without_records_is_a_problem(tmp_path):
+    lay = layout.RunLayout.from_run_dir(tmp_path / "run")
+    rep = fsdp_cost.Rep("dumps", 8, 0)
+    fsdp_cost.harvest(lay, tmp_path / "pass", 0, TOKENS, rep)
+    assert any("0 dumps for 8 requests, 8 missing" in p for p in rep.problems)
+
+
+@pytest.mark.demo
+@pytest.mark.timeout(900)
+def test_the_bench_runs_on_cpu_in_the_demo_venv(tmp_path, repo):
+    venv = os.environ.get("VERL_CONSISTENCY_DEMO_VENV")
+    if not venv:
+        pytest.skip("$VERL_CONSISTENCY_DEMO_VENV unset: no demo venv (make demo-venv)")
+    out = tmp_path / "cost.json"
+    res = subprocess.run(
+        [
+            *(str(Path(venv) / "bin" / "python"), "-m", "bench.gpu.fsdp_cost", "--device", "cpu", "--tiny"),
+            *("--requests", "8", "--micro-batches", "1,4,8", "--reps", "1", "--work", str(tmp_path / "w")),
+            *("--out", str(out)),
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=850,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["ok"]
+    assert result["problems"] == []
+    rows = {(r["label"], r["micro_batch"]): r for r in result["summary"]["rows"]}
+    assert rows[("dumps", 1)]["steps"] == 8
+    assert rows[("dumps", 1)]["lane_folders"] == 0
+    assert rows[("dumps", 4)]["steps"] == 2
+    assert rows[("dumps", 4)]["lane_folders"] == 8
+    assert rows[("dumps", 8)]["steps"] == 1
+    assert rows[("dumps", 8)]["lane_folders"] == 8
+    # the same rows are dumped whatever the micro batch: per-request dumps of the same size
+    assert rows[("dumps", 1)]["bytes_dumped"] == pytest.approx(rows[("dumps", 8)]["bytes_dumped"], rel=0.05)
+    assert result["summary"]["ratios"]["dumps mb1/mb8"] > 0
+    assert all(v == 0 for v in result["summary"]["log_prob_max_abs_diff"].values())  # fp32, same rows
+    assert out.with_suffix(".txt").read_text().count("ratio dumps mb1/mb") == 2
