@@ -113,8 +113,22 @@ fi
 G=/tmp/vgpu
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
+if [ "$cmd" = pack ]; then
+  # Here, after `prepare`: the stage's parts as one tar cut into chunks of CHUNK_MB (default 33)
+  # under STAGE/packed/c0, c1, ... A device call carries the checkout's tracked files too (~25 MB
+  # since the H200 fixtures) and at most 64 MiB in all, so p1/p2 (60 MB each) no longer fit a call.
+  set -euo pipefail
+  STAGE=$(readlink -f "${1:-$HERE/../../.gpu-stage}")
+  rm -rf "$STAGE/packed" && mkdir -p "$STAGE/packed"
+  (cd "$STAGE" && tar -cf - SHA256 p1 p2 p3) | split -b "${CHUNK_MB:-33}m" -d -a 1 - "$STAGE/packed/stage.tar.part-"
+  for f in "$STAGE"/packed/stage.tar.part-*; do d=$STAGE/packed/c${f##*-}; mkdir -p "$d" && mv "$f" "$d/"; done
+  du -sh "$STAGE"/packed/*
+  exit 0
+fi
+
 if [ "$cmd" = stage ]; then
-  # run from the stage folder (S/verl_gpu.sh) or from the checkout (bench/gpu/verl_gpu.sh: $STAGE)
+  # run from the stage folder (S/verl_gpu.sh) or from the checkout (bench/gpu/verl_gpu.sh: $STAGE);
+  # PART is p1|p2|p3, or packed/cN (a chunk of `pack`: install() joins the chunks)
   src=$HERE/$1; [ -d "$src" ] || src=${STAGE:-$HERE/../../.gpu-stage}/$1
   mkdir -p "$G/parts" && cp "$src"/* "$G/parts/" && ls -la "$G/parts" && df -h /tmp | tail -1
   exit 0
@@ -127,6 +141,11 @@ fi
 #   verl_consistency-*.whl; OVERLAY (may be empty): a folder put before the bundle on PYTHONPATH.
 install() {  # FROM SCRIPTS OVERLAY
   local from=$1 scripts=$2 overlay=$3 a f w
+  if [ ! -f "$G/.installed" ] && [ -f "$G/parts/stage.tar.part-0" ]; then
+    # the chunks of `pack`, staged call by call: one tar of SHA256 and p1..p3
+    mkdir -p "$G/staged" && cat "$G"/parts/stage.tar.part-* | tar -xf - -C "$G/staged" || exit 3
+    cp "$G"/staged/p1/* "$G"/staged/p2/* "$G/parts/" && rm -f "$G"/parts/stage.tar.part-* && from=$G/staged
+  fi
   if [ ! -f "$G/.installed" ]; then
     cp "$from"/p3/* "$from/SHA256" "$scripts/make_assets.py" "$scripts/trim_run.py" "$G/parts/" || exit 3
     (cd "$G/parts" && cat site.tar.xz.part-0 site.tar.xz.part-1 >"$G/site.tar.xz" && cd "$G" && sha256sum -c parts/SHA256) || exit 3
@@ -259,4 +278,47 @@ if [ "$cmd" = cost ]; then
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
   exit $rc
 fi
-echo "usage: $0 prepare [STAGE] | stage p1|p2 | run [MODE:PHASE ...] | cost" >&2; exit 2
+if [ "$cmd" = check ]; then
+  # Issue 22: `verl-consistency check --device cuda` of THIS checkout on the unpacked next set (vLLM
+  # 0.23.0 with FlashAttention 3, verl 0.9.1's FSDP engine with sdpa, bf16), on a random bf16 Qwen2 of
+  # Qwen2-0.5B's shape (bench/gpu/fsdp_cost.py's SHAPES) with make_assets.py's tokenizer (ChatML).
+  # Writes to $OUT: check.log, <id>.tar.xz (the run folder: CI re-pairs it), report.html, summary.
+  REPO=$(cd "$HERE/../.." && pwd)
+  STAGE=${STAGE:-$REPO/.gpu-stage}
+  OUT=${OUT:-$G/out}; mkdir -p "$OUT"
+  t0=$(date +%s); stamp() { echo "STAGE $1 $(( $(date +%s) - t0 ))s" | tee -a "$OUT/stages.txt"; }
+  set -o pipefail
+  ov=$G/vcrepo; mkdir -p "$ov/verl_consistency"
+  for d in entrypoints patches postprocess; do ln -sfn "$REPO/$d" "$ov/verl_consistency/$d"; done
+  install "$STAGE" "$HERE" "$ov"
+  export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+    VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn
+  if [ ! -d "$G/assets/model" ]; then
+    python3 "$G/parts/make_assets.py" "$G/assets" 2>&1 | tail -3 | tee "$OUT/assets.log" || exit 5; stamp assets
+  fi
+  m=$G/assets/model-0.5b
+  if [ ! -f "$m/config.json" ]; then
+    rm -rf "$m.tmp" && (cd "$REPO" && python3 -c "import sys; from pathlib import Path; from bench.gpu.fsdp_cost import build_model; build_model(Path(sys.argv[1]), '0.5b', 'cuda')" "$m.tmp") || exit 5
+    for f in "$G"/assets/model/*; do  # the tokenizer's files (vocab, merges, config, chat template)
+      case $f in *.safetensors|*/config.json|*/generation_config.json) ;; *) cp "$f" "$m.tmp/" ;; esac
+    done
+    mv "$m.tmp" "$m"; stamp model-0.5b
+  fi
+  id=${CHECK_ID:-h200-next-check}; rm -rf "$G/check/$id"
+  left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
+  # shellcheck disable=SC2086  # CHECK_ARGS: more options, split on spaces
+  (cd "$REPO" && timeout -k 10 $(( left - 40 )) verl-consistency check --model "$m" --device cuda --dtype bfloat16 \
+    --num-prompts "${PROMPTS:-8}" --dump-root "$G/check" --run-id "$id" --gpu-memory-utilization 0.4 ${CHECK_ARGS:-}) \
+    >"$OUT/check-full.log" 2>&1
+  rc=$?; echo "CHECK $id rc=$rc" | tee -a "$OUT/stages.txt"; stamp check
+  grep -v '\[INFO\]' "$OUT/check-full.log" >"$OUT/check.log"
+  if [ -f "$G/check/bundles/bundle-$id.tar.zst" ]; then
+    verl-consistency verify "$G/check/bundles/bundle-$id.tar.zst" 2>&1 | tail -3 | tee -a "$OUT/stages.txt"
+    cp "$G/check/bundles/work-$id/results/report.html" "$OUT/" 2>/dev/null
+    cp "$G/check/$id-summary.json" "$OUT/summary.json" 2>/dev/null
+  fi
+  tar -cf - -C "$G/check" "$id" | xz -T8 -9 >"$OUT/$id.tar.xz"; ls -la "$OUT"
+  tail -25 "$OUT/check.log"
+  exit $rc
+fi
+echo "usage: $0 prepare [STAGE] | pack [STAGE] | stage p1|p2|p3|packed/cN | run [MODE:PHASE ...] | cost | check" >&2; exit 2
