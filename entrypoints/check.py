@@ -241,37 +241,68 @@ def _manifest(o: CheckOptions, model: Path, training_model: Path, dtype: str) ->
     )
 
 
-def run_check(o: CheckOptions, echo: Any = print) -> demo.RunOutcome:
-    """The three passes and the postprocess; returns the outcome of the verified bundle."""
+@dataclass(frozen=True)
+class _Inputs:
+    """What the passes need, every input checked (nothing written yet but the built-in model)."""
+
+    opts: CheckOptions
+    lay: layout.RunLayout
+    model: Path
+    training_model: Path
+    dtype: str
+    prompts: list[list[int]]
+
+
+def _inputs(o: CheckOptions) -> _Inputs:
+    """Check every input before any engine starts, cheapest first; build the built-in model last."""
     check_options(o)
-    dump_root = o.dump_root.resolve()
-    if o.model is None:
-        model = dump_root / "models" / "tiny-qwen2"
-        if not (model / "config.json").is_file():
-            demo.build_model(model, demo.prompt_texts(dataset.DEFAULT_SIZE))
-    else:
-        model = o.model.resolve()
-    training_model = (o.training_model or model).resolve()
-    dtype = resolve_dtype(model, o.dtype)
     texts = read_prompts(o.prompts_file) if o.prompts_file else demo.prompt_texts(o.num_prompts)
     if len(texts) % o.micro_batch:
         raise CheckError(
             f"--micro-batch {o.micro_batch} does not divide the {len(texts)} prompts; verl's engine "
             "splits a batch into equal micro batches: pick a divisor"
         )
-    prompts = encode(model, texts)
-    longest = max(len(p) for p in prompts)
-    max_len = o.max_model_len or max_model_len(model, longest)
-    if longest + 1 > max_len:
-        raise CheckError(f"a prompt has {longest} tokens; raise --max-model-len above it (now {max_len})")
-    o = dataclasses.replace(o, max_model_len=max_len)
-
+    dump_root = o.dump_root.resolve()
     run_id = o.run_id or layout.new_run_id("check")
     if not layout.RUN_ID_RE.match(run_id):
         raise CheckError(f"--run-id {run_id!r}: use lower-case letters, digits, '.', '_' and '-'")
     lay = layout.RunLayout(dump_root, run_id)
     if lay.run_dir.exists():
         raise CheckError(f"{lay.run_dir} exists; pick another --run-id (a check never overwrites a run)")
+    if o.model is None:
+        model = dump_root / "models" / "tiny-qwen2"
+        if not (model / "config.json").is_file():
+            demo.build_model(model, demo.prompt_texts(dataset.DEFAULT_SIZE))
+    else:
+        model = o.model.resolve()
+    dtype = resolve_dtype(model, o.dtype)
+    prompts = encode(model, texts)
+    longest = max(len(p) for p in prompts)
+    max_len = o.max_model_len or max_model_len(model, longest)
+    if longest + 1 > max_len:
+        raise CheckError(f"a prompt has {longest} tokens; raise --max-model-len above it (now {max_len})")
+    return _Inputs(
+        opts=dataclasses.replace(o, max_model_len=max_len),
+        lay=lay,
+        model=model,
+        training_model=(o.training_model or model).resolve(),
+        dtype=dtype,
+        prompts=prompts,
+    )
+
+
+def run_check(o: CheckOptions, echo: Any = print) -> demo.RunOutcome:
+    """The three passes and the postprocess; returns the outcome of the verified bundle."""
+    inp = _inputs(o)
+    o, lay, model, training_model, dtype, prompts = (
+        inp.opts,
+        inp.lay,
+        inp.model,
+        inp.training_model,
+        inp.dtype,
+        inp.prompts,
+    )
+    run_id, dump_root = lay.run_id, lay.dump_root
     lay.run_dir.mkdir(parents=True)
     write(lay, build(lay, DumpOptions(task=Task.STATISTICS, level=Level.L0, request_scoped=True)))
     manifest = _manifest(o, model, training_model, dtype)
