@@ -256,7 +256,7 @@ def _batch(requests: list[dict[str, Any]]) -> Any:
     # vLLM's log-probs where the rollout asked for them (NaN where none; only position 0 is
     # known), and its top-k there: what the PROMPTS_ONLY trim stashes for the output row
     if any(r.get("first_token_log_prob") is not None for r in requests):
-        from verl_consistency.patches.hooks.token_mismatch import NEXT_TOKEN_TOPK
+        from verl_consistency.patches.contracts.token_records import NEXT_TOKEN_TOPK
 
         logps = torch.full((n, rlen), float("nan"), dtype=torch.float32)
         topk = np.empty(n, dtype=object)

@@ -57,6 +57,20 @@ FIGURES: dict[str, str] = {
 NEXT_TOKEN_LOG = "next_token.jsonl"
 """Per dumped training micro batch, in ``actor/<pid>/`` beside ``update_actor_log.jsonl``."""
 
+# The keys that carry vLLM's next-token prediction through verl's batches (written by the
+# PROMPTS_ONLY trim, read by the training hook; the demo and `check` build batches that carry them).
+NEXT_TOKEN = "vc_next_token"
+"""``non_tensor_batch`` key: vLLM's first response token (sampled at the last prompt position)."""
+NEXT_TOKEN_ROLLOUT_LOG_PROB = "vc_next_token_rollout_log_prob"
+"""``non_tensor_batch`` key: vLLM's log-prob of that token (``rollout_log_probs[:, 0]``)."""
+NEXT_TOKEN_TOPK = "vc_next_token_topk"
+"""``non_tensor_batch`` key (optional): per row, vLLM's top-k ``[token, log p]`` pairs at the last
+prompt position (``SamplingParams(logprobs=k)``, output position 0: the sampled token plus the top
+k), or None. verl 0.8.0 and 0.9.1 never fill it: their ``vLLMHttpServer.generate``
+(``vllm_async_server.py``) sets ``sampling_params["logprobs"] = 0`` when asked for log-probs, i.e.
+the sampled token's log-prob only. Whatever has vLLM's top-k (the demo, ``check``) puts it in this
+column at rollout; the trims below then carry it like the two keys above."""
+
 HEAD_FIGURES: dict[str, str] = {
     "topk_max_abs_diff": "max over vLLM's top-k tokens t of |train log p(t) - vLLM log p(t)|: the worst "
     "|Δ log p| of any token vLLM could likely have sampled there",

@@ -39,7 +39,10 @@ from verl_consistency.patches.contracts import env, records
 from verl_consistency.patches.contracts.token_records import (
     DEFAULT_THRESHOLD,
     INLINE_MAX,
+    NEXT_TOKEN,
     NEXT_TOKEN_LOG,
+    NEXT_TOKEN_ROLLOUT_LOG_PROB,
+    NEXT_TOKEN_TOPK,
     SIDE_FILE,
     STEP_LOG,
     TOKEN_LOG,
@@ -412,18 +415,6 @@ def record_v1(
 # --------------------------------------------------------------------------------------------
 # The output row: both engines' prediction for the prompt's next token (PROMPTS_ONLY runs)
 # --------------------------------------------------------------------------------------------
-
-NEXT_TOKEN = "vc_next_token"
-"""``non_tensor_batch`` key: vLLM's first response token (sampled at the last prompt position)."""
-NEXT_TOKEN_ROLLOUT_LOG_PROB = "vc_next_token_rollout_log_prob"
-"""``non_tensor_batch`` key: vLLM's log-prob of that token (``rollout_log_probs[:, 0]``)."""
-NEXT_TOKEN_TOPK = "vc_next_token_topk"
-"""``non_tensor_batch`` key (optional): per row, vLLM's top-k ``[token, log p]`` pairs at the last
-prompt position (``SamplingParams(logprobs=k)``, output position 0: the sampled token plus the top
-k), or None. verl 0.8.0 and 0.9.1 never fill it: their ``vLLMHttpServer.generate``
-(``vllm_async_server.py``) sets ``sampling_params["logprobs"] = 0`` when asked for log-probs, i.e.
-the sampled token's log-prob only. Whatever has vLLM's top-k (the demo, ``check``) puts it in this
-column at rollout; the trims below then carry it like the two keys above."""
 
 
 def _topk_pairs(value: Any) -> list[tuple[int, float]] | None:
