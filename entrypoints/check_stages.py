@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -91,10 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     _, args_path, out_path = args_list
-    result = rollout(json.loads(Path(args_path).read_text(encoding="utf-8")))
-    tmp = Path(out_path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(result), encoding="utf-8")
-    os.replace(tmp, out_path)
+    demo_stages.write_result(out_path, rollout(json.loads(Path(args_path).read_text(encoding="utf-8"))))
     return 0
 
 

@@ -328,6 +328,35 @@ def _serve_attention_helpers(device: str) -> None:
             serve_pure_torch_attention_helpers(cpu_platform=False)
 
 
+def engine_input(batch: Any, micro_batch: int) -> Any:
+    """The TensorDict verl's ``infer_batch`` takes (log_prob phase: static micro batches, remove
+    padding, no loss), fresh per call: ``forward_backward_batch`` writes fields into the one it
+    gets. The demo, ``check`` and the GPU cost bench all build it here."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    td = left_right_2_no_padding(batch.to_tensordict())
+    tu.assign_non_tensor(
+        td,
+        use_remove_padding=True,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=micro_batch,
+        max_token_len_per_gpu=1 << 16,
+        use_fused_kernels=False,
+        temperature=1.0,
+        calculate_entropy=False,
+        compute_loss=False,
+    )
+    return td
+
+
+def write_result(out_path: str, result: dict[str, Any]) -> None:
+    """A stage's output JSON, atomically (the orchestrator reads it only once the process ended)."""
+    tmp = Path(out_path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(result), encoding="utf-8")
+    os.replace(tmp, out_path)
+
+
 def train(args: dict[str, Any]) -> dict[str, Any]:
     """Old log-probs on the real verl FSDP engine, PROMPTS_ONLY, ``micro_batch`` requests per forward.
 
@@ -345,7 +374,7 @@ def train(args: dict[str, Any]) -> dict[str, Any]:
     _serve_attention_helpers(device)
 
     from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+    from verl.workers.utils.padding import no_padding_2_padding
 
     from verl_consistency.patches.hooks import prompts_only
 
@@ -355,18 +384,7 @@ def train(args: dict[str, Any]) -> dict[str, Any]:
     actor_cfg = actor_config(args["model_dir"], len(requests), *extra, micro_batch=micro_batch)
     engine = fsdp_engine(args["model_dir"], actor_cfg, attn_implementation=attn)
     batch = prompts_only.trim(_batch(requests))
-    td = left_right_2_no_padding(batch.to_tensordict())
-    tu.assign_non_tensor(
-        td,
-        use_remove_padding=True,
-        use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=micro_batch,
-        max_token_len_per_gpu=1 << 16,
-        use_fused_kernels=False,
-        temperature=1.0,
-        calculate_entropy=False,
-        compute_loss=False,
-    )
+    td = engine_input(batch, micro_batch)
     t0 = time.monotonic()
     with engine.eval_mode():
         out = engine.infer_batch(td)
@@ -390,10 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stage, args_path, out_path = args_list
     args = json.loads(Path(args_path).read_text(encoding="utf-8"))
-    result = rollout(args) if stage == "rollout" else train(args)
-    tmp = Path(out_path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(result), encoding="utf-8")
-    os.replace(tmp, out_path)
+    write_result(out_path, rollout(args) if stage == "rollout" else train(args))
     return 0
 
 

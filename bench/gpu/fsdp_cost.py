@@ -214,23 +214,10 @@ def trimmed_batch(requests: list[dict[str, Any]]) -> Any:
 
 
 def engine_input(batch: Any, micro_batch: int) -> Any:
-    """A fresh TensorDict per call (``forward_backward_batch`` writes fields into the one it gets)."""
-    from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.padding import left_right_2_no_padding
+    """verl's ``infer_batch`` input, built as the demo and ``check`` build it."""
+    from verl_consistency.entrypoints import demo_stages
 
-    td = left_right_2_no_padding(batch.to_tensordict())
-    tu.assign_non_tensor(
-        td,
-        use_remove_padding=True,
-        use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=micro_batch,
-        max_token_len_per_gpu=1 << 16,
-        use_fused_kernels=False,
-        temperature=1.0,
-        calculate_entropy=False,
-        compute_loss=False,
-    )
-    return td
+    return demo_stages.engine_input(batch, micro_batch)
 
 
 # ----------------------------------------------------------------------------- one pass

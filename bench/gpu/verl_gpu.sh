@@ -248,20 +248,27 @@ if [ "$cmd" = run ]; then
   stamp done
   exit 0
 fi
-if [ "$cmd" = cost ]; then
-  # Issue 21's training cost: bench/gpu/fsdp_cost.py of THIS checkout (the device call's working tree),
-  # on the unpacked next set. verl_consistency is imported from the checkout too (OVERLAY): the bundle
-  # wheel in the stage may predate the per-request lanes (hooks/msprobe_lanes.py).
+# `cost` and `check` run THIS checkout (the device call's working tree): its bench/ scripts, and its
+# verl_consistency first on PYTHONPATH (OVERLAY), since the bundle wheel in the stage may predate the
+# code they run. Sets REPO, STAGE, OUT and stamp(), then installs (see install()).
+from_checkout() {  # COMMAND
   REPO=$(cd "$HERE/../.." && pwd)
-  [ -f "$REPO/bench/gpu/fsdp_cost.py" ] || { echo "cost: run the checkout's copy: bash bench/gpu/verl_gpu.sh cost" >&2; exit 2; }
+  [ -f "$REPO/bench/gpu/fsdp_cost.py" ] || { echo "$1: run the checkout's copy: bash bench/gpu/verl_gpu.sh $1" >&2; exit 2; }
   STAGE=${STAGE:-$REPO/.gpu-stage}
   OUT=${OUT:-$G/out}; mkdir -p "$OUT"
   t0=$(date +%s); stamp() { echo "STAGE $1 $(( $(date +%s) - t0 ))s" | tee -a "$OUT/stages.txt"; }
   set -o pipefail
-  ov=$G/vcrepo; mkdir -p "$ov/verl_consistency"
+  local ov=$G/vcrepo d; mkdir -p "$ov/verl_consistency"
   for d in entrypoints patches postprocess; do ln -sfn "$REPO/$d" "$ov/verl_consistency/$d"; done
-  [ -f "$G/.patched" ] && echo "cost: verl was patched by an earlier call (its series is used as it is)"
+  [ -f "$G/.patched" ] && echo "$1: vLLM and verl were patched by an earlier call (that series is used as it is)"
   install "$STAGE" "$HERE" "$ov"
+}
+
+if [ "$cmd" = cost ]; then
+  # Issue 21's training cost: bench/gpu/fsdp_cost.py of THIS checkout (the device call's working tree),
+  # on the unpacked next set. verl_consistency is imported from the checkout too (OVERLAY): the bundle
+  # wheel in the stage may predate the per-request lanes (hooks/msprobe_lanes.py).
+  from_checkout cost
   export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HYDRA_FULL_ERROR=1 WANDB_MODE=disabled
   # The bench gets what is left of this call's BUDGET s (it skips a repetition that would overrun).
   left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
@@ -283,14 +290,7 @@ if [ "$cmd" = check ]; then
   # 0.23.0 with FlashAttention 3, verl 0.9.1's FSDP engine with sdpa, bf16), on a random bf16 Qwen2 of
   # Qwen2-0.5B's shape (bench/gpu/fsdp_cost.py's SHAPES) with make_assets.py's tokenizer (ChatML).
   # Writes to $OUT: check.log, <id>.tar.xz (the run folder: CI re-pairs it), report.html, summary.
-  REPO=$(cd "$HERE/../.." && pwd)
-  STAGE=${STAGE:-$REPO/.gpu-stage}
-  OUT=${OUT:-$G/out}; mkdir -p "$OUT"
-  t0=$(date +%s); stamp() { echo "STAGE $1 $(( $(date +%s) - t0 ))s" | tee -a "$OUT/stages.txt"; }
-  set -o pipefail
-  ov=$G/vcrepo; mkdir -p "$ov/verl_consistency"
-  for d in entrypoints patches postprocess; do ln -sfn "$REPO/$d" "$ov/verl_consistency/$d"; done
-  install "$STAGE" "$HERE" "$ov"
+  from_checkout check
   export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
     VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn
   if [ ! -d "$G/assets/model" ]; then

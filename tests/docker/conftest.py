@@ -96,6 +96,14 @@ class BuiltImage:
     base_size: int
 
 
+def vcs_ref_arg() -> tuple[str, str]:
+    """``--build-arg VCS_REF=<HEAD>``, as ``make image`` passes it. Every build of a session passes
+    the same one: an ARG declared above a RUN is in that RUN's cache key, so a build with another
+    VCS_REF would redo the pip layers instead of reusing the image build's."""
+    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return "--build-arg", f"VCS_REF={git.stdout.strip() or 'unknown'}"
+
+
 @pytest.fixture(scope="session")
 def standin_base() -> Iterator[str]:
     require_tools()
@@ -114,10 +122,8 @@ def standin_base() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def built_image(standin_base: str) -> Iterator[BuiltImage]:
-    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    rev = git.stdout.strip()
     start = time.monotonic()
-    res = buildah_bud(REPO, IMAGE, "--build-arg", f"VCS_REF={rev or 'unknown'}")
+    res = buildah_bud(REPO, IMAGE, *vcs_ref_arg())
     seconds = time.monotonic() - start
     assert res.returncode == 0, f"image build failed:\n{res.stdout[-6000:]}\n{res.stderr[-3000:]}"
     built = BuiltImage(IMAGE, standin_base, seconds, image_size(IMAGE), image_size(standin_base))

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from .conftest import REPO, buildah_bud
+from .conftest import REPO, buildah_bud, vcs_ref_arg
 
 pytestmark = pytest.mark.image
 
@@ -41,7 +41,7 @@ def test_broken_patch_fails_the_build_naming_the_hunk(standin_base, built_image,
     with (ctx / "patches/current/verl/series").open("a") as fh:
         fh.write("zz-broken.patch\n")
     tag = "localhost/verl-consistency:pytest-broken"
-    res = buildah_bud(ctx, tag)
+    res = buildah_bud(ctx, tag, *vcs_ref_arg())  # the image build's: its pip layers are reused
     out = res.stdout + res.stderr
     assert res.returncode != 0, out[-3000:]
     assert "patch verl/zz-broken.patch does not apply" in out
