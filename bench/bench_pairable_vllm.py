@@ -52,10 +52,10 @@ PATTERNS = {"all at once": 0.0, "staggered 50 ms": 0.05}
 def _inner(out: Path) -> None:
     from verl_consistency.entrypoints.demo import (
         _configs,
-        _stage,
         build_model,
         encode,
         prompt_texts,
+        run_stage,
         runtime_env,
     )
     from verl_consistency.entrypoints.msprobe_config import Task
@@ -84,7 +84,7 @@ def _inner(out: Path) -> None:
             "stagger_s": gap,
         }
         t0 = time.monotonic()
-        ro = _stage("rollout", args, lay.run_dir / "demo", env, lay.run_dir / "demo" / "stages.log")
+        ro = run_stage("rollout", args, lay.run_dir / "demo", env, lay.run_dir / "demo" / "stages.log")
         seconds = time.monotonic() - t0
         (log,) = lay.rollout_dir.glob("*/dispatch_log.jsonl")
         recs = []

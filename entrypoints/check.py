@@ -225,7 +225,7 @@ def _rollout(
         "engine_kwargs": kwargs,
     }
     env = _stage_env(o.device, base_env)
-    return demo._stage("rollout", args, work, env, work / "stages.log", module=CHECK_STAGES)
+    return demo.run_stage("rollout", args, work, env, work / "stages.log", module=CHECK_STAGES)
 
 
 def _manifest(o: CheckOptions, model: Path, training_model: Path, dtype: str) -> check_run.CheckRun:
@@ -332,12 +332,12 @@ def run_check(o: CheckOptions, echo: Any = print) -> demo.RunOutcome:
     t0 = time.monotonic()
     env = {**base_env, DUMP_ON: "1", ACTOR_CONFIG: str(lay.actor_config), TOKEN_LEVEL: "1"}
     work = lay.run_dir / CHECK_DIR
-    tr = demo._stage(
+    tr = demo.run_stage(
         "train",
         {
             "model_dir": str(training_model),
             "requests": alone,
-            "port": demo._free_port(),
+            "port": demo.free_port(),
             "micro_batch": o.micro_batch,
             "device": o.device.value,
             "dtype": dtype,
@@ -349,7 +349,7 @@ def run_check(o: CheckOptions, echo: Any = print) -> demo.RunOutcome:
     timings["train_s"] = round(time.monotonic() - t0, 1)
     echo("postprocess: pair -> compare (engine gap, batch variance) -> report -> bundle")
     info = {"rollout": {k: v for k, v in ro.items() if k not in ("batched", "alone")}, "train": tr}
-    return demo._outcome(lay.run_dir, dump_root / layout.BUNDLES_DIR, timings, info)
+    return demo.run_outcome(lay.run_dir, dump_root / layout.BUNDLES_DIR, timings, info)
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -172,7 +172,7 @@ def _versions() -> dict[str, str]:
     return wanted
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -199,7 +199,7 @@ def runtime_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _stage(
+def run_stage(
     stage: str, args: dict[str, Any], work: Path, env: dict[str, str], log: Path, module: str = STAGES
 ) -> dict[str, Any]:
     """Run one engine's stage as ``python -m module stage ARGS OUT`` in this venv; its output, or
@@ -242,7 +242,7 @@ def _postprocess(run_dir: Path, bundles: Path) -> tuple[Any, Path]:
     return outcome, report
 
 
-def _outcome(run_dir: Path, bundles: Path, timings: dict[str, float], info: dict[str, Any]) -> RunOutcome:
+def run_outcome(run_dir: Path, bundles: Path, timings: dict[str, float], info: dict[str, Any]) -> RunOutcome:
     t0 = time.monotonic()
     outcome, report = _postprocess(run_dir, bundles)
     timings["postprocess_s"] = round(time.monotonic() - t0, 1)
@@ -321,7 +321,7 @@ def run_demo(
         f"{len(token_prompts)} concurrent requests -> {lay.run_dir}"
     )
     t0 = time.monotonic()
-    ro = _stage(
+    ro = run_stage(
         "rollout",
         {
             "model_dir": str(model_dir),
@@ -354,10 +354,10 @@ def run_demo(
         args = {
             "model_dir": str(model),
             "requests": requests,
-            "port": _free_port(),
+            "port": free_port(),
             "micro_batch": micro_batch,
         }
-        return _stage("train", args, run.run_dir / DEMO_DIR, env, run.run_dir / DEMO_DIR / "stages.log")
+        return run_stage("train", args, run.run_dir / DEMO_DIR, env, run.run_dir / DEMO_DIR / "stages.log")
 
     t0 = time.monotonic()
     tr = train(lay, model_dir)
@@ -365,7 +365,7 @@ def run_demo(
     bundles = dump_root / layout.BUNDLES_DIR
     echo("postprocess: pair -> compare -> report -> bundle")
     info = {"rollout": {k: v for k, v in ro.items() if k != "requests"}, "train": tr}
-    outcomes = [_outcome(lay.run_dir, bundles, timings, info)]
+    outcomes = [run_outcome(lay.run_dir, bundles, timings, info)]
 
     if perturb:
         bad = models / "tiny-qwen2-perturbed"
@@ -381,7 +381,7 @@ def run_demo(
         tr2 = train(lay2, bad)
         t2["train_s"] = round(time.monotonic() - t0, 1)
         echo(f"postprocess of the perturbed run ({PERTURBED_MODULE} changed on the training side)")
-        outcomes.append(_outcome(lay2.run_dir, bundles, t2, {"train": tr2}))
+        outcomes.append(run_outcome(lay2.run_dir, bundles, t2, {"train": tr2}))
     return outcomes
 
 
