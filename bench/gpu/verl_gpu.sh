@@ -45,6 +45,16 @@
 # fsdp-cost.json, fsdp-cost.log (without msprobe's INFO lines) and fsdp-cost-full.log. Expected:
 # ~6 min (set-up ~1 min; a dumped pass over 64 requests ~20-30 s). If it prints SKIP lines, repeat
 # the last call with MBS=1,8. REQUESTS, MBS, REPS, DEVICE (cpu), COST_ARGS (e.g. --tiny) override.
+#
+# Since the H200 fixtures (~25 MB) travel with every call, p1/p2 (60 MB each) no longer fit a call's
+# 64 MiB: `bash bench/gpu/verl_gpu.sh pack` (here, after `prepare`) cuts SHA256 + p1..p3 into chunks of
+# 33 MB, .gpu-stage/packed/c0..c4, and the calls become (install() joins the chunks):
+#   run(carry=[S/packed/cN]):     bash bench/gpu/verl_gpu.sh stage packed/cN      (N = 0..4, back to back)
+#   run():                        bash bench/gpu/verl_gpu.sh check               (issue 22, ~5 min)
+#   run():                        bash bench/gpu/verl_gpu.sh cost                (issue 21, ~6 min)
+# `check` runs `verl-consistency check --model <random bf16 Qwen2 of Qwen2-0.5B's shape, make_assets.py's
+# tokenizer> --device cuda --dtype bfloat16 --num-prompts 8` and writes to $OUT check.log, report.html,
+# summary.json and h200-next-check.tar.xz (the run folder, for tests/postprocess/fixtures/; CI re-pairs it).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 cmd=${1:-}; shift || true
