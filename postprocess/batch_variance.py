@@ -20,7 +20,6 @@ report read alike. Results go to ``results/batch_variance/<id>/``, as ``results/
 from __future__ import annotations
 
 import csv
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
@@ -30,10 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from verl_consistency.patches.contracts.atomic import write_text_atomic
 from verl_consistency.patches.contracts.check_run import CheckPrompt, CheckRun
 from verl_consistency.postprocess import discover
-from verl_consistency.postprocess.candidates import Candidate
 from verl_consistency.postprocess.model import DumpRef, Pair, UnpairedReason
 from verl_consistency.postprocess.pairing import PairingResult, rollout_dump
-from verl_consistency.postprocess.verdict import PairComparison, RowDiff, Verdict
+from verl_consistency.postprocess.request_match import safe_id, unique_id
+from verl_consistency.postprocess.verdict import JUDGED_RANK, PairComparison, RowDiff, Verdict
 
 BATCH_VARIANCE_DIR = "batch_variance"
 """Per-prompt results live in ``results/batch_variance/<id>/`` (as compare's ``compare/<pair_id>/``)."""
@@ -83,7 +82,7 @@ def plan(result: PairingResult, check: CheckRun) -> tuple[list[PromptVariance], 
     used: set[str] = set()
     for p in check.prompts:
         base = PromptVariance(
-            id=_safe(p.alone_request_id),
+            id=safe_id(p.alone_request_id) or "prompt",
             index=p.index,
             prompt_tokens=p.prompt_tokens,
             batched_request_id=p.batched_request_id,
@@ -115,8 +114,8 @@ def _plan_one(
         detail = f"{ranks}: no rank in common"
         return base.model_copy(update={"reason": R.TP_SHARDING_MISMATCH, "detail": detail}), None
     rank = common[0]
-    b, a = _ref(batched.by_rank[rank]), _ref(alone.by_rank[rank])
-    id_ = _unique(f"{base.id}.r{rank}", used)  # the rank, as in a pair id
+    b, a = batched.by_rank[rank].dump_ref(), alone.by_rank[rank].dump_ref()
+    id_ = unique_id(f"{base.id}.r{rank}", used)  # the rank, as in a pair id
     entry = base.model_copy(update={"id": id_, "rank": rank, "batched": b, "alone": a})
     for ref in (b, a):
         try:
@@ -134,24 +133,6 @@ def _plan_one(
         scoped=batched.by_rank[rank].scoped,
     )
     return entry, pair
-
-
-def _ref(c: Candidate) -> DumpRef:
-    assert c.dir is not None  # rollout_dump located it
-    return DumpRef(side="rollout", pid=c.pid, rank=c.rank, step=c.step, dir=c.dir)
-
-
-def _safe(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in text) or "prompt"
-
-
-def _unique(name: str, used: set[str]) -> str:
-    k, cand = 1, name
-    while cand in used:
-        k += 1
-        cand = f"{name}.{k}"
-    used.add(cand)
-    return cand
 
 
 def compare(
@@ -248,10 +229,6 @@ class CheckSummary(_Model):
     modules: list[ModuleRow]
 
 
-_JUDGED = ("ok", "warn", "diverged")
-_RANK = {"ok": 0, "warn": 1, "diverged": 2}
-
-
 def summarise(
     check: CheckRun,
     result: PairingResult,
@@ -317,9 +294,6 @@ def _side(id_: str, c: PairComparison | None) -> Side:
     )
 
 
-_LAYER_RE = re.compile(r"layers\.(\d+)(?:\.|$)")
-
-
 def _fold(
     modules: dict[str, ModuleRow],
     results: Path,
@@ -333,18 +307,18 @@ def _fold(
         return
     with (results / rows_csv).open(newline="") as fh:
         for row in csv.DictReader(fh):
-            if row["kind"] != "output" or row["status"] not in _JUDGED or not row["rel_err"]:
+            if row["kind"] != "output" or row["status"] not in JUDGED_RANK or not row["rel_err"]:
                 continue
             module, rel, status = row["module"], float(row["rel_err"]), row["status"]
             m = modules.get(module)
             if m is None:
-                layer = _LAYER_RE.search(module)
-                m = modules[module] = ModuleRow(module=module, layer=int(layer.group(1)) if layer else None)
+                layer = row["layer"]  # verdict's, from the module path (empty outside the layers)
+                m = modules[module] = ModuleRow(module=module, layer=int(layer) if layer else None)
             cur = getattr(m, f"{which}_rel_err")
             if cur is None or rel > cur:
                 setattr(m, f"{which}_rel_err", rel)
                 setattr(m, f"{which}_index", index)
-            if _RANK[status] >= _RANK.get(getattr(m, f"{which}_status") or "ok", 0):
+            if JUDGED_RANK[status] >= JUDGED_RANK[getattr(m, f"{which}_status") or "ok"]:
                 setattr(m, f"{which}_status", status)
 
 

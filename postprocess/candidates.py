@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_consistency.postprocess.discover import LogFile, Side
+from verl_consistency.postprocess.model import DumpRef
 
 Progress = Callable[[str, int, int], None]
 """(stage, done, total) — the CLI turns it into progress bars."""
@@ -91,3 +92,8 @@ class Candidate:
     dir: str | None = None
     lane: int | None = None
     """Per-request lanes (``lane_request_ids``): the request's dump is ``req{lane}`` in the rank folder."""
+
+    def dump_ref(self) -> DumpRef:
+        """The step folder, once located (``request_match.locate`` sets ``dir``)."""
+        assert self.dir is not None, f"{self.ref}: not located"
+        return DumpRef(side=self.side, pid=self.pid, rank=self.rank, step=self.step, dir=self.dir)

@@ -237,17 +237,9 @@ def _compare(
     except ImportError as exc:
         warnings.append(f"compare is not available ({exc}); rerun with --no-compare to silence this")
         return [], True
-    total = len(result.pairs)
-    done = 0
-
-    def on_done(c: Any) -> None:
-        nonlocal done
-        done += 1
-        hooks.stage("compare", done, total)
-        hooks.compared(c)
-
     try:
         with _run_view(roots, work) as view:
+            on_done = _counting(hooks, "compare", len(result.pairs), hooks.compared)
             comparisons = list(compare_pairs(view, result.pairs, results, jobs=jobs, on_done=on_done))
     except Exception as exc:  # a crash in compare must not lose the pairing work
         warnings.append(f"compare failed: {type(exc).__name__}: {exc}")
@@ -258,6 +250,22 @@ def _compare(
             f"{len(failed)} of {len(comparisons)} compares failed; see the manifest's comparisons"
         )
     return comparisons, bool(failed)
+
+
+def _counting(
+    hooks: Hooks, stage: str, total: int, each: Callable[[Any], None] | None = None
+) -> Callable[[Any], None]:
+    """compare's ``on_done``: the stage's progress (done of ``total``), then ``each`` comparison."""
+    done = 0
+
+    def on_done(c: Any) -> None:
+        nonlocal done
+        done += 1
+        hooks.stage(stage, done, total)
+        if each is not None:
+            each(c)
+
+    return on_done
 
 
 @contextlib.contextmanager
@@ -299,15 +307,9 @@ def _batch_variance(
             warnings.append(f"batch variance of prompt {e.index} not compared: {e.reason.value} ({e.detail})")
     if not compare:
         return entries, None, False
-    total, done = len(pairs), 0
-
-    def on_done(_c: Any) -> None:
-        nonlocal done
-        done += 1
-        hooks.stage("batch variance", done, total)
-
     try:
         with _run_view(roots, work) as view:
+            on_done = _counting(hooks, "batch variance", len(pairs))
             entries = bv.compare(view, entries, pairs, results, jobs=jobs, on_done=on_done)
         summary = bv.summarise(check, result, comparisons, entries, results)
         bv.write_summary(results, summary)

@@ -20,7 +20,7 @@ from verl_consistency.patches.contracts import records
 from verl_consistency.postprocess import discover
 from verl_consistency.postprocess.candidates import Candidate, Progress
 from verl_consistency.postprocess.discover import Roots
-from verl_consistency.postprocess.model import DumpRef, Pair, Unpaired, UnpairedReason
+from verl_consistency.postprocess.model import Pair, Unpaired, UnpairedReason
 from verl_consistency.postprocess.reasons import Reporter
 
 R = UnpairedReason
@@ -220,27 +220,30 @@ def locate(roots: Roots, c: Candidate, rep: Reporter) -> bool:
     return False
 
 
-def _safe(text: str) -> str:
+def safe_id(text: str) -> str:
+    """``text`` as a file-name-safe id (a pair's, a batch-variance prompt's results folder)."""
     return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in text)
+
+
+def unique_id(name: str, used: set[str]) -> str:
+    """``name``, or ``name.2``, ``name.3``, ... the first not in ``used`` (which it joins)."""
+    k, candidate = 1, name
+    while candidate in used:
+        k += 1
+        candidate = f"{name}.{k}"
+    used.add(candidate)
+    return candidate
 
 
 def _make_pair(r: Candidate, a: Candidate, default_backend: str, used: set[str]) -> Pair:
     child = f".c{r.child}" if r.child is not None else ""
-    pid = f"{_safe(r.key)}{child}.r{r.rank}.a{a.rank}"
-    k, candidate = 1, pid
-    while candidate in used:
-        k += 1
-        candidate = f"{pid}.{k}"
-    used.add(candidate)
     backend = a.backend if a.backend in ("fsdp", "megatron") else default_backend
-    assert r.dir is not None
-    assert a.dir is not None
     return Pair(
-        pair_id=candidate,
+        pair_id=unique_id(f"{safe_id(r.key)}{child}.r{r.rank}.a{a.rank}", used),
         request_id=r.key,
         vllm_request_id=r.vllm_id,
-        rollout=DumpRef(side="rollout", pid=r.pid, rank=r.rank, step=r.step, dir=r.dir),
-        actor=DumpRef(side="actor", pid=a.pid, rank=a.rank, step=a.step, dir=a.dir),
+        rollout=r.dump_ref(),
+        actor=a.dump_ref(),
         backend=backend,  # type: ignore[arg-type]
         prompt_tokens=r.prompt_tokens,
         scoped=r.scoped,

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from verl_consistency.patches.contracts import token_records as tm
 from verl_consistency.patches.contracts.atomic import write_text_atomic
 from verl_consistency.postprocess.model import Pair
-from verl_consistency.postprocess.verdict import OutputRow, PairComparison
+from verl_consistency.postprocess.verdict import JUDGED_RANK, OutputRow, PairComparison
 
 OUTPUT_HEALTHY_ABS = 0.05
 """|Δ log p| of the next token at or below which the output row is ``ok`` (bf16 engines differ by ~1e-2)."""
@@ -84,9 +84,6 @@ def next_token_records(run_dir: Path, bad: list[BadLine] | None = None) -> list[
     return recs
 
 
-_RANK = {"ok": 0, "warn": 1, "diverged": 2}
-
-
 def output_status(abs_diff: float, rec: tm.NextTokenRecord | None = None) -> str:
     """The sampled token's |Δ log p| against the bounds; with ``rec``'s head figures, the worst of
     that and the head's (:data:`HEAD_HEALTHY_ABS`, :data:`HEAD_DIVERGED_ABS`)."""
@@ -102,7 +99,7 @@ def output_status(abs_diff: float, rec: tm.NextTokenRecord | None = None) -> str
     if rec is not None and rec.top1_same is False:
         in_topk = any(t == rec.train_argmax for t, _ in rec.rollout_topk or [])
         found.append("warn" if in_topk else "diverged")
-    return max(found, key=_RANK.__getitem__)
+    return max(found, key=JUDGED_RANK.__getitem__)
 
 
 def output_row(rec: tm.NextTokenRecord) -> OutputRow:

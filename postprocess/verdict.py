@@ -107,6 +107,8 @@ _SHAPE_ONLY = ("shape of", "dtype of", "required_grad")
 
 Verdict = Literal["healthy", "suspicious", "diverged", "failed"]
 RowStatus = Literal["unmatched", "structural", "no_metric", "ok", "warn", "diverged"]
+JUDGED_RANK: dict[str, int] = {"ok": 0, "warn": 1, "diverged": 2}
+"""The statuses of a judged row (a metric against the thresholds), least to most severe."""
 
 
 class _Model(BaseModel):
@@ -335,9 +337,7 @@ def msprobe_first_diff(path: Path | None, back: Mapping[str, str] | None = None)
 
 def layer_profile(rows: Sequence[RowDiff]) -> list[LayerError]:
     """Worst matched, non-structural row per layer; modules outside layers are ``embed``/``head``."""
-    judged = [
-        r for r in rows if r.status in ("ok", "warn", "diverged") and r.kind in ("output", "parameters")
-    ]
+    judged = [r for r in rows if r.status in JUDGED_RANK and r.kind in ("output", "parameters")]
     seen_layer = False
     buckets: dict[tuple[int, str], list[RowDiff]] = {}
     for r in judged:
@@ -368,7 +368,7 @@ def summarise(
 ) -> PairComparison:
     rows, total, shape_only, tensor = read_rows(csv, back)
     matched = [r for r in rows if r.status != "unmatched"]
-    judged = [r for r in matched if r.status in ("ok", "warn", "diverged")]
+    judged = [r for r in matched if r.status in JUDGED_RANK]
     base = {
         "pair_id": pair.pair_id,
         "request_id": pair.request_id,
