@@ -443,17 +443,5 @@ def check_cmd(
     if bv:
         typer.echo(f"batch variance: verdicts {bv}")
     typer.echo(f"timings {outcome.timings}")
-    write_json_atomic(
-        outcome.run_dir.parent / f"{outcome.run_dir.name}-summary.json",
-        {
-            "run_dir": str(outcome.run_dir),
-            "bundle": str(outcome.bundle),
-            "report": str(outcome.report),
-            "pairs": outcome.pairs,
-            "verdicts": outcome.verdicts,
-            "first_divergences": outcome.first_divergences,
-            "timings": outcome.timings,
-            **outcome.stage_info,
-        },
-    )
+    write_json_atomic(outcome.run_dir.parent / f"{outcome.run_dir.name}-summary.json", outcome.summary())
     raise typer.Exit(int(outcome.stage_info.get("exit_code", 0)))

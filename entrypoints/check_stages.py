@@ -23,35 +23,13 @@ from typing import Any
 from verl_consistency.entrypoints import demo_stages
 
 
-def engine_args(args: dict[str, Any]) -> Any:
-    """``AsyncEngineArgs`` for the check: eager (msprobe's module hooks), no prefix cache, one seed."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    extra: dict[str, Any] = dict(args.get("engine_kwargs") or {})
-    if args["device"] != "cpu":
-        extra.setdefault("gpu_memory_utilization", float(args.get("gpu_memory_utilization", 0.5)))
-    return AsyncEngineArgs(
-        model=args["model_dir"],
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        dtype=args["dtype"],
-        seed=0,
-        max_model_len=int(args["max_model_len"]),
-        tensor_parallel_size=int(args.get("tensor_parallel_size", 1)),
-        enable_chunked_prefill=True,
-        enable_prefix_caching=False,
-        additional_config={"dump_config_path": args["rollout_config"]},
-        **extra,
-    )
-
-
 def rollout(args: dict[str, Any]) -> dict[str, Any]:
     """Warm-up request, then the batched pass (all at once), then the alone pass (one by one)."""
     from vllm import SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
 
     t0 = time.monotonic()
-    engine = AsyncLLM.from_engine_args(engine_args(args))
+    engine = AsyncLLM.from_engine_args(demo_stages.engine_args(args, prefix_caching=False))
     started = time.monotonic() - t0
     top_k = int(args.get("top_k", 20))
     params = SamplingParams(max_tokens=1, temperature=1.0, logprobs=top_k or None, detokenize=False)

@@ -76,6 +76,19 @@ class RunOutcome:
     timings: dict[str, float] = field(default_factory=dict)
     stage_info: dict[str, Any] = field(default_factory=dict)
 
+    def summary(self) -> dict[str, Any]:
+        """What ``demo-summary.json`` (per run) and the check's ``<run>-summary.json`` hold."""
+        return {
+            "run_dir": str(self.run_dir),
+            "bundle": str(self.bundle),
+            "report": str(self.report),
+            "pairs": self.pairs,
+            "verdicts": self.verdicts,
+            "first_divergences": self.first_divergences,
+            "timings": self.timings,
+            **self.stage_info,
+        }
+
 
 # ----------------------------------------------------------------------------- model and prompts
 
@@ -496,19 +509,7 @@ def demo_cmd(
         typer.echo(f"timings {o.timings}")
     summary = {
         "wall_s": wall,
-        "runs": [
-            {
-                "run_dir": str(o.run_dir),
-                "bundle": str(o.bundle),
-                "report": str(o.report),
-                "pairs": o.pairs,
-                "verdicts": o.verdicts,
-                "first_divergences": o.first_divergences,
-                "timings": o.timings,
-                **o.stage_info,
-            }
-            for o in outcomes
-        ],
+        "runs": [o.summary() for o in outcomes],
     }
     write_json_atomic(dump_root / "demo-summary.json", summary)
     typer.echo(f"\ndemo wall time {wall} s; summary {dump_root / 'demo-summary.json'}")

@@ -34,6 +34,31 @@ from pathlib import Path
 from typing import Any
 
 
+def engine_args(args: dict[str, Any], *, prefix_caching: bool) -> Any:
+    """``AsyncEngineArgs`` of the demo and ``check``: eager (msprobe's module hooks need it, as in
+    vllm-ascend), no tokenizer (token ids in), one seed, chunked prefill, the dump config. ``args``'
+    ``device`` and ``dtype`` default to the demo's (cpu, float32); off the CPU vLLM takes
+    ``gpu_memory_utilization`` of the accelerator."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    extra: dict[str, Any] = dict(args.get("engine_kwargs") or {})
+    if args.get("device", "cpu") != "cpu":
+        extra.setdefault("gpu_memory_utilization", float(args.get("gpu_memory_utilization", 0.5)))
+    return AsyncEngineArgs(
+        model=args["model_dir"],
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype=args.get("dtype", "float32"),
+        seed=0,
+        max_model_len=int(args["max_model_len"]),
+        tensor_parallel_size=int(args.get("tensor_parallel_size", 1)),
+        enable_chunked_prefill=True,
+        enable_prefix_caching=prefix_caching,
+        additional_config={"dump_config_path": args["rollout_config"]},
+        **extra,
+    )
+
+
 async def generate(engine: Any, prompt: list[int], params: Any) -> dict[str, Any]:
     """One request through ``AsyncLLM.generate`` with verl's id; what came back, and the head.
 
@@ -63,23 +88,10 @@ async def generate(engine: Any, prompt: list[int], params: Any) -> dict[str, Any
 def rollout(args: dict[str, Any]) -> dict[str, Any]:
     """Generate every prompt concurrently on the real engine; return what came back."""
     from vllm import SamplingParams
-    from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    engine_args = AsyncEngineArgs(
-        model=args["model_dir"],
-        skip_tokenizer_init=True,
-        enforce_eager=True,  # msprobe's module hooks need eager mode (as in vllm-ascend)
-        dtype="float32",
-        seed=0,
-        max_model_len=args["max_model_len"],
-        enable_chunked_prefill=True,
-        enable_prefix_caching=True,
-        additional_config={"dump_config_path": args["rollout_config"]},
-        **args.get("engine_kwargs", {}),
-    )
     t0 = time.monotonic()
-    engine = AsyncLLM.from_engine_args(engine_args)
+    engine = AsyncLLM.from_engine_args(engine_args(args, prefix_caching=True))
     started = time.monotonic() - t0
     # no per-request seed: on CPU, vLLM 0.18.0 rewinds a seeded request's generator when a chunk's
     # sample is discarded (gpu_model_runner.py _bookkeeping_sync: gen.set_offset), and CPU

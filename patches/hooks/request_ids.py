@@ -99,13 +99,9 @@ def clear_padding(sample: dict[str, Any]) -> None:
     if isinstance(extra, dict):
         extra.pop(REQUEST_ID, None)
         extra.pop(REQUEST_IDS_ALL, None)
-    from verl_consistency.patches.hooks import token_mismatch
+    from verl_consistency.patches.contracts import token_records as tr
 
-    for key in (
-        token_mismatch.NEXT_TOKEN,
-        token_mismatch.NEXT_TOKEN_ROLLOUT_LOG_PROB,
-        token_mismatch.NEXT_TOKEN_TOPK,
-    ):
+    for key in (tr.NEXT_TOKEN, tr.NEXT_TOKEN_ROLLOUT_LOG_PROB, tr.NEXT_TOKEN_TOPK):
         if key in sample:
             sample[key] = None
 
