@@ -31,7 +31,7 @@ from typing import Annotated, Any
 
 import typer
 
-from verl_consistency.entrypoints import demo
+from verl_consistency.entrypoints import check_stages, demo
 from verl_consistency.entrypoints.msprobe_config import DumpOptions, Level, Task, build, write
 from verl_consistency.patches.contracts import check_run, dataset, layout
 from verl_consistency.patches.contracts.atomic import write_json_atomic
@@ -83,6 +83,7 @@ class CheckOptions:
     max_model_len: int | None
     gpu_memory_utilization: float
     max_num_batched_tokens: int | None
+    request_timeout: float = check_stages.DEFAULT_REQUEST_TIMEOUT_S
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -131,14 +132,24 @@ def encode(model_dir: Path, texts: list[str]) -> list[list[int]]:
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     if getattr(tok, "chat_template", None):
-        out = []
-        for t in texts:
-            ids = tok.apply_chat_template(
-                [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True
+        # The template rendered to text, then tokenized without added specials (what
+        # ``tokenize=True`` does inside transformers): ``tokenize=True`` itself returns a list in
+        # transformers 4 but a BatchEncoding (a UserDict, not a dict) in 5, whose ``list()`` is its
+        # keys; vLLM 0.23's engine core then dies decoding 'input_ids' as a token id and the client
+        # waits forever (seen on the H200).
+        texts = [
+            tok.apply_chat_template(
+                [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False
             )
-            out.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
-        return out
-    return [list(tok(t)["input_ids"]) for t in texts]
+            for t in texts
+        ]
+        ids = [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    else:
+        ids = [list(tok(t)["input_ids"]) for t in texts]
+    for n, p in enumerate(ids):
+        if not p or not all(isinstance(i, int) for i in p):
+            raise CheckError(f"{model_dir}: its tokenizer made prompt {n} into {p[:4]!r}, not token ids")
+    return ids
 
 
 def resolve_dtype(model_dir: Path, dtype: Dtype) -> str:
@@ -222,6 +233,7 @@ def _rollout(
         "max_model_len": o.max_model_len,
         "gpu_memory_utilization": o.gpu_memory_utilization,
         "top_k": o.top_k,
+        "request_timeout_s": o.request_timeout,
         "engine_kwargs": kwargs,
     }
     env = _stage_env(o.device, base_env)
@@ -406,6 +418,14 @@ def check_cmd(
     max_num_batched_tokens: Annotated[
         int | None, typer.Option(help="vLLM scheduler token budget per step (default: vLLM's)")
     ] = None,
+    request_timeout: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="seconds vLLM may take for the warm-up request, the batched pass and each prompt "
+            "alone before the check ends naming it (a dead engine core would otherwise hang it)",
+        ),
+    ] = check_stages.DEFAULT_REQUEST_TIMEOUT_S,
 ) -> None:
     """One-node consistency check of your model: engine gap (vLLM alone vs training) and batch
     variance (vLLM batched vs alone), per request and per layer, with the head's top-k.
@@ -429,6 +449,7 @@ def check_cmd(
         max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization,
         max_num_batched_tokens=max_num_batched_tokens,
+        request_timeout=request_timeout,
     )
     try:
         outcome = run_check(opts, echo=typer.echo)

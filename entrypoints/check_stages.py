@@ -9,6 +9,11 @@ same kernels, same process; only what shares the step differs. Prefix caching is
 alone pass would find every prompt cached by the batched pass and compute none of it. Each
 request asks for one token with ``logprobs=top_k``: the prefill is what is compared, and the
 top-k at the last prompt position is the head comparison (``token_mismatch.NextTokenProbe``).
+
+Every wait on the engine has a deadline (``request_timeout_s``, the CLI's ``--request-timeout``):
+when vLLM's engine core loses a request (on the H200 its input thread died on a malformed
+request and the process lived on), ``AsyncLLM.generate`` waits forever; a check must end with
+the reason instead.
 """
 
 from __future__ import annotations
@@ -22,6 +27,23 @@ from typing import Any
 
 from verl_consistency.entrypoints import demo_stages
 
+DEFAULT_REQUEST_TIMEOUT_S = 300.0
+
+
+class EngineSilent(RuntimeError):
+    """vLLM answered no request within the deadline."""
+
+
+async def within(aw: Any, seconds: float, what: str) -> Any:
+    """``aw``'s result, or :class:`EngineSilent` naming the pass after ``seconds``."""
+    try:
+        return await asyncio.wait_for(aw, seconds)
+    except TimeoutError:
+        raise EngineSilent(
+            f"vLLM answered nothing within {seconds:g} s ({what}): its engine core may have died "
+            "(the lines above in this log say why), or the model needs longer: raise --request-timeout"
+        ) from None
+
 
 def rollout(args: dict[str, Any]) -> dict[str, Any]:
     """Warm-up request, then the batched pass (all at once), then the alone pass (one by one)."""
@@ -32,6 +54,7 @@ def rollout(args: dict[str, Any]) -> dict[str, Any]:
     engine = AsyncLLM.from_engine_args(demo_stages.engine_args(args, prefix_caching=False))
     started = time.monotonic() - t0
     top_k = int(args.get("top_k", 20))
+    limit = float(args.get("request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S))
     params = SamplingParams(max_tokens=1, temperature=1.0, logprobs=top_k or None, detokenize=False)
 
     async def one(prompt: list[int]) -> dict[str, Any]:
@@ -41,11 +64,11 @@ def rollout(args: dict[str, Any]) -> dict[str, Any]:
         prompts: list[list[int]] = args["prompts"]
         # alone and first: the engine's first step compiles and warms its caches; its dump has
         # no counterpart (unpaired, named in the report as such)
-        warm = await one(prompts[0][:16])
+        warm = await within(one(prompts[0][:16]), limit, "the warm-up request")
         t1 = time.monotonic()
-        batched = await asyncio.gather(*(one(p) for p in prompts))
+        batched = await within(asyncio.gather(*(one(p) for p in prompts)), limit, "the batched pass")
         t2 = time.monotonic()
-        alone = [await one(p) for p in prompts]
+        alone = [await within(one(p), limit, f"prompt {i} alone") for i, p in enumerate(prompts)]
         return {
             "warmup_request_id": warm["request_id"],
             "batched": list(batched),
@@ -54,8 +77,10 @@ def rollout(args: dict[str, Any]) -> dict[str, Any]:
             "alone_s": round(time.monotonic() - t2, 2),
         }
 
-    out = asyncio.run(passes())
-    engine.shutdown()
+    try:
+        out = asyncio.run(passes())
+    finally:
+        engine.shutdown()
     return {**out, "engine_start_s": round(started, 1)}
 
 
@@ -68,7 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     _, args_path, out_path = args_list
-    demo_stages.write_result(out_path, rollout(json.loads(Path(args_path).read_text(encoding="utf-8"))))
+    try:
+        result = rollout(json.loads(Path(args_path).read_text(encoding="utf-8")))
+    except EngineSilent as exc:
+        print(f"check rollout: {exc}", file=sys.stderr)
+        return 3
+    demo_stages.write_result(out_path, result)
     return 0
 
 

@@ -55,6 +55,9 @@
 # `check` runs `verl-consistency check --model <random bf16 Qwen2 of Qwen2-0.5B's shape, make_assets.py's
 # tokenizer> --device cuda --dtype bfloat16 --num-prompts 8` and writes to $OUT check.log, report.html,
 # summary.json and h200-next-check.tar.xz (the run folder, for tests/postprocess/fixtures/; CI re-pairs it).
+# Measured 2026-12-01 (bench/results/check-h200-next.log, fsdp-lanes-cost-h200-next.log): staging 5 calls
+# ~25 s held in all after a ~90 s start; check 302 s (set-up 61 s, vLLM 126 s, FSDP 42 s, postprocess 52 s);
+# cost 360 s. Both fit one session's 30 device-minutes with a restart to spare.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 cmd=${1:-}; shift || true
