@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +22,12 @@ from typer.testing import CliRunner
 
 from tests.fixtures import checkdumps
 from tests.fixtures.realdumps import generate_once
+from tests.fixtures.subprocess_run import bundle_through_cli
 from verl_consistency.entrypoints.cli import app
 from verl_consistency.postprocess.pipeline import Exit
 
 pytestmark = pytest.mark.msprobe
 
-REPO = Path(__file__).resolve().parents[2]
 CHECK_ADDITIONS = ("check_manifest", "batch_variance")
 ORDINARY_KEYS = [
     "manifest_version",
@@ -49,18 +47,6 @@ ORDINARY_KEYS = [
 ]
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """The command a user types (``verl-consistency ...``), in a fresh process."""
-    return subprocess.run(
-        [sys.executable, "-m", "verl_consistency.entrypoints", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        cwd=REPO,
-    )
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("check-dumps")
@@ -69,15 +55,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _bundle(run: Path, out: Path) -> dict[str, Any]:
-    proc = _cli("postprocess", str(run), "--out", str(out / "bundles"), "--jobs", "2")
-    assert proc.returncode == Exit.OK, proc.stdout + proc.stderr
-    (path,) = (out / "bundles").glob("bundle-*.tar.zst")
-    verify = _cli("verify", str(path))
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    ext = _cli("extract", str(path), str(out / "x"))
-    assert ext.returncode == 0, ext.stdout + ext.stderr
-    raw = json.loads((out / "x" / "manifest.json").read_text())
-    return {"raw": raw, "x": out / "x", "stderr": proc.stderr}
+    done = bundle_through_cli(run, out)
+    return {"raw": done.manifest(), "x": done.extracted, "stderr": done.stderr}
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,6 @@ When the verdict thresholds change, the recorded verdicts below change with them
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tarfile
 from collections import Counter
 from pathlib import Path
@@ -34,25 +32,14 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.subprocess_run import bundle_through_cli
+
 pytestmark = pytest.mark.msprobe
 
-REPO = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).parent / "fixtures" / "h200-next-check.tar.xz"
 RUN_ID = "h200-next-check"
 LAYERS = 24
 PROMPTS = 8
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """The command a user types (``verl-consistency ...``), in a fresh process."""
-    return subprocess.run(
-        [sys.executable, "-m", "verl_consistency.entrypoints", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        cwd=REPO,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +54,9 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def manifest(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp("h200-check-bundle")
-    proc = _cli("postprocess", str(run_dir), "--out", str(tmp / "bundles"), "--jobs", "2")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (path,) = (tmp / "bundles").glob("bundle-*.tar.zst")
-    verify = _cli("verify", str(path))
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    ext = _cli("extract", str(path), str(tmp / "x"))
-    assert ext.returncode == 0, ext.stdout + ext.stderr
-    m: dict[str, Any] = json.loads((tmp / "x" / "manifest.json").read_text())
-    m["_report"] = (tmp / "x" / "results" / "report.html").read_text()
+    out = bundle_through_cli(run_dir, tmp_path_factory.mktemp("h200-check-bundle"))
+    m = out.manifest()
+    m["_report"] = (out.extracted / "results" / "report.html").read_text()
     return m
 
 

@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.subprocess_run import bundle_through_cli
+
 pytestmark = pytest.mark.msprobe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,31 +133,13 @@ def _shape(path: str) -> str:
     return re.sub(r"/step\d+/", "/step<n>/", path)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "verl_consistency.entrypoints", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        cwd=REPO,
-    )
-
-
 @pytest.fixture(scope="module", params=sorted(RUNS))
 def bundle(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, dict[str, Any]]:
     name: str = request.param
     tmp = tmp_path_factory.mktemp(name)
-    proc = _cli("postprocess", str(FIXTURES / name), "--out", str(tmp / "bundles"), "--jobs", "2")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (path,) = (tmp / "bundles").glob("bundle-*.tar.zst")
-    verify = _cli("verify", str(path))
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    ext = _cli("extract", str(path), str(tmp / "x"))
-    assert ext.returncode == 0, ext.stdout + ext.stderr
-    return name, json.loads((tmp / "x" / "manifest.json").read_text())
+    return name, bundle_through_cli(FIXTURES / name, tmp).manifest()
 
 
 def test_fixtures_are_the_runs_of_verls_own_driver() -> None:

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures import realdumps
+from tests.fixtures.subprocess_run import bundle_through_cli
 from verl_consistency.postprocess.manifest import MANIFEST_NAME, RESULTS_DIR, BundleManifest
 
 pytestmark = pytest.mark.msprobe
@@ -33,32 +32,13 @@ def _digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "verl_consistency.entrypoints", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        cwd=realdumps.REPO,
-    )
-
-
 def _postprocess(spec: realdumps.RunSpec, tmp: Path) -> tuple[BundleManifest, Path, str]:
     before = _digest(spec.run_dir)
-    out = tmp / "bundles"
-    proc = _cli("postprocess", str(spec.run_dir), "--out", str(out), "--jobs", "2")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    done = bundle_through_cli(spec.run_dir, tmp)
     assert _digest(spec.run_dir) == before, "the postprocess modified its inputs"
-    (bundle,) = out.glob("bundle-*.tar.zst")
-    assert spec.run_dir.name in bundle.name
-    verify = _cli("verify", str(bundle))
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    dest = tmp / "extracted"
-    ext = _cli("extract", str(bundle), str(dest))
-    assert ext.returncode == 0, ext.stdout + ext.stderr
-    manifest = BundleManifest.model_validate_json((dest / MANIFEST_NAME).read_text())
-    return manifest, dest, proc.stdout + proc.stderr
+    assert spec.run_dir.name in done.bundle.name
+    manifest = BundleManifest.model_validate_json((done.extracted / MANIFEST_NAME).read_text())
+    return manifest, done.extracted, done.stdout + done.stderr
 
 
 def test_statistics_run_end_to_end(runs: realdumps.RealRuns, tmp_path: Path) -> None:
