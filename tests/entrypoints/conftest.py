@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from tests.fixtures import subprocess_run
 
 MODEL = "/models/Qwen2.5-0.5B-Instruct"
 COMPOSE_TIMEOUT = 300
@@ -28,14 +29,9 @@ COMPOSE_TIMEOUT = 300
 def cli(
     *args: str, env: dict[str, str] | None = None, timeout: int = 120
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m verl_consistency.entrypoints`` in a subprocess, as a user (or a RayJob) runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "verl_consistency.entrypoints", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env or clean_env(),
-    )
+    """``python -m verl_consistency.entrypoints`` in a subprocess, as a user (or a RayJob) runs it,
+    in this directory and without the variables the run sets."""
+    return subprocess_run.cli(*args, timeout=timeout, env=env or clean_env(), cwd=None)
 
 
 def clean_env() -> dict[str, str]:
