@@ -19,9 +19,9 @@ PY := $(VENV)/bin/python
 # Downloaded upstream distributions (never committed; shared by the sets, keyed by version).
 CACHE ?= .cache
 
-# pin KEY: one value from patches/pins.toml through its one reader, patches/pins.py (standard
+# pin KEY: one value from patches/pins.toml through its one reader, patches/contracts/pins.py (standard
 # library only, so the host's Python 3.11+ runs it before any venv exists).
-pin = $(shell $(PYTHON) patches/pins.py --set $(PINS) $(1))
+pin = $(shell $(PYTHON) patches/contracts/pins.py --set $(PINS) $(1))
 
 .PHONY: help
 help: ## Show this help.
@@ -30,8 +30,8 @@ help: ## Show this help.
 
 .PHONY: pins
 pins: ## Print the pinned upstream versions of the set in force (PINS=current|next), and the sets.
-	@$(PYTHON) patches/pins.py --set $(PINS) --json
-	@$(PYTHON) patches/pins.py --set $(PINS) --sets
+	@$(PYTHON) patches/contracts/pins.py --set $(PINS) --json
+	@$(PYTHON) patches/contracts/pins.py --set $(PINS) --sets
 
 .PHONY: sysdeps
 sysdeps: ## Install the Debian packages .ci/apt/*.txt lists (as root), or print the command to run.

@@ -1,7 +1,7 @@
 # Benchmarks: never run by `make test`. Each bench/bench_*.py prints ratio lines against a
 # baseline measured in the same run, absolute numbers, and the hardware. Each runs as a module from
 # the repository root (`python -m bench.bench_x`), so it imports this bundle as installed and the
-# test fixtures as the package `tests.fixtures`.
+# stand-ins and drivers it shares with the tests as the package `bench.support` (never `tests`).
 
 .PHONY: bench
 bench: venv demo-venv ## Run every benchmark (bench/bench_*.py): ratios, absolute numbers, hardware.

@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.fixtures import realdumps
-from tests.fixtures.hardware import hardware
-from verl_consistency.postprocess.compare import compare_pairs
+from bench.support import realdumps
+from bench.support.hardware import hardware
+from verl_consistency.postprocess.compare.msprobe_compare import compare_pairs
 
 MSPROBE_CLI = [sys.executable, "-c", "import sys; from msprobe.msprobe import main; sys.exit(main())"]
 """The ``msprobe`` console script, run with this interpreter (the one that has mindstudio-probe)."""

@@ -95,9 +95,9 @@ def _msprobe_config(mode: str, dump: Path) -> dict[str, object]:
 def child(mode: str, size: str, window_file: Path, fraction: float, out: Path) -> None:
     import torch
 
-    from tests.fixtures.vllm_qwen2 import Qwen2ForCausalLM, forward_step
-    from verl_consistency.patches.contracts.capture import CaptureRule
-    from verl_consistency.patches.contracts.records import ScheduledRequest
+    from bench.support.vllm_qwen2 import Qwen2ForCausalLM, forward_step
+    from verl_consistency.contracts.capture import CaptureRule
+    from verl_consistency.contracts.records import ScheduledRequest
     from verl_consistency.patches.hooks.request_scope import (
         install_compact_tensor_save,
         should_dump,

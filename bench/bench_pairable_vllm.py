@@ -50,7 +50,10 @@ PATTERNS = {"all at once": 0.0, "staggered 50 ms": 0.05}
 
 
 def _inner(out: Path) -> None:
-    from verl_consistency.entrypoints.demo import (
+    from verl_consistency.contracts import layout
+    from verl_consistency.contracts.env import CAPTURE, RUN_DIR
+    from verl_consistency.contracts.records import ScheduledRequest, base_request_id
+    from verl_consistency.entrypoints.demo.command import (
         _configs,
         build_model,
         encode,
@@ -58,10 +61,7 @@ def _inner(out: Path) -> None:
         run_stage,
         runtime_env,
     )
-    from verl_consistency.entrypoints.msprobe_config import Task
-    from verl_consistency.patches.contracts import layout
-    from verl_consistency.patches.contracts.env import CAPTURE, RUN_DIR
-    from verl_consistency.patches.contracts.records import ScheduledRequest, base_request_id
+    from verl_consistency.entrypoints.msprobe.config import Task
     from verl_consistency.patches.hooks.request_scope import is_comparable_prefill
 
     root = out.parent
@@ -149,7 +149,7 @@ def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--inner":
         _inner(Path(sys.argv[2]))
         return 0
-    from verl_consistency.patches.contracts.env import DEMO_VENV
+    from verl_consistency.contracts.env import DEMO_VENV
 
     venv = Path(os.environ.get(DEMO_VENV) or REPO / ".cache" / "demo-venv")
     py = venv / "bin" / "python"

@@ -39,10 +39,12 @@ from pathlib import Path
 
 import orjson
 
-from tests.fixtures.hardware import hardware
-from verl_consistency.patches.contracts import records
-from verl_consistency.postprocess import bundle, discover, pairing
-from verl_consistency.postprocess.manifest import BundleManifest, PairingSummary, Source
+from bench.support.hardware import hardware
+from verl_consistency.contracts import records
+from verl_consistency.postprocess.output import bundle
+from verl_consistency.postprocess.output.bundle_manifest import BundleManifest, PairingSummary, Source
+from verl_consistency.postprocess.pairing import discover
+from verl_consistency.postprocess.pairing import pair as pairing
 
 REPLICAS, TP, TRAIN_RANKS = 16, 2, 8
 

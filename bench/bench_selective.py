@@ -58,9 +58,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.fixtures.hardware import hardware
-from verl_consistency.patches.contracts.capture import CaptureRule
-from verl_consistency.patches.contracts.records import ScheduledRequest
+from bench.support.hardware import hardware
+from verl_consistency.contracts.capture import CaptureRule
+from verl_consistency.contracts.records import ScheduledRequest
 from verl_consistency.patches.hooks.request_scope import (
     BLOCK_TENSOR_LIST,
     LAYER_TENSOR_LIST,
@@ -121,7 +121,7 @@ def _child(kind: str, out: Path) -> None:
     from transformers import Qwen2Config
     from transformers import Qwen2ForCausalLM as HFQwen2
 
-    from tests.fixtures.vllm_qwen2 import Qwen2ForCausalLM, run_step
+    from bench.support.vllm_qwen2 import Qwen2ForCausalLM, run_step
 
     torch.manual_seed(0)
     if kind == "stats":

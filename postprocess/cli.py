@@ -14,8 +14,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from verl_consistency.postprocess import bundle as bundle_mod
-from verl_consistency.postprocess import discover, pipeline
+from verl_consistency.postprocess import pipeline
+from verl_consistency.postprocess.output import bundle as bundle_mod
+from verl_consistency.postprocess.pairing import discover
 from verl_consistency.postprocess.pipeline import Exit
 
 err = Console(stderr=True)

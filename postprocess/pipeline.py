@@ -19,17 +19,17 @@ from typing import Any, Literal
 
 import orjson
 
-from verl_consistency.patches.contracts import check_run, layout, token_records
-from verl_consistency.postprocess import bundle as bundle_mod
-from verl_consistency.postprocess import discover
-from verl_consistency.postprocess.manifest import (
+from verl_consistency.contracts import check_run, layout, token_records
+from verl_consistency.postprocess.output import bundle as bundle_mod
+from verl_consistency.postprocess.output.bundle_manifest import (
     RESULTS_DIR,
     BundleManifest,
     FileEntry,
     PairingSummary,
     Source,
 )
-from verl_consistency.postprocess.pairing import PairingResult, pair_run
+from verl_consistency.postprocess.pairing import discover
+from verl_consistency.postprocess.pairing.pair import PairingResult, pair_run
 
 
 class Exit(IntEnum):
@@ -233,7 +233,7 @@ def _compare(
     warnings: list[str],
 ) -> tuple[list[Any], bool]:
     try:
-        from verl_consistency.postprocess.compare import compare_pairs
+        from verl_consistency.postprocess.compare.msprobe_compare import compare_pairs
     except ImportError as exc:
         warnings.append(f"compare is not available ({exc}); rerun with --no-compare to silence this")
         return [], True
@@ -297,9 +297,9 @@ def _batch_variance(
     hooks: Hooks,
     warnings: list[str],
 ) -> tuple[list[Any], Any, bool]:
-    """A check run's batch variance (postprocess/batch_variance.py): (per-prompt entries, the
+    """A check run's batch variance (postprocess/compare/batch_variance.py): (per-prompt entries, the
     summary written to results/check.json or None, whether a compare failed)."""
-    from verl_consistency.postprocess import batch_variance as bv
+    from verl_consistency.postprocess.compare import batch_variance as bv
 
     entries, pairs = bv.plan(result, check)
     for e in entries:
@@ -325,9 +325,9 @@ def _batch_variance(
 def _token_level(
     run_dir: Path, results: Path, result: PairingResult, comparisons: list[Any], warnings: list[str]
 ) -> tuple[Any, list[Any]] | None:
-    """The token-level view (postprocess/token_level.py): output rows of the pairs, the section."""
+    """The token-level view (postprocess/compare/token_level.py): output rows of the pairs, the section."""
     try:
-        from verl_consistency.postprocess import token_level
+        from verl_consistency.postprocess.compare import token_level
 
         compared = token_level.attach_output_rows(run_dir, result.pairs, comparisons)
         section = token_level.build_section(run_dir, results, result.pairs)
@@ -349,7 +349,7 @@ def _report(
     check: Any = None,
 ) -> bool:
     try:
-        from verl_consistency.postprocess.report import write_report
+        from verl_consistency.postprocess.output.report import write_report
     except ImportError as exc:
         warnings.append(f"report is not available ({exc})")
         return False

@@ -16,6 +16,6 @@ def repo() -> Path:
 
 def lean_disk() -> bool:
     """``$VERL_CONSISTENCY_LEAN_DISK`` (``.ci/run``): delete heavy test artefacts once used."""
-    from verl_consistency.patches.contracts import env
+    from verl_consistency.contracts import env
 
     return env.flag(env.LEAN_DISK)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.gpu import fsdp_cost
-from verl_consistency.patches.contracts import layout, records
+from verl_consistency.contracts import layout, records
 
 
 def test_requests_are_fixed_spread_and_uniquely_named():

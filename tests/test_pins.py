@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from verl_consistency.patches import pins
+from verl_consistency.contracts import pins
 
 
 def test_pins_load_and_match_the_upstream_facts():
@@ -21,7 +21,7 @@ def test_pins_load_and_match_the_upstream_facts():
 
 def test_pins_cli_prints_values_and_lists():
     out = subprocess.run(
-        [sys.executable, "-m", "verl_consistency.patches.pins", "upstream.verl", "install.verl_extras"],
+        [sys.executable, "-m", "verl_consistency.contracts.pins", "upstream.verl", "install.verl_extras"],
         check=True,
         capture_output=True,
         text=True,
@@ -32,7 +32,7 @@ def test_pins_cli_prints_values_and_lists():
 
 def test_pins_cli_rejects_unknown_key():
     res = subprocess.run(
-        [sys.executable, "-m", "verl_consistency.patches.pins", "upstream.nope"],
+        [sys.executable, "-m", "verl_consistency.contracts.pins", "upstream.nope"],
         capture_output=True,
         text=True,
     )
@@ -55,7 +55,10 @@ def test_unknown_fields_are_refused(tmp_path, key):
 
 
 def test_one_reader_of_pins_toml(repo):
-    """Only patches/pins.py opens pins.toml; the Makefile, the Dockerfile and Python go through it."""
+    """Only patches/contracts/pins.py opens pins.toml.
+
+    The Makefile, the Dockerfile and Python go through it.
+    """
     readers = []
     for path in repo.rglob("*"):
         if (
@@ -72,16 +75,23 @@ def test_one_reader_of_pins_toml(repo):
         code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
         if "tomllib" in code and "pins.toml" in code and path.name not in {"pins.py", "test_pins.py"}:
             readers.append(str(path.relative_to(repo)))
-    assert readers == [], f"read pins.toml through patches/pins.py instead: {readers}"
+    assert readers == [], f"read pins.toml through patches/contracts/pins.py instead: {readers}"
     dockerfile = (repo / "docker/Dockerfile").read_text()
     assert "helpers/pins.py" in dockerfile
     assert "pins.py" in (repo / "Makefile").read_text()
 
 
 def test_pins_script_runs_without_the_package(tmp_path, repo):
-    """The Makefile runs patches/pins.py with the host's Python before any venv exists."""
+    """The Makefile runs patches/contracts/pins.py with the host's Python before any venv exists."""
     res = subprocess.run(
-        [sys.executable, "-S", "-I", str(repo / "patches/pins.py"), "--lines", "install.verl_extras"],
+        [
+            sys.executable,
+            "-S",
+            "-I",
+            str(repo / "patches/contracts/pins.py"),
+            "--lines",
+            "install.verl_extras",
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -105,7 +115,7 @@ def test_next_set_overlays_only_what_it_changes():
 
 
 def test_the_environment_picks_the_set_and_the_default_is_current(monkeypatch):
-    from verl_consistency.patches.contracts.env import PIN_SET
+    from verl_consistency.contracts.env import PIN_SET
 
     assert pins.env_name() == PIN_SET
     monkeypatch.delenv(PIN_SET, raising=False)
@@ -118,7 +128,7 @@ def test_the_environment_picks_the_set_and_the_default_is_current(monkeypatch):
 
 
 def test_pins_cli_takes_a_set_and_lists_the_sets():
-    run = [sys.executable, "-m", "verl_consistency.patches.pins"]
+    run = [sys.executable, "-m", "verl_consistency.contracts.pins"]
     out = subprocess.run([*run, "--set", "next", "upstream.verl"], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "0.9.1"
     listed = subprocess.run([*run, "--set", "next", "--sets"], check=True, capture_output=True, text=True)
@@ -138,9 +148,9 @@ def test_makefile_pins_follow_PINS(repo):
 
 def test_pins_script_beside_env_py_reads_the_set_variable(tmp_path, repo):
     """The image's layout: pins.py, pins.toml and contracts/env.py copied side by side."""
-    from verl_consistency.patches.contracts.env import PIN_SET
+    from verl_consistency.contracts.env import PIN_SET
 
-    for rel in ("patches/pins.py", "patches/pins.toml", "patches/contracts/env.py"):
+    for rel in ("patches/contracts/pins.py", "patches/pins.toml", "patches/contracts/env.py"):
         (tmp_path / rel.rsplit("/", 1)[1]).write_bytes((repo / rel).read_bytes())
     res = subprocess.run(
         [sys.executable, "-S", "-I", str(tmp_path / "pins.py"), "upstream.verl"],

@@ -1,7 +1,7 @@
 """The README documents every command option, every required override and every refusal.
 
 The tables it shows are written by hand for readers; this test keeps them from drifting
-from the code that enforces them (``entrypoints/overrides.py`` and the typer commands).
+from the code that enforces them (``entrypoints/run/overrides.py`` and the typer commands).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import re
 import pytest
 import typer
 
-from verl_consistency.entrypoints import overrides
 from verl_consistency.entrypoints.cli import app
+from verl_consistency.entrypoints.run import overrides
 
 COMMANDS = typer.main.get_command(app).commands  # type: ignore[attr-defined]
 
@@ -38,11 +38,11 @@ def test_every_required_override_and_refusal_is_documented(readme, repo):
     rows = [*overrides.REQUIRED, *overrides.REFUSALS]
     keys = [r.key for r in rows if overrides.CURRENT in r.sets]
     missing = [k for k in keys if k.lstrip("+") not in readme]
-    assert not missing, f"README.md does not mention {missing} (entrypoints/overrides.py)"
+    assert not missing, f"README.md does not mention {missing} (entrypoints/run/overrides.py)"
     entry = (repo / "entrypoints" / "README.md").read_text(encoding="utf-8")
     other = [r.key for r in rows if overrides.CURRENT not in r.sets]
     missing = [k for k in other if f"`{k.lstrip('+')}" not in entry]
-    assert not missing, f"entrypoints/README.md does not mention {missing} (entrypoints/overrides.py)"
+    assert not missing, f"entrypoints/README.md does not mention {missing} (entrypoints/run/overrides.py)"
 
 
 def test_every_environment_variable_is_documented(readme):

@@ -173,8 +173,8 @@ def init_process_group(device: str) -> None:
 def dump_env(run_root: Path) -> Any:
     """The run folder and msprobe configs (statistics, L0) as ``verl-consistency run`` writes them;
     the hooks' environment points at them. Returns the run layout."""
-    from verl_consistency.entrypoints.msprobe_config import DumpOptions, Level, Task, build, write
-    from verl_consistency.patches.contracts import env, layout
+    from verl_consistency.contracts import env, layout
+    from verl_consistency.entrypoints.msprobe.config import DumpOptions, Level, Task, build, write
 
     lay = layout.RunLayout(run_root, "fsdp-cost")
     shutil.rmtree(lay.run_dir, ignore_errors=True)  # a reused --work: every pass's dump starts empty
@@ -193,7 +193,7 @@ def dump_env(run_root: Path) -> Any:
 
 
 def build_engine(model_dir: Path, device: str, n: int) -> Any:
-    from verl_consistency.entrypoints import demo_stages
+    from verl_consistency.entrypoints.engines import stages as demo_stages
 
     if device == "cuda":
         demo_stages.serve_pure_torch_attention_helpers(cpu_platform=False)
@@ -207,7 +207,7 @@ def build_engine(model_dir: Path, device: str, n: int) -> Any:
 
 
 def trimmed_batch(requests: list[dict[str, Any]]) -> Any:
-    from verl_consistency.entrypoints import demo_stages
+    from verl_consistency.entrypoints.engines import stages as demo_stages
     from verl_consistency.patches.hooks import prompts_only
 
     return prompts_only.trim(demo_stages._batch(requests))
@@ -215,7 +215,7 @@ def trimmed_batch(requests: list[dict[str, Any]]) -> Any:
 
 def engine_input(batch: Any, micro_batch: int) -> Any:
     """verl's ``infer_batch`` input, built as the demo and ``check`` build it."""
-    from verl_consistency.entrypoints import demo_stages
+    from verl_consistency.entrypoints.engines import stages as demo_stages
 
     return demo_stages.engine_input(batch, micro_batch)
 
@@ -238,7 +238,7 @@ def infer(
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import no_padding_2_padding
 
-    from verl_consistency.patches.contracts import env
+    from verl_consistency.contracts import env
 
     if dumps:
         os.environ[env.DUMP_ON] = "1"
@@ -265,7 +265,7 @@ def harvest(lay: Any, into: Path, log_offset: int, expected: dict[str, int], rep
     """Move this pass's step folders out of the process's dump folder into ``into``, count what they
     hold, and check them (:func:`check_dumps`). ``expected``: request id -> prompt tokens. Returns
     the records log's new offset."""
-    from verl_consistency.patches.contracts import layout, records
+    from verl_consistency.contracts import layout, records
 
     dump_dir = layout.process_dump_dir(lay.actor_dir)
     shutil.rmtree(into, ignore_errors=True)  # a kept dump of an earlier bench in the same --work
@@ -562,7 +562,7 @@ def set_up(args: argparse.Namespace, t_start: float) -> tuple[Bench, dict[str, A
 
 
 def write_outputs(out: Path, result: dict[str, Any]) -> str:
-    from verl_consistency.patches.contracts.atomic import write_json_atomic, write_text_atomic
+    from verl_consistency.contracts.atomic import write_json_atomic, write_text_atomic
 
     text = table(result)
     out = out.resolve()

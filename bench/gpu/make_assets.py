@@ -45,7 +45,7 @@ def corpus() -> list[str]:
         )
     # The bundle's own prompt set (what `verl-consistency run` writes as data/train.parquet), so its
     # words are single tokens: prompts stay short and so do the tensor dumps.
-    from verl_consistency.patches.contracts.dataset import make_rows
+    from verl_consistency.entrypoints.run.dataset import make_rows
 
     for row in make_rows():
         out += [f"<|im_start|>user\n{row['prompt'][0]['content']}<|im_end|>\n<|im_start|>assistant\n"] * 20

@@ -25,10 +25,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from verl_consistency.patches.contracts import layout
-from verl_consistency.postprocess import discover
-from verl_consistency.postprocess.manifest import RESULTS_DIR
-from verl_consistency.postprocess.pairing import pair_run
+from verl_consistency.contracts import layout
+from verl_consistency.postprocess.output.bundle_manifest import RESULTS_DIR
+from verl_consistency.postprocess.pairing import discover
+from verl_consistency.postprocess.pairing.pair import pair_run
 
 TENSOR_SUFFIXES = (".pt", ".npy")
 

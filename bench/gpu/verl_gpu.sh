@@ -67,7 +67,7 @@ if [ "$cmd" = prepare ]; then
   REPO=$(cd "$HERE/../.." && pwd)
   STAGE=$(readlink -f "${1:-$REPO/.gpu-stage}")
   PY=${PY:-$REPO/.venv/bin/python}   # needs pip and wheel (the bundle is built --no-build-isolation)
-  pin() { "$PY" "$REPO/patches/pins.py" --set next "$1"; }
+  pin() { "$PY" "$REPO/patches/contracts/pins.py" --set next "$1"; }
   VLLM=$(pin upstream.vllm); VERL=$(pin upstream.verl); RAY=$(pin image.ray); MSP=$(pin upstream.mindstudio_probe)
   W=${WORK:-$(mktemp -d)}; mkdir -p "$W"
   DL=("$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp

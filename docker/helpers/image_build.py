@@ -4,7 +4,7 @@ It runs inside the build with the base image's own Python, before this bundle (a
 is installed, so it uses the standard library only. Each sub-command is one step that the
 Dockerfile would otherwise spell out in shell:
 
-Pins are read by ``patches/pins.py``, the one reader of ``pins.toml`` (the Dockerfile copies
+Pins are read by ``patches/contracts/pins.py``, the one reader of ``pins.toml`` (the Dockerfile copies
 both beside this file, and runs ``pins.py KEY`` itself where it needs a value).
 ``freeze OUT``
     write ``name==version`` for every distribution installed now. Used as a pip constraints

@@ -31,8 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from verl_consistency.patches import pins, upstream
-from verl_consistency.patches.contracts import env
+from verl_consistency.contracts import env, pins
+from verl_consistency.patches import upstream
 
 HERE = Path(__file__).resolve().parent
 

@@ -14,7 +14,7 @@
 | ``atomic`` | how every file is written (temp file, then rename) | every stage | |
 
 The version pins are the one contract kept outside, in ``patches/pins.toml`` beside their
-reader ``patches/pins.py``: the Makefile and the image build read them before this package is
+reader ``patches/contracts/pins.py``: the Makefile and the image build read them before this package is
 installed. Nothing here imports torch, vLLM, verl or msprobe: the hooks import these modules
 inside vLLM and trainer processes, and the postprocess imports them on machines without either.
 """

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_consistency.patches.contracts.env import CAPTURE
+from verl_consistency.contracts.env import CAPTURE
 
 RUN_DEFAULT = "fraction:1"
 """``verl-consistency run``'s default: every request captured. Each prefill step that computes a

@@ -8,8 +8,8 @@ loop sends them) and one from the alone pass (each prompt by itself). The traini
 tells the postprocess which batched id goes with which alone id (the **batch variance**:
 vLLM batched against vLLM alone, compared the same way).
 
-Written once by the check's orchestrator (``entrypoints/check.py``) before any engine starts;
-read by ``postprocess/batch_variance.py``. A run folder without it is an ordinary collection run.
+Written once by the check's orchestrator (``entrypoints/check/command.py``) before any engine starts;
+read by ``postprocess/compare/batch_variance.py``. A run folder without it is an ordinary collection run.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from verl_consistency.patches.contracts import records
+from verl_consistency.contracts import records
 
 CHECK_MANIFEST = "check.json"
 """Run-relative path of the check's manifest."""

@@ -24,7 +24,7 @@ ACTOR_CONFIG = "VERL_CONSISTENCY_ACTOR_CONFIG"
 """Path of the training-side msprobe config. The recipe hard-codes ``/home/config_actor.json``."""
 
 RUN_DIR = "VERL_CONSISTENCY_RUN_DIR"
-"""The run folder on the dump volume (see ``verl_consistency.patches.contracts.layout``)."""
+"""The run folder on the dump volume (see ``verl_consistency.contracts.layout``)."""
 
 DUMP_ROOT = "VERL_CONSISTENCY_DUMP_ROOT"
 """The shared dump volume; runs are folders under it (default ``/dump``, the k8s mount)."""
@@ -52,7 +52,7 @@ PIN_SET = "VERL_CONSISTENCY_PIN_SET"
 """Which pin set of ``patches/pins.toml`` is in force: ``current`` (default) or ``next``.
 
 The one switch between upstream generations: ``make PINS=next …`` exports it, and every reader
-of a pin (``patches/pins.py``), every patch series and every image build follows it. Read by
+of a pin (``patches/contracts/pins.py``), every patch series and every image build follows it. Read by
 ``pins.py`` through this file, so that the name is spelled once."""
 
 CACHE = "VERL_CONSISTENCY_CACHE"
@@ -62,7 +62,7 @@ CHECKOV = "VERL_CONSISTENCY_CHECKOV"
 """The checkov binary the k8s tests run (``make test`` builds one in its own venv)."""
 
 DEMO_VENV = "VERL_CONSISTENCY_DEMO_VENV"
-"""The venv with real vLLM 0.18.0 for CPU that ``make demo`` builds (``entrypoints/demo_venv.py``)."""
+"""The venv with real vLLM 0.18.0 for CPU that ``make demo`` builds (``entrypoints/demo/venv.py``)."""
 
 LEAN_DISK = "VERL_CONSISTENCY_LEAN_DISK"
 """``1`` (``.ci/run`` sets it): the tests delete each heavy thing they built once they are done

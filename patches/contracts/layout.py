@@ -17,7 +17,7 @@ One collection run owns one folder on the dump volume::
 
 Both sides dump under a per-pid folder: msprobe numbers steps per process, so a restarted
 worker would otherwise overwrite ``step0`` of its predecessor. The log records carry the
-``dump_path`` they were written with (see ``verl_consistency.patches.contracts.records``), relative to the
+``dump_path`` they were written with (see ``verl_consistency.contracts.records``), relative to the
 run folder, so the postprocess never has to guess where a step's dump lies.
 """
 

@@ -14,9 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from verl_consistency.patches import pins
-from verl_consistency.patches.contracts import __version__
-from verl_consistency.patches.contracts.atomic import write_json_atomic
+from verl_consistency.contracts import __version__, pins
+from verl_consistency.contracts.atomic import write_json_atomic
 
 SCHEMA_VERSION = 1
 

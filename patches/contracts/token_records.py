@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from verl_consistency.patches.contracts import env, records
+from verl_consistency.contracts import env, records
 
 DEFAULT_THRESHOLD = 0.1
 """``|Δ log p|`` above which a token counts as drifted, unless ``env.TOKEN_THRESHOLD`` says."""

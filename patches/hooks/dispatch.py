@@ -50,8 +50,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from verl_consistency.patches.contracts import capture, layout, records
-from verl_consistency.patches.contracts.env import CAPTURE, RUN_DIR
+from verl_consistency.contracts import capture, layout, records
+from verl_consistency.contracts.env import CAPTURE, RUN_DIR
 from verl_consistency.patches.hooks import msprobe_lanes, request_scope
 
 DECODE_STATE = "DecodeOnly"
@@ -162,7 +162,7 @@ def scheduled_requests(so: SchedulerOutputLike) -> list[records.ScheduledRequest
             )
         )
     # vLLM's draft tokens per request; a decode then advances by 1 + their number, which the
-    # pairing must not mistake for the later chunk of a split prefill (postprocess/pairing.py).
+    # pairing must not mistake for the later chunk of a split prefill (postprocess/pairing/pair.py).
     spec: Mapping[str, Sequence[int]] = getattr(so, "scheduled_spec_decode_tokens", None) or {}
     for req_id in so.scheduled_cached_reqs.req_ids:
         drafts = spec.get(req_id)

@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verl_consistency.patches.contracts.records import lane_folder
+from verl_consistency.contracts.records import lane_folder
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from verl_consistency.patches.contracts.env import POOL_RESOURCES
+from verl_consistency.contracts.env import POOL_RESOURCES
 
 logger = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from verl_consistency.patches.contracts import env
+from verl_consistency.contracts import env
 
 BYPASS_OVERRIDE = "algorithm.rollout_correction.bypass_mode=False"
 

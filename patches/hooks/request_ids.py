@@ -28,8 +28,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from verl_consistency.patches.contracts import capture
-from verl_consistency.patches.contracts.env import CAPTURE
+from verl_consistency.contracts import capture
+from verl_consistency.contracts.env import CAPTURE
 
 REQUEST_ID = "request_id"
 REQUEST_IDS_ALL = "request_ids_all"
@@ -99,7 +99,7 @@ def clear_padding(sample: dict[str, Any]) -> None:
     if isinstance(extra, dict):
         extra.pop(REQUEST_ID, None)
         extra.pop(REQUEST_IDS_ALL, None)
-    from verl_consistency.patches.contracts import token_records as tr
+    from verl_consistency.contracts import token_records as tr
 
     for key in (tr.NEXT_TOKEN, tr.NEXT_TOKEN_ROLLOUT_LOG_PROB, tr.NEXT_TOKEN_TOPK):
         if key in sample:

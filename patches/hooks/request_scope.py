@@ -63,8 +63,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from verl_consistency.patches.contracts.capture import CaptureRule
-from verl_consistency.patches.contracts.records import ScheduledRequest, base_request_id
+from verl_consistency.contracts.capture import CaptureRule
+from verl_consistency.contracts.records import ScheduledRequest, base_request_id
 from verl_consistency.patches.hooks import msprobe_lanes
 
 CAPTURED_SENTINEL = "verl-consistency-captured"

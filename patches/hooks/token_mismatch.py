@@ -35,8 +35,8 @@ from typing import IO, Any
 
 import orjson
 
-from verl_consistency.patches.contracts import env, records
-from verl_consistency.patches.contracts.token_records import (
+from verl_consistency.contracts import env, records
+from verl_consistency.contracts.token_records import (
     DEFAULT_THRESHOLD,
     INLINE_MAX,
     NEXT_TOKEN,

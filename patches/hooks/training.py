@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 import orjson
 
-from verl_consistency.patches.contracts import capture, env, layout, records
+from verl_consistency.contracts import capture, env, layout, records
 from verl_consistency.patches.hooks import msprobe_lanes, token_mismatch
 
 Backend = Literal["fsdp", "megatron"]

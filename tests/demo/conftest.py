@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_consistency.entrypoints.demo_venv import STAMP
-from verl_consistency.patches import pins
+from verl_consistency.contracts import pins
+from verl_consistency.entrypoints.demo.venv import STAMP
 
 from ..conftest import lean_disk
 

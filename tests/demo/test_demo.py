@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from verl_consistency.patches.contracts.records import base_request_id
+from verl_consistency.contracts.records import base_request_id
 
 pytestmark = [pytest.mark.demo, pytest.mark.pinset, pytest.mark.timeout(1500)]
 

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_consistency.patches import pins
-from verl_consistency.patches.contracts import env
+from verl_consistency.contracts import env, pins
 
 from ..conftest import lean_disk
 

@@ -20,7 +20,7 @@ import torch
 from msprobe.pytorch import PrecisionDebugger
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from verl_consistency.patches.contracts import layout, records
+from verl_consistency.contracts import layout, records
 
 REQUEST_ID = "0123456789abcdef0123456789abcdef"
 VLLM_SUFFIX = "1a2b3c4d"

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_consistency.patches import pins
-from verl_consistency.patches.contracts import env, layout
+from verl_consistency.contracts import env, layout, pins
 
 from .conftest import REPO
 
@@ -133,7 +132,10 @@ def test_check_args_refuses_a_label_that_would_lie():
 
 
 def test_the_build_helper_reads_pins_through_pins_py():
-    """image_build.py has no pins reader of its own: it loads patches/pins.py (beside it in the image)."""
+    """image_build.py has no pins reader of its own: it loads patches/contracts/pins.py.
+
+    The Dockerfile copies it beside image_build.py in the image.
+    """
     assert Path(image_build.pins.__file__).resolve() == Path(pins.__file__).resolve()
     for key in ("upstream.verl", "install.verl_extras", "image.vllm_ascend_src", "install.megatron_core"):
         assert image_build.pins.get(key) == pins.get(key)

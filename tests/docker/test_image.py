@@ -11,8 +11,9 @@ import subprocess
 
 import pytest
 
-from verl_consistency.entrypoints.msprobe_defaults import default_configs
-from verl_consistency.patches import apply, pins
+from verl_consistency.contracts import pins
+from verl_consistency.entrypoints.msprobe.defaults import default_configs
+from verl_consistency.patches import apply
 
 from .conftest import REPO, labels, podman_run
 

@@ -36,7 +36,7 @@ def cli(
 
 def clean_env() -> dict[str, str]:
     """The caller's environment without variables the run sets (they would be refused as conflicts)."""
-    from verl_consistency.entrypoints.overrides import ENV
+    from verl_consistency.entrypoints.run.overrides import ENV
 
     names = {row.name for row in ENV} | {"VERL_CONSISTENCY_DUMP_ROOT", "VERL_CONSISTENCY_RUN_ID"}
     return {k: v for k, v in os.environ.items() if k not in names}
@@ -60,7 +60,7 @@ class Composed:
 
 def supported(mode: str) -> bool:
     """Whether the pin set in force runs ``mode`` (colocate-async needs verl 0.9's V1 trainer)."""
-    from verl_consistency.entrypoints.overrides import LAUNCH, Launch, Mode, pin_set
+    from verl_consistency.entrypoints.run.overrides import LAUNCH, Launch, Mode, pin_set
 
     return isinstance(LAUNCH[pin_set()][Mode(mode)], Launch)
 

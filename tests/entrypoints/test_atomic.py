@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_consistency.patches.contracts.atomic import atomic_path, write_bytes_atomic, write_json_atomic
+from verl_consistency.contracts.atomic import atomic_path, write_bytes_atomic, write_json_atomic
 
 
 def _mode(path: Path) -> int:

@@ -18,11 +18,11 @@ import torch
 
 from tests.fixtures.subprocess_run import run_module_json
 from tests.selective.scenario import tiny_config
-from verl_consistency.entrypoints.msprobe_config import Level, Task, parse_data_mode, parse_modules, write
-from verl_consistency.entrypoints.overrides import Mode
-from verl_consistency.entrypoints.run_plan import PlanError, RunPlan, build_plan
-from verl_consistency.patches.contracts.capture import CaptureRule
-from verl_consistency.patches.contracts.env import CAPTURE, RUN_DIR
+from verl_consistency.contracts.capture import CaptureRule
+from verl_consistency.contracts.env import CAPTURE, RUN_DIR
+from verl_consistency.entrypoints.msprobe.config import Level, Task, parse_data_mode, parse_modules, write
+from verl_consistency.entrypoints.run.overrides import Mode
+from verl_consistency.entrypoints.run.plan import PlanError, RunPlan, build_plan
 from verl_consistency.patches.hooks import dispatch, request_scope
 
 pytestmark = pytest.mark.pinset

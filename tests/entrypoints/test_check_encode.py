@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_consistency.entrypoints.check import CheckError, encode
+from verl_consistency.entrypoints.check.command import CheckError, encode
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -72,7 +72,7 @@ def test_a_silent_engine_ends_the_pass_with_its_name():
     ends the pass with the reason and the flag to raise, instead of waiting forever."""
     import asyncio
 
-    from verl_consistency.entrypoints.check_stages import EngineSilent, within
+    from verl_consistency.entrypoints.check.stages import EngineSilent, within
 
     async def never() -> None:
         await asyncio.Event().wait()

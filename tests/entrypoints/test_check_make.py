@@ -79,7 +79,7 @@ def test_without_model_runs_on_cpu_in_the_demo_venv() -> None:
     assert res.returncode == 0, res.stderr
     lines = recipe_lines(res.stdout)
     prefix = ["/opt/dv/bin/python", "-m", "verl_consistency.entrypoints"]
-    build = next(i for i, line in enumerate(lines) if "verl_consistency.entrypoints.demo_venv" in line)
+    build = next(i for i, line in enumerate(lines) if "verl_consistency.entrypoints.demo.venv" in line)
     run = next(i for i, line in enumerate(lines) if line[:4] == [*prefix, "check"])
     assert build < run  # the demo venv is a prerequisite, as for `make demo`
     check = ["verl-consistency", *lines[run][3:]]

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from verl_consistency.entrypoints import check
+from verl_consistency.entrypoints.check import command as check
 from verl_consistency.entrypoints.cli import app
-from verl_consistency.entrypoints.demo_stages import FP32, precision
+from verl_consistency.entrypoints.engines.stages import FP32, precision
 
 
 def _check(tmp_path: Path, *args: str) -> tuple[int, str]:

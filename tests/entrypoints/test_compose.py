@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from verl_consistency.entrypoints.overrides import (
+from verl_consistency.contracts import pins
+from verl_consistency.entrypoints.run.overrides import (
     ASYNC_MODES,
     ENV,
     NEXT,
@@ -16,7 +17,6 @@ from verl_consistency.entrypoints.overrides import (
     launch,
     pin_set,
 )
-from verl_consistency.patches import pins
 
 from .conftest import MODEL, Composed
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_consistency.patches.contracts import dataset
+from verl_consistency.entrypoints.run import dataset
 
 pytestmark = [pytest.mark.verl, pytest.mark.pinset]
 

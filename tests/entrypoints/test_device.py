@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from verl_consistency.entrypoints.cli import app
-from verl_consistency.entrypoints.overrides import Mode
-from verl_consistency.entrypoints.run_plan import DEVICE_KEY, Device, PlanError, build_plan
+from verl_consistency.entrypoints.run.overrides import Mode
+from verl_consistency.entrypoints.run.plan import DEVICE_KEY, Device, PlanError, build_plan
 
 from .conftest import MODEL
 

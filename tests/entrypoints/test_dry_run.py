@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from verl_consistency.contracts import pins
 from verl_consistency.entrypoints.cli import app
-from verl_consistency.entrypoints.overrides import (
+from verl_consistency.entrypoints.run.overrides import (
     CURRENT,
     LAUNCH,
     MODEL_PATH_KEY,
@@ -23,7 +24,6 @@ from verl_consistency.entrypoints.overrides import (
     launch,
     pin_set,
 )
-from verl_consistency.patches import pins
 
 from .conftest import MODEL, supported
 

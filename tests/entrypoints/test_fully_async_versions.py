@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from verl_consistency.entrypoints.overrides import CURRENT, pin_set
+from verl_consistency.entrypoints.run.overrides import CURRENT, pin_set
 
 from .conftest import Composed
 

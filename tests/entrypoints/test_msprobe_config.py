@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_consistency.entrypoints.msprobe_config import (
+from verl_consistency.contracts.layout import RunLayout
+from verl_consistency.entrypoints.msprobe.config import (
     DumpOptions,
     Level,
     Task,
@@ -18,7 +19,6 @@ from verl_consistency.entrypoints.msprobe_config import (
     parse_selection,
     write,
 )
-from verl_consistency.patches.contracts.layout import RunLayout
 
 pytestmark = [pytest.mark.msprobe, pytest.mark.pinset]
 
@@ -98,8 +98,8 @@ def test_parse_selection() -> None:
 
 
 def test_capture_fraction_defaults_to_tensor(tmp_path: Path) -> None:
-    from verl_consistency.entrypoints.overrides import Mode
-    from verl_consistency.entrypoints.run_plan import build_plan
+    from verl_consistency.entrypoints.run.overrides import Mode
+    from verl_consistency.entrypoints.run.plan import build_plan
 
     frac = build_plan(Mode.HYBRID, dump_root=tmp_path, run_id="c", capture="fraction:0.25", environ={})
     assert frac.dump.task is Task.TENSOR

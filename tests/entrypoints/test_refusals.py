@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from verl_consistency.entrypoints import overrides as table
+from verl_consistency.contracts.env import DumpPhase
 from verl_consistency.entrypoints.cli import app
-from verl_consistency.entrypoints.overrides import CURRENT, NEXT, Mode, RunKind, pin_set
-from verl_consistency.entrypoints.run_plan import PlanError, build_plan
-from verl_consistency.patches.contracts.env import DumpPhase
+from verl_consistency.entrypoints.run import overrides as table
+from verl_consistency.entrypoints.run.overrides import CURRENT, NEXT, Mode, RunKind, pin_set
+from verl_consistency.entrypoints.run.plan import PlanError, build_plan
 
 from .conftest import clean_env, supported
 
@@ -378,8 +378,8 @@ def test_a_pin_set_whose_verl_is_not_installed_is_refused_before_anything_is_wri
     """A next-set plan on a current-set image (or the reverse) fails loudly, not deep in Hydra."""
     import importlib.metadata as md
 
-    from verl_consistency.patches import pins
-    from verl_consistency.patches.contracts.env import PIN_SET
+    from verl_consistency.contracts import pins
+    from verl_consistency.contracts.env import PIN_SET
 
     have = md.version("verl")
     other = next(n for n in pins.set_names() if pins.get("upstream.verl", set_name=n) != have)

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from verl_consistency.entrypoints.overrides import RUNTIME_ENV_PREFIX, Mode
-from verl_consistency.entrypoints.run_plan import PlanError, build_plan
-from verl_consistency.patches.contracts.env import DumpPhase
+from verl_consistency.contracts.env import DumpPhase
+from verl_consistency.entrypoints.run.overrides import RUNTIME_ENV_PREFIX, Mode
+from verl_consistency.entrypoints.run.plan import PlanError, build_plan
 
 from .conftest import COMPOSE_TIMEOUT, MODEL, clean_env, cli, supported
 

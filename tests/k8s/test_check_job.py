@@ -23,7 +23,7 @@ import pytest
 
 from tests.fixtures import check_interface
 from tests.k8s.conftest import CHECK_FILE, CHECK_SOURCES, FILES, K8S, kubectl, of_kind, render
-from verl_consistency.patches.contracts.layout import check_run_id
+from verl_consistency.contracts.layout import check_run_id
 
 KUBE_VERSION = "1.31.0"
 NPU = "huawei.com/Ascend910"

@@ -17,8 +17,8 @@ import sys
 import pytest
 
 from tests.k8s.conftest import SOURCES, expand_entrypoint, of_kind, render, run_settings
-from verl_consistency.patches import pins
-from verl_consistency.patches.contracts.env import PIN_SET
+from verl_consistency.contracts import pins
+from verl_consistency.contracts.env import PIN_SET
 
 # Each source is checked by the run of its own pin set (the run ConfigMap names it; the
 # default set when it does not): `make test` the current sources, `make test-next` the next.

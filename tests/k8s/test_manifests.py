@@ -31,8 +31,8 @@ from tests.k8s.conftest import (
     render,
     run_settings,
 )
-from verl_consistency.patches import pins
-from verl_consistency.patches.contracts.layout import check_run_id
+from verl_consistency.contracts import pins
+from verl_consistency.contracts.layout import check_run_id
 from verl_consistency.patches.hooks import placement
 
 NPU_RESOURCE_NAMES = {"huawei.com/Ascend910", "huawei.com/Ascend910B3", "huawei.com/ascend-1980"}

@@ -27,8 +27,8 @@ import yaml
 from tests.k8s.conftest import K8S
 from tests.k8s.placement_driver import read_result
 from tests.k8s.raycluster import LoopbackCluster, NodeSpec
-from verl_consistency.patches import pins
-from verl_consistency.patches.contracts.env import POOL_RESOURCES
+from verl_consistency.contracts import pins
+from verl_consistency.contracts.env import POOL_RESOURCES
 from verl_consistency.patches.hooks import placement
 
 pytestmark = [pytest.mark.ray, pytest.mark.verl, pytest.mark.pinset, pytest.mark.timeout(900)]

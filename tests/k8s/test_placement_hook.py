@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from verl_consistency.patches import pins
+from verl_consistency.contracts import pins
 from verl_consistency.patches.hooks import placement
 
 pytestmark = pytest.mark.pinset

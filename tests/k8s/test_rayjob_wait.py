@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from typer.testing import CliRunner
 
 from verl_consistency.entrypoints.cli import app
-from verl_consistency.postprocess import rayjob_wait as rw
+from verl_consistency.entrypoints.kuberay import rayjob_wait as rw
 
 
 def rayjob(deployment: str, job: str = "", reason: str = "", message: str = "") -> dict[str, Any]:

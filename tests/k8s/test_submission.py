@@ -43,7 +43,7 @@ import yaml
 from tests.k8s import kuberay_submit
 from tests.k8s.conftest import FILES, expand_entrypoint, of_kind, render
 from tests.k8s.raycluster import LoopbackCluster, NodeSpec
-from verl_consistency.patches import pins
+from verl_consistency.contracts import pins
 from verl_consistency.patches.hooks import placement
 
 pytestmark = [pytest.mark.ray, pytest.mark.verl, pytest.mark.pinset, pytest.mark.timeout(900)]

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.verl_support import patched_verl, run_patched
+from bench.support.verl_support import patched_verl, run_patched
 from tests.patches.test_vllm_patch import read_member
 from verl_consistency.patches import upstream
 

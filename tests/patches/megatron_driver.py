@@ -6,7 +6,7 @@ the tensor-parallel layers allocate on ``torch.cuda.current_device()``. ``bench/
 runs this driver on the H200 device machine; CI reads the dumps it wrote there.
 
 It runs inside a process whose ``sys.path`` starts with a freshly patched verl of the pin set in
-force (``tests.fixtures.verl_support.patched_verl``: 0.8.0 with ``patches/current/verl/series``, 0.9.1 with
+force (``bench.support.verl_support.patched_verl``: 0.8.0 with ``patches/current/verl/series``, 0.9.1 with
 ``patches/next/verl/series``), so every verl line executed is the pinned upstream plus our series,
 with real megatron-core 0.16.1 and mbridge 0.15.1 underneath (verl 0.9.1's Megatron engine imports
 nothing newer from megatron-core; checked with an import on CPU):
@@ -65,7 +65,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # before the verl wheel's own top-level ``tests`` package
 
-from tests.patches.fsdp_driver import (  # noqa: E402
+from bench.support.fsdp_driver import (  # noqa: E402
     BATCH,
     _rollout_batch,
     _serve_pure_torch_attention_helpers,
@@ -110,7 +110,7 @@ MODELS: dict[str, dict[str, Any]] = {
 
 def _tiny_qwen2(work: Path) -> Path:
     """A random Qwen2 of ``VC_TEST_MODEL``'s shape, plus a word-level tokenizer with a pad token."""
-    from tests.fixtures.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
+    from bench.support.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
 
     name = os.environ.get("VC_TEST_MODEL", "tiny")
     model_dir = work / f"{name}-qwen2-mcore"

@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.verl_support import series_has
+from bench.support.verl_support import series_has
 from tests.patches.test_training_fsdp import _drive, _msprobe_config, _records
-from verl_consistency.entrypoints.overrides import Mode
-from verl_consistency.entrypoints.run_plan import CAPTURE_PROMPTS, PlanError, build_plan
-from verl_consistency.patches import pins
-from verl_consistency.patches.contracts import capture, env, records
-from verl_consistency.patches.contracts.records import ScheduledRequest
+from verl_consistency.contracts import capture, env, pins, records
+from verl_consistency.contracts.records import ScheduledRequest
+from verl_consistency.entrypoints.run.overrides import Mode
+from verl_consistency.entrypoints.run.plan import CAPTURE_PROMPTS, PlanError, build_plan
 from verl_consistency.patches.hooks import request_ids, request_scope
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
@@ -148,7 +147,7 @@ def test_run_copies_the_file_into_the_run_folder(tmp_path: Path) -> None:
     assert plan.capture_source == str(listed)
     assert plan.dump.task.value == "tensor"
     assert f"prompts:{listed}" in plan.invocation
-    from verl_consistency.entrypoints.run_cmd import prepare_run_dir
+    from verl_consistency.entrypoints.run.command import prepare_run_dir
 
     prepare_run_dir(plan)
     assert (tmp_path / "d" / "r1" / CAPTURE_PROMPTS).read_text() == "index:4\n"

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from verl_consistency.patches import apply, pins
+from verl_consistency.contracts import pins
+from verl_consistency.patches import apply
 
 pytestmark = [pytest.mark.upstream, pytest.mark.timeout(900)]
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from verl_consistency.patches.contracts import records
-from verl_consistency.patches.contracts.env import RUN_DIR
+from verl_consistency.contracts import records
+from verl_consistency.contracts.env import RUN_DIR
 from verl_consistency.patches.hooks import dispatch
 
 # pure hook logic, no upstream source; in the pinset run so that the next set's venv (numpy 2,

@@ -25,9 +25,9 @@ import orjson
 import pytest
 
 from tests.fixtures.subprocess_run import run_module_json
-from verl_consistency.patches.contracts import capture, records
-from verl_consistency.patches.contracts.env import CAPTURE, RUN_DIR
-from verl_consistency.patches.contracts.records import DISPATCH_LOG, DispatchRecord
+from verl_consistency.contracts import capture, records
+from verl_consistency.contracts.env import CAPTURE, RUN_DIR
+from verl_consistency.contracts.records import DISPATCH_LOG, DispatchRecord
 
 pytestmark = [pytest.mark.upstream, pytest.mark.msprobe, pytest.mark.pinset]
 

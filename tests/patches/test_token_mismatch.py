@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.verl_support import run_patched, series_has
+from bench.support.verl_support import run_patched, series_has
 from tests.patches.test_training_fsdp import _drive
-from verl_consistency.patches import pins
-from verl_consistency.patches.contracts import env, token_records
+from verl_consistency.contracts import env, pins, token_records
 from verl_consistency.patches.hooks import token_mismatch as tm
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
@@ -297,8 +296,8 @@ def test_a_failure_never_stops_training(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_run_refuses_a_bad_threshold() -> None:
-    from verl_consistency.entrypoints.overrides import Mode
-    from verl_consistency.entrypoints.run_plan import PlanError, build_plan
+    from verl_consistency.entrypoints.run.overrides import Mode
+    from verl_consistency.entrypoints.run.plan import PlanError, build_plan
 
     with pytest.raises(PlanError, match="VERL_CONSISTENCY_TOKEN_THRESHOLD"):
         build_plan(

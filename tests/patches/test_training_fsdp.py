@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.verl_support import run_patched, series_has
-from verl_consistency.patches import pins
-from verl_consistency.patches.contracts import capture, records
+from bench.support.verl_support import run_patched, series_has
+from verl_consistency.contracts import capture, pins, records
 
 DRIVER = Path(__file__).with_name("fsdp_driver.py")
 PROMPT_VALID = [6, 4, 5, 3]

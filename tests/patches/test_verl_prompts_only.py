@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from verl_consistency.patches import pins
+from verl_consistency.contracts import pins
 from verl_consistency.patches.hooks import prompts_only
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]

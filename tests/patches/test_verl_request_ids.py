@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from verl_consistency.patches import pins
-from verl_consistency.patches.contracts import capture
+from verl_consistency.contracts import capture, pins
 from verl_consistency.patches.hooks import request_ids
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]

@@ -35,7 +35,8 @@ from tests.patches.test_vllm_patch import (
     read_member,
     start_site,
 )
-from verl_consistency.patches import apply, pins, upstream
+from verl_consistency.contracts import pins
+from verl_consistency.patches import apply, upstream
 
 pytestmark = [pytest.mark.upstream, pytest.mark.pinset]
 

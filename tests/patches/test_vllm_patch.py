@@ -32,7 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_consistency.patches import apply, pins, upstream
+from verl_consistency.contracts import pins
+from verl_consistency.patches import apply, upstream
 
 pytestmark = [pytest.mark.upstream, pytest.mark.pinset]
 

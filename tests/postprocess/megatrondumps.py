@@ -8,14 +8,14 @@
   ``update_actor_log.jsonl`` lines that name them. ``FIXTURE`` (``fixtures/megatron-h200/``) is
   verl 0.8.0's, ``FIXTURE_NEXT`` (``fixtures/megatron-h200-next/``) verl 0.9.1's (the ``next`` pin
   set). megatron-core cannot run on CPU (README, "NVIDIA GPUs"), so CI reads these files.
-* **Inference side — STAND-IN** (:mod:`tests.fixtures.vllm_qwen2`) with vLLM's Qwen2 module names,
+* **Inference side — STAND-IN** (:mod:`bench.support.vllm_qwen2`) with vLLM's Qwen2 module names,
   loaded with ``weights.safetensors``: the engine's own weights as verl hands them to vLLM (mbridge's
   Megatron → HF export). Generated here on CPU in bf16, in a child process (msprobe's debugger is a
   per-process singleton), one single-request prefill step per request, logged with the real
   ``DispatchRecord`` writer and vLLM-style ids (``{id}-{8 hex}``).
 
 ``ok``: equal weights on both sides. ``diff``: the inference side's
-``model.layers.1.mlp.down_proj`` weight is perturbed like :mod:`tests.fixtures.realdumps`.
+``model.layers.1.mlp.down_proj`` weight is perturbed like :mod:`bench.support.realdumps`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.fixtures import realdumps
+from bench.support import realdumps
 
 FIXTURE = Path(__file__).with_name("fixtures") / "megatron-h200"
 FIXTURE_NEXT = Path(__file__).with_name("fixtures") / "megatron-h200-next"
@@ -51,9 +51,9 @@ def _rollout(run_dir: Path, perturb: bool, fixture: Path) -> None:
     from msprobe.pytorch import PrecisionDebugger
     from safetensors.torch import load_file
 
-    from tests.fixtures.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
-    from tests.fixtures.vllm_qwen2 import Qwen2ForCausalLM, run_step
-    from verl_consistency.patches.contracts import layout, records
+    from bench.support.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
+    from bench.support.vllm_qwen2 import Qwen2ForCausalLM, run_step
+    from verl_consistency.contracts import layout, records
 
     torch.set_num_threads(1)
     info = meta(fixture)
@@ -106,7 +106,7 @@ def generate(dump_root: Path, fixture: Path = FIXTURE) -> None:
     """Both runs under ``dump_root`` (run in a throwaway process: see the module docstring)."""
     import torch  # noqa: F401  (imported once, before forking)
 
-    from verl_consistency.patches.contracts import layout
+    from verl_consistency.contracts import layout
 
     jobs = []
     for kind, run_id in RUNS.items():

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from verl_consistency.patches.contracts import layout, records
+from verl_consistency.contracts import layout, records
 
 SUFFIX = "1a2b3c4d"
 

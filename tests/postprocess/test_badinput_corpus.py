@@ -14,9 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from verl_consistency.entrypoints.cli import app
-from verl_consistency.postprocess import bundle as bundle_mod
-from verl_consistency.postprocess import discover, pipeline
-from verl_consistency.postprocess.model import UnpairedReason as R
+from verl_consistency.postprocess import pipeline
+from verl_consistency.postprocess.output import bundle as bundle_mod
+from verl_consistency.postprocess.pairing import discover
+from verl_consistency.postprocess.pairing.pair_types import UnpairedReason as R
 from verl_consistency.postprocess.pipeline import Exit
 
 from .pairing_trees import RunTree, req, tree_digest, vid

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from bench.support.realdumps import generate_once
 from tests.fixtures import checkdumps
-from tests.fixtures.realdumps import generate_once
 from tests.fixtures.subprocess_run import bundle_through_cli
 from verl_consistency.entrypoints.cli import app
 from verl_consistency.postprocess.pipeline import Exit

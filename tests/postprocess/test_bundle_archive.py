@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from verl_consistency.postprocess import bundle, pipeline
-from verl_consistency.postprocess.manifest import MANIFEST_NAME, BundleManifest
+from verl_consistency.postprocess import pipeline
+from verl_consistency.postprocess.output import bundle
+from verl_consistency.postprocess.output.bundle_manifest import MANIFEST_NAME, BundleManifest
 
 from .pairing_trees import RunTree, req, tree_digest, vid
 
@@ -223,7 +224,8 @@ def test_extract_refuses_unsafe_members_and_writes_nothing(tmp_path, name):
 _WRITER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from verl_consistency.postprocess import bundle, manifest
+    from verl_consistency.postprocess.output import bundle
+    from verl_consistency.postprocess.output import bundle_manifest as manifest
     src, dest = Path(sys.argv[1]), Path(sys.argv[2])
     items = [bundle.Item(f"f{i}", p, "dump") for i, p in enumerate(sorted(src.iterdir()))]
     orig = bundle._HashingReader.read

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import fsdp2dumps, realdumps
+from bench.support import realdumps
+from tests.fixtures import fsdp2dumps
 from tests.postprocess.test_compare_real import _tree_digest
-from verl_consistency.postprocess import compare, fsdp2_names, verdict
-from verl_consistency.postprocess.compare import compare_pairs
-from verl_consistency.postprocess.verdict import PairComparison
+from verl_consistency.postprocess.compare import fsdp2_names, verdict
+from verl_consistency.postprocess.compare import msprobe_compare as compare
+from verl_consistency.postprocess.compare.msprobe_compare import compare_pairs
+from verl_consistency.postprocess.compare.verdict import PairComparison
 
 pytestmark = pytest.mark.msprobe
 

@@ -10,7 +10,7 @@ real CLI: ``postprocess`` (pair, compare with msprobe, report, bundle), ``verify
 
 What this pins down: the pairs and why the rest did not pair, the bundle's file layout, and the
 verdicts of real bf16 kernels. Every pair is ``healthy`` under the tensor-mode thresholds of
-``postprocess/verdict.py`` (relative L2 error 0.0108-0.0116 <= 0.045, the bound cosine 0.999
+``postprocess/compare/verdict.py`` (relative L2 error 0.0108-0.0116 <= 0.045, the bound cosine 0.999
 allows; cosine >= 0.99993), which these runs set: under the statistics bound (0.01) all 71 pairs
 of the four runs were ``suspicious``. See "Measured on real kernels" in
 ``postprocess/README-compare.md``. When the tensor-mode thresholds change, the recorded verdicts
@@ -216,8 +216,8 @@ def test_bundle_shape(bundle: tuple[str, dict[str, Any]]) -> None:
 def test_trim_keeps_the_shortest_prompt_pairs(tmp_path: Path) -> None:
     """bench/gpu/trim_run.py, as the run script calls it: under the size bound, the longest-prompt
     pairs go first (their step folders too, so they re-pair as ``dump_missing``)."""
-    from verl_consistency.postprocess import discover
-    from verl_consistency.postprocess.pairing import pair_run
+    from verl_consistency.postprocess.pairing import discover
+    from verl_consistency.postprocess.pairing.pair import pair_run
 
     src = FIXTURES / "h200-next-hybrid-update-actor"
     before = sorted(pair_run(discover.Roots.open(src)).pairs, key=lambda p: (p.prompt_tokens, p.pair_id))

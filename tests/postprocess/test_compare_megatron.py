@@ -17,9 +17,9 @@ import pytest
 
 from tests.postprocess import megatrondumps
 from tests.postprocess.test_compare_real import _tree_digest
-from verl_consistency.patches.contracts import records
+from verl_consistency.contracts import records
 from verl_consistency.postprocess import pipeline
-from verl_consistency.postprocess.verdict import PairComparison
+from verl_consistency.postprocess.compare.verdict import PairComparison
 
 pytestmark = pytest.mark.msprobe
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.postprocess import megatrondumps
-from verl_consistency.patches.contracts import records
+from verl_consistency.contracts import records
 
 pytestmark = pytest.mark.msprobe
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import realdumps
-from verl_consistency.postprocess.compare import compare_pairs
-from verl_consistency.postprocess.model import DumpRef
-from verl_consistency.postprocess.verdict import DIVERGED_REL_ERR, PairComparison
+from bench.support import realdumps
+from verl_consistency.postprocess.compare.msprobe_compare import compare_pairs
+from verl_consistency.postprocess.compare.verdict import DIVERGED_REL_ERR, PairComparison
+from verl_consistency.postprocess.pairing.pair_types import DumpRef
 
 pytestmark = pytest.mark.msprobe
 

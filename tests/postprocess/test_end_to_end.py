@@ -1,6 +1,6 @@
 """pair → compare → bundle → verify/extract → report, through the real CLI, on real msprobe dumps.
 
-The dumps come from :mod:`tests.fixtures.realdumps` (real FSDP1 training side, vLLM stand-in
+The dumps come from :mod:`bench.support.realdumps` (real FSDP1 training side, vLLM stand-in
 inference side, real JSONL logs, one planted numeric difference).
 """
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import realdumps
+from bench.support import realdumps
 from tests.fixtures.subprocess_run import bundle_through_cli
-from verl_consistency.postprocess.manifest import MANIFEST_NAME, RESULTS_DIR, BundleManifest
+from verl_consistency.postprocess.output.bundle_manifest import MANIFEST_NAME, RESULTS_DIR, BundleManifest
 
 pytestmark = pytest.mark.msprobe
 

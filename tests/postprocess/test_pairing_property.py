@@ -36,9 +36,9 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verl_consistency.postprocess import discover
-from verl_consistency.postprocess.discover import Roots
-from verl_consistency.postprocess.pairing import pair_run
+from verl_consistency.postprocess.pairing import discover
+from verl_consistency.postprocess.pairing.discover import Roots
+from verl_consistency.postprocess.pairing.pair import pair_run
 
 MAX_EXAMPLES = 500
 LINE_CAP = 2048

@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from verl_consistency.postprocess.discover import Roots
-from verl_consistency.postprocess.model import UnpairedReason as R
-from verl_consistency.postprocess.pairing import pair_run
+from verl_consistency.postprocess.pairing.discover import Roots
+from verl_consistency.postprocess.pairing.pair import pair_run
+from verl_consistency.postprocess.pairing.pair_types import UnpairedReason as R
 
 from .pairing_trees import RunTree, req, vid
 

@@ -18,11 +18,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from verl_consistency.patches.contracts import records
-from verl_consistency.postprocess import bundle, pipeline
-from verl_consistency.postprocess.discover import Roots
-from verl_consistency.postprocess.model import UnpairedReason as R
-from verl_consistency.postprocess.pairing import pair_run
+from verl_consistency.contracts import records
+from verl_consistency.postprocess import pipeline
+from verl_consistency.postprocess.output import bundle
+from verl_consistency.postprocess.pairing.discover import Roots
+from verl_consistency.postprocess.pairing.pair import pair_run
+from verl_consistency.postprocess.pairing.pair_types import UnpairedReason as R
 
 from .pairing_trees import RunTree, req, tree_digest, vid
 
@@ -309,8 +310,8 @@ def test_an_over_long_log_line_is_one_bad_line_read_in_bounded_memory(tmp_path):
     script = textwrap.dedent(
         f"""
         import json, resource
-        from verl_consistency.postprocess.discover import Roots
-        from verl_consistency.postprocess.pairing import pair_run
+        from verl_consistency.postprocess.pairing.discover import Roots
+        from verl_consistency.postprocess.pairing.pair import pair_run
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         res = pair_run(Roots.open({str(t.run_dir)!r}))
         grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
@@ -335,7 +336,7 @@ def test_over_long_line_counting_is_exact_at_every_block_boundary(tmp_path):
     """Lines around the cap and around the read block size keep their numbers."""
     from unittest import mock
 
-    from verl_consistency.postprocess import discover
+    from verl_consistency.postprocess.pairing import discover
 
     path = tmp_path / "x.jsonl"
     lines = []

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import realdumps
-from verl_consistency.postprocess.compare import compare_pairs
-from verl_consistency.postprocess.model import Unpaired, UnpairedReason
-from verl_consistency.postprocess.report import heatmap_svg, layer_plot_svg, write_report
+from bench.support import realdumps
+from verl_consistency.postprocess.compare.msprobe_compare import compare_pairs
+from verl_consistency.postprocess.output.report import heatmap_svg, layer_plot_svg, write_report
+from verl_consistency.postprocess.pairing.pair_types import Unpaired, UnpairedReason
 
 pytestmark = [pytest.mark.msprobe, pytest.mark.browser]
 

@@ -22,13 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.verl_support import patched_verl
+from bench.support.verl_support import patched_verl
 from tests.patches.test_training_fsdp import _drive, _records
-from verl_consistency.entrypoints.overrides import Mode
-from verl_consistency.entrypoints.run_cmd import prepare_run_dir
-from verl_consistency.entrypoints.run_plan import build_plan
+from verl_consistency.entrypoints.run.command import prepare_run_dir
+from verl_consistency.entrypoints.run.overrides import Mode
+from verl_consistency.entrypoints.run.plan import build_plan
 from verl_consistency.patches.hooks import token_mismatch as tm
-from verl_consistency.postprocess import pipeline, token_level
+from verl_consistency.postprocess import pipeline
+from verl_consistency.postprocess.compare import token_level
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -58,7 +59,7 @@ def test_triage_capture_these_localise(root: Path, tmp_path: Path) -> None:
     out1 = tmp_path / "triage-report"
     section = token_level.token_report(run1, out1)
     assert section.top[0].index == 2
-    from verl_consistency.patches.contracts import dataset
+    from verl_consistency.entrypoints.run import dataset
 
     question = dataset.make_rows()[2]["extra_info"]["question"]
     assert section.top[0].prompt is not None

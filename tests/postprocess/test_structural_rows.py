@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_consistency.postprocess.verdict import structural_reason
+from verl_consistency.postprocess.compare.verdict import structural_reason
 
 
 def test_layer0_input_layernorm_input_is_comparable():

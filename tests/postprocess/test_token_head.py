@@ -3,7 +3,7 @@
 The training side is the real probe's record writer (``NextTokenProbe._write``) on constructed
 logits; vLLM's side is the log-softmax of constructed logits, shaped as vLLM's
 ``SamplingParams(logprobs=k)`` returns it (``[token, log p]`` at output position 0). The real
-engines run in the demo (``entrypoints/demo_stages.py``), which asks vLLM for its top-k.
+engines run in the demo (``entrypoints/engines/stages.py``), which asks vLLM for its top-k.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ import numpy as np
 import orjson
 import pytest
 
-from verl_consistency.patches.contracts import env
-from verl_consistency.patches.contracts import token_records as trec
+from verl_consistency.contracts import env
+from verl_consistency.contracts import token_records as trec
 from verl_consistency.patches.hooks import request_ids
 from verl_consistency.patches.hooks import token_mismatch as tm
-from verl_consistency.postprocess import report, token_level
-from verl_consistency.postprocess.model import DumpRef, Pair
-from verl_consistency.postprocess.verdict import PairComparison
+from verl_consistency.postprocess.compare import token_level
+from verl_consistency.postprocess.compare.verdict import PairComparison
+from verl_consistency.postprocess.output import report
+from verl_consistency.postprocess.pairing.pair_types import DumpRef, Pair
 
 torch = pytest.importorskip("torch")
 

@@ -1,7 +1,7 @@
 """The token-level view: the output row of each pair, the report section, the capture file.
 
 The output-row test runs the real verl 0.8.0 FSDP engine on CPU in a PROMPTS_ONLY collection run
-with real msprobe dumps (``tests/patches/fsdp_driver.py``). vLLM cannot run here, so
+with real msprobe dumps (``bench/support/fsdp_driver.py``). vLLM cannot run here, so
 its side of the output row is a STAND-IN: the same weights in plain transformers (fp32) give the
 token vLLM would sample after each prompt and its log-prob. The layer comparison of each pair is a
 STAND-IN too (a healthy ``PairComparison``): the test is about what the output row adds to it.
@@ -16,12 +16,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.fixtures.verl_support import patched_verl
+from bench.support.verl_support import patched_verl
 from tests.patches.test_training_fsdp import _drive, _msprobe_config, _records
 from verl_consistency.patches.hooks import token_mismatch as tm
-from verl_consistency.postprocess import report, token_level
-from verl_consistency.postprocess.model import DumpRef, Pair
-from verl_consistency.postprocess.verdict import PairComparison
+from verl_consistency.postprocess.compare import token_level
+from verl_consistency.postprocess.compare.verdict import PairComparison
+from verl_consistency.postprocess.output import report
+from verl_consistency.postprocess.pairing.pair_types import DumpRef, Pair
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(600)

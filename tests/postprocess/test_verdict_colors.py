@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from verl_consistency.postprocess import report, verdict
+from verl_consistency.postprocess.compare import verdict
+from verl_consistency.postprocess.output import report
 
 REL = (None, 0.0, 1e-6, verdict.HEALTHY_REL_ERR, 0.02, verdict.DIVERGED_REL_ERR, 0.051, 3.0)
 COS = (None, 1.0, verdict.HEALTHY_COSINE, 0.995, verdict.DIVERGED_COSINE, 0.98)

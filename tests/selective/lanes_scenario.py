@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from tests.fixtures.vllm_qwen2 import run_step
+from bench.support.vllm_qwen2 import run_step
 from tests.selective.scenario import LENGTHS, PACKING, SCHEDULER_DICT, setup
 from verl_consistency.patches.hooks.msprobe_lanes import packed_lanes
 from verl_consistency.patches.hooks.request_scope import start_lanes, start_step

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from verl_consistency.patches.contracts.capture import CaptureRule
-from verl_consistency.patches.contracts.records import ScheduledRequest
+from verl_consistency.contracts.capture import CaptureRule
+from verl_consistency.contracts.records import ScheduledRequest
 from verl_consistency.patches.hooks.request_scope import is_comparable_prefill, should_dump
 
 ALL = CaptureRule(fraction=1.0)

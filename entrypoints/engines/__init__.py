@@ -1,0 +1,4 @@
+"""The single-node engine stages that ``demo``, ``check`` and ``bench`` share.
+
+vLLM and verl's FSDP engine, each in its own subprocess, and what runs them.
+"""

@@ -1,0 +1,552 @@
+"""From the options of ``verl-consistency run`` to the exact verl command: a pure function.
+
+No file is written and nothing is started here, so ``--dry-run``, the real run and the k8s
+manifests' tests all see the same plan for the same settings.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from verl_consistency.contracts import capture as capture_mod
+from verl_consistency.contracts import env, token_records
+from verl_consistency.contracts.env import DUMP_PHASE, DumpPhase
+from verl_consistency.contracts.layout import (
+    ACTOR_CONFIG,
+    ACTOR_DIR,
+    CAPTURE_PROMPTS,
+    REWARD_FN,
+    ROLLOUT_CONFIG,
+    ROLLOUT_DIR,
+    RUN_MANIFEST,
+    TRAIN_DATA,
+    RunLayout,
+)
+from verl_consistency.entrypoints.msprobe.config import (
+    DataMode,
+    DumpOptions,
+    Level,
+    RunConfigs,
+    Task,
+    build,
+    default_data_mode,
+    default_modules,
+    parse_data_mode,
+    parse_modules,
+    parse_selection,
+)
+from verl_consistency.entrypoints.run import overrides as table
+from verl_consistency.entrypoints.run.overrides import Conflict, EnvConflict, Mode, RunKind, UserOverride
+
+DEFAULT_MODEL = "/models/Qwen2.5-0.5B-Instruct"
+
+HYDRA_FLAGS: dict[str, tuple[str, ...] | None] = {
+    "--cfg": ("job", "hydra", "all"),
+    "-c": ("job", "hydra", "all"),
+    "--resolve": None,
+}
+"""Hydra flags passed through to verl: only the print-the-config ones (they start no training)."""
+
+
+class Device(StrEnum):
+    """The accelerator of the cluster. The run's dump hooks and layout are the same on both."""
+
+    NPU = "npu"
+    CUDA = "cuda"
+
+
+DEVICE_KEY = "trainer.device"
+"""verl 0.8.0's device setting: ``cuda`` by default; ``auto_set_device`` switches it to ``npu``
+when torch_npu finds an NPU. ``--device cuda`` pins it, so that a CUDA run never depends on that
+probe; ``--device npu`` (the default) leaves it to verl, as before."""
+
+
+class PlanError(ValueError):
+    """Bad input. ``messages`` holds one line per problem; the CLI exits with code 2."""
+
+    def __init__(self, messages: Sequence[str]) -> None:
+        super().__init__("\n".join(messages))
+        self.messages = list(messages)
+
+
+class RunPlan(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    mode: Mode
+    pin_set: str
+    """The pin set in force when the plan was built (``VERL_CONSISTENCY_PIN_SET``): it picks the table."""
+    trainer_mode: str | None = None
+    """verl 0.9's ``trainer.v1.trainer_mode`` for this mode; None on verl 0.8.0 (the current set)."""
+    kind: RunKind = RunKind.COLLECTION
+    run_id: str
+    device: Device = Device.NPU
+    dump_root: str
+    run_dir: str
+    phase: DumpPhase
+    capture: str
+    capture_source: str | None = None
+    """``--capture prompts:FILE``: the user's FILE, copied to ``layout.CAPTURE_PROMPTS`` by the run."""
+    dump: DumpOptions
+    python: str
+    module: str
+    env: dict[str, str]
+    overrides: list[str]
+    """Defaults the user did not override, then every required override, then the user's."""
+    user_overrides: list[str]
+    hydra_flags: list[str]
+    invocation: list[str]
+    msprobe: RunConfigs
+    paths: dict[str, str]
+
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout(Path(self.dump_root), self.run_id)
+
+    @property
+    def argv(self) -> list[str]:
+        return [self.python, "-m", self.module, *self.overrides, *self.hydra_flags]
+
+    def child_env(self, base: Mapping[str, str]) -> dict[str, str]:
+        return {**base, **self.env}
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "mode": self.mode.value,
+            "pin_set": self.pin_set,
+            "trainer_mode": self.trainer_mode,
+            "kind": self.kind.value,
+            "run_id": self.run_id,
+            "device": self.device.value,
+            "dump_root": self.dump_root,
+            "run_dir": self.run_dir,
+            "phase": self.phase.value,
+            "capture": self.capture,
+            "task": self.dump.task.value,
+            "level": self.dump.level.value,
+            "steps": self.dump.steps,
+            "ranks": self.dump.ranks,
+            "modules": self.dump.modules,
+            "data_mode": self.dump.data_mode,
+            "python": self.python,
+            "module": self.module,
+            "env": self.env,
+            "overrides": self.overrides,
+            "user_overrides": self.user_overrides,
+            "argv": self.argv,
+            "invocation": self.invocation,
+            "paths": self.paths,
+            "msprobe": self.msprobe.model_dump(mode="json", by_alias=True, exclude_none=True),
+        }
+
+
+def split_extra_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Separate Hydra overrides from the Hydra flags we pass through; refuse other options."""
+    overrides: list[str] = []
+    flags: list[str] = []
+    problems: list[str] = []
+    it = iter(args)
+    for arg in it:
+        if arg == "--":
+            continue
+        if arg.startswith("-"):
+            name, eq, inline = arg.partition("=")
+            if name not in HYDRA_FLAGS:
+                problems.append(
+                    f"unknown option {arg!r}: see `verl-consistency run --help`; verl overrides "
+                    "are written key=value"
+                )
+                continue
+            choices = HYDRA_FLAGS[name]
+            if choices is None:
+                flags.append(name)
+                continue
+            value = inline if eq else next(it, "")
+            if value not in choices:
+                problems.append(f"{name} takes one of {', '.join(choices)}, got {value!r}")
+                continue
+            flags.extend([name, value])
+        else:
+            overrides.append(arg)
+    if problems:
+        raise PlanError(problems)
+    return overrides, flags
+
+
+def _run_values(layout: RunLayout, phase: DumpPhase, capture: str) -> dict[str, str]:
+    return {
+        "run_dir": str(layout.run_dir),
+        "run_id": layout.run_id,
+        "rollout_config": str(layout.rollout_config),
+        "actor_config": str(layout.actor_config),
+        "train_data": str(layout.train_data),
+        "reward_fn": str(layout.reward_fn),
+        "dump_phase": phase.value,
+        "capture": capture,
+    }
+
+
+def _expand_shortcut(text: str) -> str:
+    key, eq, value = text.partition("=")
+    if eq and key == table.MODEL_SHORTCUT:
+        return f"{table.MODEL_PATH_KEY}={value}"
+    return text
+
+
+def _touches(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+@dataclass(frozen=True)
+class _Options:
+    """:func:`build_plan`'s arguments as given (``environ`` already defaulted to ``os.environ``)."""
+
+    dump_root: str | os.PathLike[str]
+    run_id: str
+    phase: DumpPhase
+    capture: str
+    task: Task | None
+    level: Level
+    steps: str | None
+    ranks: str | None
+    modules: str | None
+    data_mode: str | None
+    model: str | None
+    extra_args: Sequence[str]
+    environ: Mapping[str, str]
+    python: str | None
+    token_level: bool
+    device: Device
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What :func:`_check` established, every value valid: what :func:`_compose` needs beyond the options."""
+
+    kind: RunKind
+    set_name: str
+    launch: table.Launch
+    layout: RunLayout
+    rule: capture_mod.CaptureRule
+    capture_source: str | None
+    dump: DumpOptions
+    user_texts: list[str]
+    """The user's overrides as given (``model=`` expanded), in their order."""
+    flags: list[str]
+    parsed: list[UserOverride]
+    run: dict[str, str]
+
+
+def build_plan(
+    mode: Mode,
+    *,
+    dump_root: str | os.PathLike[str],
+    run_id: str,
+    phase: DumpPhase = DumpPhase.LOG_PROB,
+    capture: str = capture_mod.RUN_DEFAULT,
+    task: Task | None = None,
+    level: Level = Level.L0,
+    steps: str | None = None,
+    ranks: str | None = None,
+    modules: str | None = None,
+    data_mode: str | None = None,
+    model: str | None = None,
+    extra_args: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+    python: str | None = None,
+    token_level: bool = False,
+    device: Device = Device.NPU,
+) -> RunPlan:
+    """Check everything and return the plan, or raise :class:`PlanError` listing every problem.
+
+    ``token_level``: a triage run (``--token-level``): normal responses, no msprobe dump, one
+    token record per response; the msprobe options of a collection run are refused with it.
+    Two steps: :func:`_check` holds every refusal, :func:`_compose` builds the plan from what passed.
+    """
+    given = dict(locals())  # exactly the parameters: _Options holds them, spelled once above
+    given.pop("mode")
+    given["environ"] = os.environ if environ is None else environ
+    options = _Options(**given)
+    return _compose(mode, options, _check(mode, options))
+
+
+def _check(mode: Mode, o: _Options) -> _Checked:
+    """Every refusal, each problem one line; raise :class:`PlanError` unless all pass.
+
+    Most problems are collected so that one try shows them all; a problem that leaves nothing
+    to check after it (an unknown mode on this set, a bad run id, bad Hydra syntax) ends it early.
+    """
+    problems: list[str] = []
+    kind = RunKind.TOKEN_LEVEL if o.token_level else RunKind.COLLECTION
+    set_name = table.pin_set()
+    try:
+        launch = table.launch(mode, set_name)
+    except ValueError as exc:
+        raise PlanError([str(exc)]) from None
+    if o.token_level:
+        problems += _collection_options_given(o)
+    try:
+        layout = RunLayout(Path(o.dump_root), o.run_id)
+    except ValueError as exc:
+        raise PlanError([str(exc)]) from None
+    if not Path(o.dump_root).is_absolute():
+        problems.append(f"--dump-root {o.dump_root!s}: must be an absolute path (every Ray worker reads it)")
+    rule, capture_source = _capture_rule(o.capture, layout, problems)
+    dump = _dump_options(o, rule, problems)
+
+    user_texts, flags = split_extra_args(o.extra_args)
+    user_texts = [_expand_shortcut(t) for t in user_texts]
+    run = _run_values(layout, o.phase, rule.spec())
+    try:
+        parsed = table.parse_user_overrides(user_texts)
+    except ValueError as exc:
+        raise PlanError([*problems, str(exc)]) from None
+    problems += _conflicts(mode, o, parsed, run, kind, set_name)
+    if problems:
+        raise PlanError(problems)
+    _check_clashes(o, parsed)
+    return _Checked(
+        kind=kind,
+        set_name=set_name,
+        launch=launch,
+        layout=layout,
+        rule=rule,
+        capture_source=capture_source,
+        dump=dump,
+        user_texts=user_texts,
+        flags=flags,
+        parsed=parsed,
+        run=run,
+    )
+
+
+def _collection_options_given(o: _Options) -> list[str]:
+    """A --token-level run's refusals: the msprobe options of a collection run that were given."""
+    given = {
+        "--capture": o.capture != capture_mod.RUN_DEFAULT,
+        "--phase": o.phase is not DumpPhase.LOG_PROB,
+        "--task": o.task is not None,
+        "--level": o.level is not Level.L0,
+        "--steps": o.steps is not None,
+        "--ranks": o.ranks is not None,
+        "--modules": o.modules is not None,
+        "--data-mode": o.data_mode is not None,
+    }
+    return [
+        f"{name} chooses what a collection run dumps with msprobe; a --token-level run dumps "
+        "nothing (leave it out, or drop --token-level)"
+        for name, on in given.items()
+        if on
+    ]
+
+
+def _capture_rule(
+    capture: str, layout: RunLayout, problems: list[str]
+) -> tuple[capture_mod.CaptureRule, str | None]:
+    """The --capture rule, and for ``prompts:FILE`` the user's FILE (the rule reads the run's copy)."""
+    try:
+        rule = capture_mod.parse(capture)
+    except ValueError as exc:
+        problems.append(f"--capture: {exc}")
+        rule = capture_mod.CaptureRule()
+    if rule.prompts is not None and rule.path is not None:
+        source = str(Path(rule.path).resolve())
+        return capture_mod.CaptureRule(
+            prompts=rule.prompts, path=str(layout.run_dir / CAPTURE_PROMPTS)
+        ), source
+    return rule, None
+
+
+def _dump_options(o: _Options, rule: capture_mod.CaptureRule, problems: list[str]) -> DumpOptions:
+    """What msprobe dumps on both sides; a bad option adds its problem and keeps the default."""
+    task = o.task
+    if task is None:
+        # tensor mode's bytes grow with every captured prompt's length: a sample, not coverage
+        task = Task.TENSOR if rule.is_sample else Task.STATISTICS
+    module_list: list[str] | None = None
+    modes: list[DataMode] | None = None
+    try:
+        module_list = parse_modules(o.modules)
+    except ValueError as exc:
+        problems.append(str(exc))
+    try:
+        modes = parse_data_mode(o.data_mode)
+    except ValueError as exc:
+        problems.append(str(exc))
+    what = DumpOptions(
+        task=task,
+        level=o.level,
+        modules=default_modules(task, o.level) if module_list is None else module_list,
+        data_mode=default_data_mode(task) if modes is None else modes,
+        request_scoped=not rule.is_all,
+    )
+    try:
+        selection = {"steps": parse_selection(o.steps, "step"), "ranks": parse_selection(o.ranks, "rank")}
+        return DumpOptions.model_validate({**what.model_dump(), **selection})
+    except ValueError as exc:
+        problems.append(str(exc))
+        return what
+
+
+def _conflicts(
+    mode: Mode, o: _Options, parsed: list[UserOverride], run: dict[str, str], kind: RunKind, set_name: str
+) -> list[str]:
+    """The user's overrides and environment that would spoil the data, and a bad token threshold."""
+    conflicts: list[Conflict] = table.find_conflicts(parsed, mode, o.phase, run, kind, set_name)
+    # DUMP_PHASE and VERL_CONSISTENCY_CAPTURE are the sources of --phase and --capture: the option wins.
+    option_sources = {DUMP_PHASE, env.CAPTURE}
+    caller_env = {k: v for k, v in o.environ.items() if k not in option_sources}
+    env_conflicts: list[EnvConflict] = table.find_env_conflicts(
+        caller_env, mode, o.phase, run, kind, set_name
+    )
+    problems = [c.message for c in conflicts] + [c.message for c in env_conflicts]
+    problems += _megatron_micro_batches(parsed)
+    if o.environ.get(env.TOKEN_THRESHOLD):
+        try:
+            token_records.threshold(o.environ)
+        except ValueError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+MICRO_BATCH_KEYS = (
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+)
+"""The micro batch sizes a collection run takes from the user (FSDP: one lane per request)."""
+
+
+def _megatron_micro_batches(parsed: list[UserOverride]) -> list[str]:
+    """Megatron dumps each ``forward_step`` whole: a micro batch of several samples mixes them.
+
+    Per-request lanes cut verl's FSDP micro batches (``hooks/training.py``); Megatron's THD
+    packing pads each sequence to the tensor-parallel size and its engine is not cut, so a
+    Megatron collection run keeps one sample per micro batch.
+    """
+    strategy = next((ov.value for ov in parsed if ov.key == "actor_rollout_ref.actor.strategy"), None)
+    if str(strategy) != "megatron":
+        return []
+    return [
+        f"refused `{ov.text}`: with actor_rollout_ref.actor.strategy=megatron the run needs "
+        f"{ov.key}=1 (Megatron's forward_step is dumped whole, so several samples would share one "
+        "dump; per-request lanes cut FSDP micro batches only)"
+        for ov in parsed
+        if ov.key in MICRO_BATCH_KEYS and str(ov.value) != "1"
+    ]
+
+
+def _check_clashes(o: _Options, parsed: list[UserOverride]) -> None:
+    """An option and an override that both set one thing (--device, --model): keep one."""
+    if o.device is Device.CUDA:
+        device_given = [ov for ov in parsed if ov.key == DEVICE_KEY]
+        if any(str(ov.value) != Device.CUDA.value for ov in device_given):
+            clash = device_given[0].text
+            raise PlanError([f"--device cuda but {clash} was given: drop one (verl runs on one device)"])
+    if o.model is not None and table.MODEL_PATH_KEY in [ov.key for ov in parsed]:
+        raise PlanError([f"--model and {table.MODEL_PATH_KEY}=... (or model=...) both given; keep one"])
+
+
+def _compose(mode: Mode, o: _Options, c: _Checked) -> RunPlan:
+    """The plan from checked input: verl's command line, environment, msprobe configs and paths."""
+    user_keys = [ov.key for ov in c.parsed]
+    device_rows: list[str] = []
+    if o.device is Device.CUDA and DEVICE_KEY not in user_keys:
+        device_rows = [f"{DEVICE_KEY}={Device.CUDA.value}"]
+    model_path = o.model or o.environ.get(env.MODEL) or DEFAULT_MODEL
+    model_rows: list[str] = []
+    if table.MODEL_PATH_KEY not in user_keys:
+        model_rows = [f"{table.MODEL_PATH_KEY}={table.hydra_value(model_path)}"]
+
+    defaults = [
+        table.spell(row, c.run)
+        for row in table.default_rows(mode, o.phase, c.kind, c.set_name)
+        if not any(_touches(row.key, k) for k in user_keys)
+    ]
+    required_rows = table.required_rows(mode, o.phase, c.kind, c.set_name)
+    required_keys = {row.key for row in required_rows}
+    required = [table.spell(row, c.run) for row in required_rows]
+    # A user override that equals a required one is already in `required`: drop the repeat.
+    user_kept = [ov.text for ov in c.parsed if ov.key not in required_keys]
+
+    return RunPlan(
+        mode=mode,
+        pin_set=c.set_name,
+        trainer_mode=c.launch.trainer_mode,
+        kind=c.kind,
+        run_id=o.run_id,
+        device=o.device,
+        dump_root=str(o.dump_root),
+        run_dir=str(c.layout.run_dir),
+        phase=o.phase,
+        capture=c.rule.spec(),
+        capture_source=c.capture_source,
+        dump=c.dump,
+        python=o.python or sys.executable,
+        module=c.launch.module,
+        env=table.environment(mode, o.phase, c.run, c.kind, c.set_name),
+        overrides=[*model_rows, *device_rows, *defaults, *required, *user_kept],
+        user_overrides=c.user_texts,
+        hydra_flags=c.flags,
+        invocation=_invocation(mode, o, c),
+        msprobe=build(c.layout, c.dump),
+        paths={
+            "run_manifest": RUN_MANIFEST,
+            "rollout_config": ROLLOUT_CONFIG,
+            "actor_config": ACTOR_CONFIG,
+            "train_data": TRAIN_DATA,
+            "reward_fn": REWARD_FN,
+            "rollout_dir": ROLLOUT_DIR,
+            "actor_dir": ACTOR_DIR,
+        },
+    )
+
+
+def _invocation(mode: Mode, o: _Options, c: _Checked) -> list[str]:
+    """The ``verl-consistency run`` command that makes this plan again (``run.json`` keeps it)."""
+    invocation = [
+        "verl-consistency",
+        "run",
+        mode.value,
+        "--dump-root",
+        str(o.dump_root),
+        "--run-id",
+        o.run_id,
+    ]
+    if o.token_level:
+        invocation += ["--token-level"]
+    else:
+        shown = f"prompts:{c.capture_source}" if c.capture_source else c.rule.spec()
+        invocation += collection_options(o.phase, shown, c.dump)
+    if o.steps:
+        invocation += ["--steps", o.steps]
+    if o.ranks:
+        invocation += ["--ranks", o.ranks]
+    if o.model is not None:
+        invocation += ["--model", o.model]
+    if o.device is not Device.NPU:
+        invocation += ["--device", o.device.value]
+    return [*invocation, *c.user_texts, *c.flags]
+
+
+def collection_options(phase: DumpPhase, capture: str, dump: DumpOptions) -> list[str]:
+    """The msprobe options of a collection run, as ``--option value`` words."""
+    return [
+        "--phase",
+        phase.value,
+        "--capture",
+        capture,
+        "--task",
+        dump.task.value,
+        "--level",
+        dump.level.value,
+        "--modules",
+        ",".join(dump.modules) or "all",
+        "--data-mode",
+        ",".join(dump.data_mode),
+    ]

@@ -1,0 +1,1 @@
+"""Comparing: msprobe compare on each pair, verdicts, the batch variance and the token view."""

@@ -1,0 +1,1 @@
+"""Output: the report, the bundle and the bundle's manifest."""
