@@ -41,9 +41,9 @@ from types import ModuleType
 
 
 def _load_pins() -> ModuleType:
-    """``pins.py`` from beside this file (the image) or from ``patches/`` (the source tree)."""
+    """``pins.py`` from beside this file (the image) or from ``patches/contracts/`` (the source tree)."""
     here = Path(__file__).resolve().parent
-    for candidate in (here / "pins.py", here.parents[1] / "patches" / "pins.py"):
+    for candidate in (here / "pins.py", here.parents[1] / "patches" / "contracts" / "pins.py"):
         if candidate.is_file():
             spec = importlib.util.spec_from_file_location("verl_consistency_pins", candidate)
             assert spec is not None
@@ -51,7 +51,7 @@ def _load_pins() -> ModuleType:
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             return module
-    raise SystemExit(f"pins.py is neither beside {here} nor in the source tree's patches/")
+    raise SystemExit(f"pins.py is neither beside {here} nor in the source tree's patches/contracts/")
 
 
 pins = _load_pins()

@@ -46,7 +46,7 @@ from pathlib import Path
 from verl_consistency.contracts import pins
 from verl_consistency.patches import upstream
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 STAMP = ".verl-consistency-demo.json"
 

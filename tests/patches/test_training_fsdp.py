@@ -1,6 +1,6 @@
 """The patched real verl FSDP engine of the pin set in force, on CPU, with real mindstudio-probe dumps.
 
-Each test runs ``fsdp_driver.py`` in a subprocess against a freshly patched verl
+Each test runs ``bench/support/fsdp_driver.py`` in a subprocess against a freshly patched verl
 (0.8.0 on the current set, 0.9.1 on next; a tiny random Qwen2, gloo world size 1) and checks what
 landed on disk. On the next set one more test sends the batch through verl 0.9's V1 data path
 (a real TransferQueue) first.
@@ -19,7 +19,7 @@ import pytest
 from bench.support.verl_support import run_patched, series_has
 from verl_consistency.contracts import capture, pins, records
 
-DRIVER = Path(__file__).with_name("fsdp_driver.py")
+DRIVER = Path(__file__).resolve().parents[2] / "bench" / "support" / "fsdp_driver.py"
 PROMPT_VALID = [6, 4, 5, 3]
 pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
 
