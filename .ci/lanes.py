@@ -136,6 +136,25 @@ def slowest(folder: Path, n: int = SLOWEST) -> list[str]:
     return [f"{secs:9.1f} s  {proc:<14} {test}" for secs, proc, test in cases[:n]]
 
 
+def totals(folder: Path) -> tuple[int, int, int]:
+    """Passed, failed (failures and errors) and skipped test cases over every JUnit XML in ``folder``."""
+    passed = failed = skipped = 0
+    for xml in sorted(folder.glob("*.xml")):
+        try:
+            root = ET.parse(xml).getroot()
+        except ET.ParseError:
+            continue
+        for case in root.iter("testcase"):
+            tags = {child.tag for child in case}
+            if tags & {"failure", "error"}:
+                failed += 1
+            elif "skipped" in tags:
+                skipped += 1
+            else:
+                passed += 1
+    return passed, failed, skipped
+
+
 def report(folder: Path, lanes: list[Lane]) -> None:
     lines = slowest(folder)
     if lines:
@@ -145,6 +164,9 @@ def report(folder: Path, lanes: list[Lane]) -> None:
     for lane in lanes:
         state = "not finished" if lane.rc is None else f"exit {lane.rc}"
         print(f"  {lane.name:<14} {state:<13} {lane.wall():>8}  {lane.command}")
+    passed, failed, skipped = totals(folder)
+    # the plain closing line a CI reader counts, over every lane's pytest processes
+    print(f"total: {passed} passed, {failed} failed, {skipped} skipped")
     sys.stdout.flush()
 
 
