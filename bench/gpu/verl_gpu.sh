@@ -273,6 +273,7 @@ from_checkout() {  # COMMAND
   set -o pipefail
   local ov=$G/vcrepo d; mkdir -p "$ov/verl_consistency"
   for d in entrypoints patches postprocess; do ln -sfn "$REPO/$d" "$ov/verl_consistency/$d"; done
+  ln -sfn "$REPO/patches/contracts" "$ov/verl_consistency/contracts"   # pyproject's package-dir mapping
   [ -f "$G/.patched" ] && echo "$1: vLLM and verl were patched by an earlier call (that series is used as it is)"
   install "$STAGE" "$HERE" "$ov"
 }
