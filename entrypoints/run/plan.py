@@ -465,7 +465,7 @@ def _compose(mode: Mode, o: _Options, c: _Checked) -> RunPlan:
 
     defaults = [
         table.spell(row, c.run)
-        for row in table.default_rows(mode, o.phase, c.kind, c.set_name)
+        for row in table.rows_for(table.DEFAULTS, mode, o.phase, c.kind, c.set_name)
         if not any(_touches(row.key, k) for k in user_keys)
     ]
     required_rows = table.required_rows(mode, o.phase, c.kind, c.set_name)

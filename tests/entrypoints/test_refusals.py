@@ -313,7 +313,7 @@ def test_every_required_row_and_refusal_of_the_set_fires() -> None:
     fired: set[tuple[str, str]] = set()
     for mode, phase, kind in _plans():
         cases = [(_contradiction(r), r.why) for r in table.required_rows(mode, phase, kind)]
-        cases += [(_refused_value(r), r.why) for r in table.refusal_rows(mode, phase, kind)]
+        cases += [(_refused_value(r), r.why) for r in table.rows_for(table.REFUSALS, mode, phase, kind)]
         for override, why in cases:
             with pytest.raises(PlanError) as err:
                 build_plan(
@@ -449,8 +449,11 @@ def test_the_runs_own_values_satisfy_every_matched_row() -> None:
     row applies; and every row of the set applies somewhere."""
     applied = set()
     for mode, phase, kind in _plans():
-        composed = [*table.default_rows(mode, phase, kind), *table.required_rows(mode, phase, kind)]
-        for row in table.matched_rows(mode, phase, kind):
+        composed = [
+            *table.rows_for(table.DEFAULTS, mode, phase, kind),
+            *table.required_rows(mode, phase, kind),
+        ]
+        for row in table.rows_for(table.MATCHED, mode, phase, kind):
             values = [next(r.value for r in composed if r.key == key) for key in row.keys]
             assert values[0] == values[1], (mode, phase, row.keys, values)
             applied.add(row.keys)
