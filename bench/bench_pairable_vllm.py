@@ -53,15 +53,10 @@ def _inner(out: Path) -> None:
     from verl_consistency.contracts import layout
     from verl_consistency.contracts.env import CAPTURE, RUN_DIR
     from verl_consistency.contracts.records import ScheduledRequest, base_request_id
-    from verl_consistency.entrypoints.demo.command import (
-        _configs,
-        build_model,
-        encode,
-        prompt_texts,
-        run_stage,
-        runtime_env,
-    )
-    from verl_consistency.entrypoints.msprobe.config import Task
+    from verl_consistency.entrypoints.engines.cpu_runtime import runtime_env
+    from verl_consistency.entrypoints.engines.stage_runner import run_stage
+    from verl_consistency.entrypoints.engines.tiny_model import build_model, encode, prompt_texts
+    from verl_consistency.entrypoints.msprobe.config import Task, write_single_node
     from verl_consistency.patches.hooks.request_scope import is_comparable_prefill
 
     root = out.parent
@@ -73,7 +68,7 @@ def _inner(out: Path) -> None:
     def rollout(capture: str, gap: float) -> tuple[list[dict], layout.RunLayout, float]:
         """One real rollout of the 100 prompts; its dispatch records (warm-up left out)."""
         lay = layout.RunLayout(root, layout.new_run_id("bench"))
-        _configs(lay, Task.STATISTICS, scoped=capture != "all")
+        write_single_node(lay, Task.STATISTICS, request_scoped=capture != "all")
         env = runtime_env({**os.environ, RUN_DIR: str(lay.run_dir), CAPTURE: capture})
         args = {
             "model_dir": str(model),

@@ -45,7 +45,6 @@ import math
 import os
 import random
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -57,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu.fsdp_cost_report import hardware, summarize, table
+from verl_consistency.entrypoints.options import options_from
 
 SHAPES: dict[str, dict[str, Any]] = {
     # Qwen2-0.5B's config.json, random weights
@@ -115,12 +115,6 @@ class Rep:
 # ----------------------------------------------------------------------------- set-up
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def build_model(model_dir: Path, shape: str, device: str) -> None:
     """A random Qwen2 of ``shape`` saved in bf16 with ``save_pretrained`` (no download, no tokenizer)."""
     import torch
@@ -159,6 +153,8 @@ def init_process_group(device: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from verl_consistency.entrypoints.engines.stage_runner import free_port
+
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
@@ -174,12 +170,12 @@ def dump_env(run_root: Path) -> Any:
     """The run folder and msprobe configs (statistics, L0) as ``verl-consistency run`` writes them;
     the hooks' environment points at them. Returns the run layout."""
     from verl_consistency.contracts import env, layout
-    from verl_consistency.entrypoints.msprobe.config import DumpOptions, Level, Task, build, write
+    from verl_consistency.entrypoints.msprobe.config import Task, write_single_node
 
     lay = layout.RunLayout(run_root, "fsdp-cost")
     shutil.rmtree(lay.run_dir, ignore_errors=True)  # a reused --work: every pass's dump starts empty
-    lay.run_dir.mkdir(parents=True, exist_ok=True)
-    write(lay, build(lay, DumpOptions(task=Task.STATISTICS, level=Level.L0)))
+    # not request-scoped: DumpOptions' default, which the bench's figures were measured with
+    write_single_node(lay, Task.STATISTICS, request_scoped=False)
     os.environ.update(
         {
             env.RUN_DIR: str(lay.run_dir),
@@ -193,31 +189,31 @@ def dump_env(run_root: Path) -> Any:
 
 
 def build_engine(model_dir: Path, device: str, n: int) -> Any:
-    from verl_consistency.entrypoints.engines import stages as demo_stages
+    from verl_consistency.entrypoints.engines import fsdp_stage
 
     if device == "cuda":
-        demo_stages.serve_pure_torch_attention_helpers(cpu_platform=False)
+        fsdp_stage.serve_pure_torch_attention_helpers(cpu_platform=False)
         extra: tuple[str, ...] = ()  # verl's default mixed precision: bf16 compute
         attn = "sdpa"
     else:
-        demo_stages.serve_pure_torch_attention_helpers()
-        extra, attn = (demo_stages.FP32,), "eager"
-    actor_cfg = demo_stages.actor_config(str(model_dir), n, *extra, micro_batch=1)
-    return demo_stages.fsdp_engine(str(model_dir), actor_cfg, attn_implementation=attn)
+        fsdp_stage.serve_pure_torch_attention_helpers()
+        extra, attn = (fsdp_stage.FP32,), "eager"
+    actor_cfg = fsdp_stage.actor_config(str(model_dir), n, *extra, micro_batch=1)
+    return fsdp_stage.fsdp_engine(str(model_dir), actor_cfg, attn_implementation=attn)
 
 
 def trimmed_batch(requests: list[dict[str, Any]]) -> Any:
-    from verl_consistency.entrypoints.engines import stages as demo_stages
+    from verl_consistency.entrypoints.engines import fsdp_stage
     from verl_consistency.patches.hooks import prompts_only
 
-    return prompts_only.trim(demo_stages._batch(requests))
+    return prompts_only.trim(fsdp_stage.rollout_batch(requests))
 
 
 def engine_input(batch: Any, micro_batch: int) -> Any:
     """verl's ``infer_batch`` input, built as the demo and ``check`` build it."""
-    from verl_consistency.entrypoints.engines import stages as demo_stages
+    from verl_consistency.entrypoints.engines import fsdp_stage
 
-    return demo_stages.engine_input(batch, micro_batch)
+    return fsdp_stage.engine_input(batch, micro_batch)
 
 
 # ----------------------------------------------------------------------------- one pass
@@ -546,19 +542,9 @@ def set_up(args: argparse.Namespace, t_start: float) -> tuple[Bench, dict[str, A
         "work": str(work),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
-    b = Bench(
-        args=args,
-        device=device,
-        engine=engine,
-        batch=batch,
-        warm_batch=warm_batch,
-        ids={r["request_id"]: len(r["prompt_ids"]) for r in requests},
-        warm_ids={r["request_id"]: len(r["prompt_ids"]) for r in warm},
-        lay=lay,
-        work=work,
-        t0=t_start,
-    )
-    return b, config
+    ids = {r["request_id"]: len(r["prompt_ids"]) for r in requests}
+    warm_ids = {r["request_id"]: len(r["prompt_ids"]) for r in warm}
+    return options_from(Bench, locals(), t0=t_start), config
 
 
 def write_outputs(out: Path, result: dict[str, Any]) -> str:

@@ -48,7 +48,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from verl_consistency.entrypoints.engines import stages as demo_stages
+from verl_consistency.entrypoints.engines import fsdp_stage
 
 BATCH = 4
 PROMPT_LEN = 6
@@ -68,7 +68,7 @@ def _init_dist() -> None:
 
 
 def _serve_pure_torch_attention_helpers(cpu_platform: bool = True) -> None:
-    demo_stages.serve_pure_torch_attention_helpers(cpu_platform=cpu_platform)
+    fsdp_stage.serve_pure_torch_attention_helpers(cpu_platform=cpu_platform)
 
 
 def _tiny_qwen2(work: Path) -> Path:
@@ -92,7 +92,7 @@ def _tiny_qwen2(work: Path) -> Path:
 
 def _actor_config(model_dir: Path) -> Any:
     """verl's own Hydra defaults for the actor, as the worker builds them (the demo's, in bf16)."""
-    return demo_stages.actor_config(str(model_dir), 4)
+    return fsdp_stage.actor_config(str(model_dir), 4)
 
 
 def _rollout_batch() -> Any:
@@ -335,7 +335,7 @@ def main() -> None:
         other.step()
 
     actor_cfg = _actor_config(model_dir)
-    engine = demo_stages.fsdp_engine(str(model_dir), actor_cfg)
+    engine = fsdp_stage.fsdp_engine(str(model_dir), actor_cfg)
 
     if os.environ.get("VC_TEST_V1_TQ") == "1":
         v1_report: dict[str, Any] = {}

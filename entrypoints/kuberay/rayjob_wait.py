@@ -81,24 +81,35 @@ def outcome_of(name: str, namespace: str, status: dict[str, Any]) -> RayJobOutco
     )
 
 
+@dataclass(frozen=True)
+class WaitPolicy:
+    """How long and how often :func:`wait_for_rayjob` reads the RayJob (seconds)."""
+
+    timeout_s: float
+    """Give up (:class:`TimeoutError`) after this long."""
+    poll_s: float = 30.0
+    """Between two reads of the status."""
+    absent_grace_s: float = 300.0
+    """How long a RayJob that does not exist yet is waited for: the Job may start before the API
+    server has stored the RayJob of the same ``kubectl apply``."""
+
+
 def wait_for_rayjob(
     get: GetRayJob,
     name: str,
     namespace: str,
+    policy: WaitPolicy,
     *,
-    timeout_s: float,
-    poll_s: float = 30.0,
-    absent_grace_s: float = 300.0,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     log: Callable[[str], None] = print,
 ) -> RayJobOutcome:
-    """Poll ``get`` until the RayJob has finished.
+    """Poll ``get`` until the RayJob has finished (``sleep``, ``clock`` and ``log``: the tests' own).
 
-    A RayJob that does not exist yet is waited for up to ``absent_grace_s`` (the Job may start
-    before the API server has stored the RayJob of the same ``kubectl apply``). Raises
-    :class:`TimeoutError` after ``timeout_s`` and :class:`RayJobUnreadable` if it never appears.
+    Raises :class:`TimeoutError` after ``policy.timeout_s`` and :class:`RayJobUnreadable` if the
+    RayJob has not appeared within ``policy.absent_grace_s``.
     """
+    timeout_s, poll_s, absent_grace_s = policy.timeout_s, policy.poll_s, policy.absent_grace_s
     start = clock()
     last_seen = ""
     while True:
@@ -181,7 +192,9 @@ def wait_rayjob_cmd(
     """Wait until a RayJob has finished. Exit 0 succeeded, 3 failed/stopped, 4 unreadable, 5 timeout."""
     ns = namespace or current_namespace()
     try:
-        outcome = wait_for_rayjob(kubernetes_getter(name, ns), name, ns, timeout_s=timeout, poll_s=poll)
+        outcome = wait_for_rayjob(
+            kubernetes_getter(name, ns), name, ns, WaitPolicy(timeout_s=timeout, poll_s=poll)
+        )
     except RayJobUnreadable as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_UNREADABLE) from None

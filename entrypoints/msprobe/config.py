@@ -212,3 +212,14 @@ def build(layout: RunLayout, options: DumpOptions) -> RunConfigs:
 def write(layout: RunLayout, configs: RunConfigs) -> None:
     write_json_atomic(layout.rollout_config, configs.rollout.to_json())
     write_json_atomic(layout.actor_config, configs.actor.to_json())
+
+
+def write_single_node(layout: RunLayout, task: Task, *, request_scoped: bool) -> None:
+    """The run folder and both configs of a single-node run (demo, ``check``, the benches).
+
+    L0 modules at ``task`` on both sides, every step and rank: such a run is one prompt set
+    through each engine once, so there is nothing to select. ``request_scoped`` is the capture
+    rule's (every ``fraction:``/``prompts:`` rule; not ``all``).
+    """
+    layout.run_dir.mkdir(parents=True, exist_ok=True)
+    write(layout, build(layout, DumpOptions(task=task, level=Level.L0, request_scoped=request_scoped)))

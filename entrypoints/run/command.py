@@ -32,9 +32,11 @@ from verl_consistency.contracts.env import DUMP_PHASE, DumpPhase
 from verl_consistency.contracts.run_manifest import MsprobeConfigs, RunManifest, now_utc
 from verl_consistency.contracts.token_records import STEP_LOG, TOKEN_LOG
 from verl_consistency.entrypoints.msprobe import config as mscfg
+from verl_consistency.entrypoints.options import options_from
 from verl_consistency.entrypoints.run import dataset
 from verl_consistency.entrypoints.run.overrides import Mode, RunKind, Table
-from verl_consistency.entrypoints.run.plan import DEFAULT_MODEL, Device, PlanError, RunPlan, build_plan
+from verl_consistency.entrypoints.run.plan import RunPlan, build_plan
+from verl_consistency.entrypoints.run.plan_options import DEFAULT_MODEL, Device, PlanError, PlanOptions
 from verl_consistency.patches.hooks import placement
 
 EXIT_REFUSED = 2
@@ -317,23 +319,7 @@ def run_command(
         raise typer.Exit(0)
     rid = run_id or layout.new_run_id(mode.value)
     try:
-        plan = build_plan(
-            mode,
-            dump_root=dump_root,
-            run_id=rid,
-            phase=phase,
-            capture=capture,
-            task=task,
-            level=level,
-            steps=steps,
-            ranks=ranks,
-            modules=modules,
-            data_mode=data_mode,
-            model=model,
-            extra_args=ctx.args,
-            token_level=token_level,
-            device=device,
-        )
+        plan = build_plan(mode, options_from(PlanOptions, locals(), run_id=rid, extra_args=ctx.args))
     except PlanError as exc:
         for message in exc.messages:
             console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)

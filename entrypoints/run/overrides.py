@@ -7,7 +7,8 @@ in its own modules, read through this one (every name below is importable from h
 * :mod:`.run_modes` — the modes, the run kinds, and :data:`LAUNCH`: per set, which verl module
   each mode runs and, on verl 0.9's V1 trainer, which ``trainer.v1.trainer_mode``;
 * :mod:`.override_schema` — the row types and their scopes;
-* :mod:`.override_rows` — :data:`ENV`, :data:`REQUIRED` and :data:`DEFAULTS`: what the run sets;
+* :mod:`.override_rows` — :data:`ENV` and :data:`REQUIRED`: what the run sets and the data depends on;
+* :mod:`.override_defaults` — :data:`DEFAULTS`: what the run sets and the user may override;
 * :mod:`.override_refusals` — :data:`REFUSALS` and :data:`MATCHED`: what it refuses but leaves to verl;
 * :mod:`.hydra_syntax` — how a value is spelt for Hydra and how a user's override is read.
 
@@ -46,7 +47,7 @@ Five kinds of rows:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -65,8 +66,9 @@ from verl_consistency.entrypoints.run.modes import (
     launch,
     pin_set,
 )
+from verl_consistency.entrypoints.run.override_defaults import DEFAULTS
 from verl_consistency.entrypoints.run.override_refusals import MATCHED, REFUSALS
-from verl_consistency.entrypoints.run.override_rows import DEFAULTS, ENV, REQUIRED
+from verl_consistency.entrypoints.run.override_rows import ENV, REQUIRED
 from verl_consistency.entrypoints.run.override_schema import (
     ALL_KINDS,
     ALL_MODES,
@@ -130,20 +132,17 @@ __all__ = [
     "Unsupported",
     "UserOverride",
     "Value",
-    "default_rows",
-    "env_rows",
     "environment",
     "find_conflicts",
     "find_env_conflicts",
     "hydra_value",
     "launch",
     "main",
-    "matched_rows",
     "parse_user_overrides",
     "pin_set",
-    "refusal_rows",
     "required_rows",
     "resolve",
+    "rows_for",
     "spell",
 ]
 
@@ -166,9 +165,22 @@ def resolve(value: Value, run: Mapping[str, str]) -> Any:
 _C = RunKind.COLLECTION
 
 
-def env_rows(mode: Mode, phase: DumpPhase, kind: RunKind = _C, set_name: str | None = None) -> list[EnvVar]:
+class _Scoped(Protocol):
+    """A row of any kind: it says which modes, phases, run kinds and pin sets it applies to."""
+
+    def applies(self, mode: Mode, phase: DumpPhase, kind: RunKind, set_name: str) -> bool: ...
+
+
+R = TypeVar("R", bound=_Scoped)
+
+
+def rows_for(
+    rows: Iterable[R], mode: Mode, phase: DumpPhase, kind: RunKind = _C, set_name: str | None = None
+) -> list[R]:
+    """The rows of one table (:data:`ENV`, :data:`DEFAULTS`, :data:`REFUSALS`, :data:`MATCHED`, ...)
+    that apply to this run: its mode, phase, run kind and pin set (the set in force unless named)."""
     name = set_name or pin_set()
-    return [row for row in ENV if row.applies(mode, phase, kind, name)]
+    return [row for row in rows if row.applies(mode, phase, kind, name)]
 
 
 def required_rows(
@@ -176,8 +188,8 @@ def required_rows(
 ) -> list[Override]:
     """REQUIRED rows for this run, plus one ``+ray_kwargs...env_vars.<NAME>`` row per Ray env var."""
     name = set_name or pin_set()
-    rows = [row for row in REQUIRED if row.applies(mode, phase, kind, name)]
-    for var in env_rows(mode, phase, kind, name):
+    rows = rows_for(REQUIRED, mode, phase, kind, name)
+    for var in rows_for(ENV, mode, phase, kind, name):
         if not var.driver_only:
             rows.append(
                 Override(
@@ -194,27 +206,6 @@ def required_rows(
     return rows
 
 
-def default_rows(
-    mode: Mode, phase: DumpPhase, kind: RunKind = _C, set_name: str | None = None
-) -> list[Override]:
-    name = set_name or pin_set()
-    return [row for row in DEFAULTS if row.applies(mode, phase, kind, name)]
-
-
-def refusal_rows(
-    mode: Mode, phase: DumpPhase, kind: RunKind = _C, set_name: str | None = None
-) -> list[Refusal]:
-    name = set_name or pin_set()
-    return [row for row in REFUSALS if row.applies(mode, phase, kind, name)]
-
-
-def matched_rows(
-    mode: Mode, phase: DumpPhase, kind: RunKind = _C, set_name: str | None = None
-) -> list[Matched]:
-    name = set_name or pin_set()
-    return [row for row in MATCHED if row.applies(mode, phase, kind, name)]
-
-
 def spell(row: Override, run: Mapping[str, str]) -> str:
     return f"{'+' if row.add else ''}{row.key}={hydra_value(resolve(row.value, run))}"
 
@@ -222,7 +213,7 @@ def spell(row: Override, run: Mapping[str, str]) -> str:
 def environment(
     mode: Mode, phase: DumpPhase, run: Mapping[str, str], kind: RunKind = _C, set_name: str | None = None
 ) -> dict[str, str]:
-    return {row.name: str(resolve(row.value, run)) for row in env_rows(mode, phase, kind, set_name)}
+    return {row.name: str(resolve(row.value, run)) for row in rows_for(ENV, mode, phase, kind, set_name)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,14 +247,14 @@ def find_conflicts(
     """Every user override that would spoil the data, each with a message naming it and why."""
     conflicts: list[Conflict] = []
     required = required_rows(mode, phase, kind, set_name)
-    refusals = refusal_rows(mode, phase, kind, set_name)
+    refusals = rows_for(REFUSALS, mode, phase, kind, set_name)
     user = list(user)
     for ov in user:
         message = _conflict_with_required(ov, required, run) or _refused(ov, refusals)
         if message is not None:
             conflicts.append(Conflict(override=ov.text, message=f"refused `{ov.text}`: {message}"))
-    composed = [*default_rows(mode, phase, kind, set_name), *required]
-    for row in matched_rows(mode, phase, kind, set_name):
+    composed = [*rows_for(DEFAULTS, mode, phase, kind, set_name), *required]
+    for row in rows_for(MATCHED, mode, phase, kind, set_name):
         conflict = _unmatched(row, user, composed, run)
         if conflict is not None:
             conflicts.append(conflict)
@@ -353,7 +344,7 @@ def find_env_conflicts(
 ) -> list[EnvConflict]:
     """Variables in the caller's environment that disagree with what the run sets."""
     out = []
-    for row in env_rows(mode, phase, kind, set_name):
+    for row in rows_for(ENV, mode, phase, kind, set_name):
         want = str(resolve(row.value, run))
         have = environ.get(row.name)
         if have is not None and have != want:

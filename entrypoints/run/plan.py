@@ -6,11 +6,9 @@ manifests' tests all see the same plan for the same settings.
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -44,36 +42,14 @@ from verl_consistency.entrypoints.msprobe.config import (
 )
 from verl_consistency.entrypoints.run import overrides as table
 from verl_consistency.entrypoints.run.overrides import Conflict, EnvConflict, Mode, RunKind, UserOverride
-
-DEFAULT_MODEL = "/models/Qwen2.5-0.5B-Instruct"
-
-HYDRA_FLAGS: dict[str, tuple[str, ...] | None] = {
-    "--cfg": ("job", "hydra", "all"),
-    "-c": ("job", "hydra", "all"),
-    "--resolve": None,
-}
-"""Hydra flags passed through to verl: only the print-the-config ones (they start no training)."""
-
-
-class Device(StrEnum):
-    """The accelerator of the cluster. The run's dump hooks and layout are the same on both."""
-
-    NPU = "npu"
-    CUDA = "cuda"
-
-
-DEVICE_KEY = "trainer.device"
-"""verl 0.8.0's device setting: ``cuda`` by default; ``auto_set_device`` switches it to ``npu``
-when torch_npu finds an NPU. ``--device cuda`` pins it, so that a CUDA run never depends on that
-probe; ``--device npu`` (the default) leaves it to verl, as before."""
-
-
-class PlanError(ValueError):
-    """Bad input. ``messages`` holds one line per problem; the CLI exits with code 2."""
-
-    def __init__(self, messages: Sequence[str]) -> None:
-        super().__init__("\n".join(messages))
-        self.messages = list(messages)
+from verl_consistency.entrypoints.run.plan_options import (
+    DEFAULT_MODEL,
+    DEVICE_KEY,
+    Device,
+    PlanError,
+    PlanOptions,
+    split_extra_args,
+)
 
 
 class RunPlan(BaseModel):
@@ -146,39 +122,6 @@ class RunPlan(BaseModel):
         }
 
 
-def split_extra_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Separate Hydra overrides from the Hydra flags we pass through; refuse other options."""
-    overrides: list[str] = []
-    flags: list[str] = []
-    problems: list[str] = []
-    it = iter(args)
-    for arg in it:
-        if arg == "--":
-            continue
-        if arg.startswith("-"):
-            name, eq, inline = arg.partition("=")
-            if name not in HYDRA_FLAGS:
-                problems.append(
-                    f"unknown option {arg!r}: see `verl-consistency run --help`; verl overrides "
-                    "are written key=value"
-                )
-                continue
-            choices = HYDRA_FLAGS[name]
-            if choices is None:
-                flags.append(name)
-                continue
-            value = inline if eq else next(it, "")
-            if value not in choices:
-                problems.append(f"{name} takes one of {', '.join(choices)}, got {value!r}")
-                continue
-            flags.extend([name, value])
-        else:
-            overrides.append(arg)
-    if problems:
-        raise PlanError(problems)
-    return overrides, flags
-
-
 def _run_values(layout: RunLayout, phase: DumpPhase, capture: str) -> dict[str, str]:
     return {
         "run_dir": str(layout.run_dir),
@@ -204,28 +147,6 @@ def _touches(a: str, b: str) -> bool:
 
 
 @dataclass(frozen=True)
-class _Options:
-    """:func:`build_plan`'s arguments as given (``environ`` already defaulted to ``os.environ``)."""
-
-    dump_root: str | os.PathLike[str]
-    run_id: str
-    phase: DumpPhase
-    capture: str
-    task: Task | None
-    level: Level
-    steps: str | None
-    ranks: str | None
-    modules: str | None
-    data_mode: str | None
-    model: str | None
-    extra_args: Sequence[str]
-    environ: Mapping[str, str]
-    python: str | None
-    token_level: bool
-    device: Device
-
-
-@dataclass(frozen=True)
 class _Checked:
     """What :func:`_check` established, every value valid: what :func:`_compose` needs beyond the options."""
 
@@ -243,40 +164,17 @@ class _Checked:
     run: dict[str, str]
 
 
-def build_plan(
-    mode: Mode,
-    *,
-    dump_root: str | os.PathLike[str],
-    run_id: str,
-    phase: DumpPhase = DumpPhase.LOG_PROB,
-    capture: str = capture_mod.RUN_DEFAULT,
-    task: Task | None = None,
-    level: Level = Level.L0,
-    steps: str | None = None,
-    ranks: str | None = None,
-    modules: str | None = None,
-    data_mode: str | None = None,
-    model: str | None = None,
-    extra_args: Sequence[str] = (),
-    environ: Mapping[str, str] | None = None,
-    python: str | None = None,
-    token_level: bool = False,
-    device: Device = Device.NPU,
-) -> RunPlan:
+def build_plan(mode: Mode, options: PlanOptions) -> RunPlan:
     """Check everything and return the plan, or raise :class:`PlanError` listing every problem.
 
-    ``token_level``: a triage run (``--token-level``): normal responses, no msprobe dump, one
-    token record per response; the msprobe options of a collection run are refused with it.
+    ``options.token_level``: a triage run (``--token-level``): normal responses, no msprobe dump,
+    one token record per response; the msprobe options of a collection run are refused with it.
     Two steps: :func:`_check` holds every refusal, :func:`_compose` builds the plan from what passed.
     """
-    given = dict(locals())  # exactly the parameters: _Options holds them, spelled once above
-    given.pop("mode")
-    given["environ"] = os.environ if environ is None else environ
-    options = _Options(**given)
     return _compose(mode, options, _check(mode, options))
 
 
-def _check(mode: Mode, o: _Options) -> _Checked:
+def _check(mode: Mode, o: PlanOptions) -> _Checked:
     """Every refusal, each problem one line; raise :class:`PlanError` unless all pass.
 
     Most problems are collected so that one try shows them all; a problem that leaves nothing
@@ -326,7 +224,7 @@ def _check(mode: Mode, o: _Options) -> _Checked:
     )
 
 
-def _collection_options_given(o: _Options) -> list[str]:
+def _collection_options_given(o: PlanOptions) -> list[str]:
     """A --token-level run's refusals: the msprobe options of a collection run that were given."""
     given = {
         "--capture": o.capture != capture_mod.RUN_DEFAULT,
@@ -363,7 +261,7 @@ def _capture_rule(
     return rule, None
 
 
-def _dump_options(o: _Options, rule: capture_mod.CaptureRule, problems: list[str]) -> DumpOptions:
+def _dump_options(o: PlanOptions, rule: capture_mod.CaptureRule, problems: list[str]) -> DumpOptions:
     """What msprobe dumps on both sides; a bad option adds its problem and keeps the default."""
     task = o.task
     if task is None:
@@ -395,7 +293,7 @@ def _dump_options(o: _Options, rule: capture_mod.CaptureRule, problems: list[str
 
 
 def _conflicts(
-    mode: Mode, o: _Options, parsed: list[UserOverride], run: dict[str, str], kind: RunKind, set_name: str
+    mode: Mode, o: PlanOptions, parsed: list[UserOverride], run: dict[str, str], kind: RunKind, set_name: str
 ) -> list[str]:
     """The user's overrides and environment that would spoil the data, and a bad token threshold."""
     conflicts: list[Conflict] = table.find_conflicts(parsed, mode, o.phase, run, kind, set_name)
@@ -441,7 +339,7 @@ def _megatron_micro_batches(parsed: list[UserOverride]) -> list[str]:
     ]
 
 
-def _check_clashes(o: _Options, parsed: list[UserOverride]) -> None:
+def _check_clashes(o: PlanOptions, parsed: list[UserOverride]) -> None:
     """An option and an override that both set one thing (--device, --model): keep one."""
     if o.device is Device.CUDA:
         device_given = [ov for ov in parsed if ov.key == DEVICE_KEY]
@@ -452,7 +350,7 @@ def _check_clashes(o: _Options, parsed: list[UserOverride]) -> None:
         raise PlanError([f"--model and {table.MODEL_PATH_KEY}=... (or model=...) both given; keep one"])
 
 
-def _compose(mode: Mode, o: _Options, c: _Checked) -> RunPlan:
+def _compose(mode: Mode, o: PlanOptions, c: _Checked) -> RunPlan:
     """The plan from checked input: verl's command line, environment, msprobe configs and paths."""
     user_keys = [ov.key for ov in c.parsed]
     device_rows: list[str] = []
@@ -465,7 +363,7 @@ def _compose(mode: Mode, o: _Options, c: _Checked) -> RunPlan:
 
     defaults = [
         table.spell(row, c.run)
-        for row in table.default_rows(mode, o.phase, c.kind, c.set_name)
+        for row in table.rows_for(table.DEFAULTS, mode, o.phase, c.kind, c.set_name)
         if not any(_touches(row.key, k) for k in user_keys)
     ]
     required_rows = table.required_rows(mode, o.phase, c.kind, c.set_name)
@@ -507,7 +405,7 @@ def _compose(mode: Mode, o: _Options, c: _Checked) -> RunPlan:
     )
 
 
-def _invocation(mode: Mode, o: _Options, c: _Checked) -> list[str]:
+def _invocation(mode: Mode, o: PlanOptions, c: _Checked) -> list[str]:
     """The ``verl-consistency run`` command that makes this plan again (``run.json`` keeps it)."""
     invocation = [
         "verl-consistency",

@@ -44,7 +44,8 @@ def check(
     run = [str(demo_python), "-m", "verl_consistency.entrypoints"]
     # the demo's random model and its perturbed copy (what `demo --perturb` trains on)
     build = (
-        "import sys; from pathlib import Path; from verl_consistency.entrypoints import demo as d; "
+        "import sys; from pathlib import Path; "
+        "from verl_consistency.entrypoints.engines import tiny_model as d; "
         "m = Path(sys.argv[1]); d.build_model(m, d.prompt_texts(64)); d.perturbed_copy(m, Path(sys.argv[2]))"
     )
     model, bad = root / "models" / "tiny-qwen2", root / "models" / "tiny-qwen2-perturbed"

@@ -22,7 +22,8 @@ from verl_consistency.contracts.capture import CaptureRule
 from verl_consistency.contracts.env import CAPTURE, RUN_DIR
 from verl_consistency.entrypoints.msprobe.config import Level, Task, parse_data_mode, parse_modules, write
 from verl_consistency.entrypoints.run.overrides import Mode
-from verl_consistency.entrypoints.run.plan import PlanError, RunPlan, build_plan
+from verl_consistency.entrypoints.run.plan import RunPlan, build_plan
+from verl_consistency.entrypoints.run.plan_options import PlanError, PlanOptions
 from verl_consistency.patches.hooks import dispatch, request_scope
 
 pytestmark = pytest.mark.pinset
@@ -32,7 +33,7 @@ FRACTION = "fraction:0.5"
 
 
 def _plan(tmp_path: Path, **kw: Any) -> RunPlan:
-    return build_plan(Mode.HYBRID, dump_root=tmp_path, run_id="cap", environ={}, **kw)
+    return build_plan(Mode.HYBRID, PlanOptions(dump_root=tmp_path, run_id="cap", environ={}, **kw))
 
 
 def _section(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from verl_consistency.entrypoints.check import command as check
 from verl_consistency.entrypoints.cli import app
-from verl_consistency.entrypoints.engines.stages import FP32, precision
+from verl_consistency.entrypoints.engines.fsdp_stage import FP32, precision
 
 
 def _check(tmp_path: Path, *args: str) -> tuple[int, str]:

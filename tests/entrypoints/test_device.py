@@ -10,14 +10,16 @@ from typer.testing import CliRunner
 
 from verl_consistency.entrypoints.cli import app
 from verl_consistency.entrypoints.run.overrides import Mode
-from verl_consistency.entrypoints.run.plan import DEVICE_KEY, Device, PlanError, build_plan
+from verl_consistency.entrypoints.run.plan import build_plan
+from verl_consistency.entrypoints.run.plan_options import DEVICE_KEY, Device, PlanError, PlanOptions
 
 from .conftest import MODEL
 
 
 def _plan(tmp_path: Path, *extra: str, device: Device = Device.NPU):
     return build_plan(
-        Mode.HYBRID, dump_root=tmp_path, run_id="dev", environ={}, extra_args=list(extra), device=device
+        Mode.HYBRID,
+        PlanOptions(dump_root=tmp_path, run_id="dev", environ={}, extra_args=list(extra), device=device),
     )
 
 

@@ -100,12 +100,21 @@ def test_parse_selection() -> None:
 def test_capture_fraction_defaults_to_tensor(tmp_path: Path) -> None:
     from verl_consistency.entrypoints.run.overrides import Mode
     from verl_consistency.entrypoints.run.plan import build_plan
+    from verl_consistency.entrypoints.run.plan_options import PlanOptions
 
-    frac = build_plan(Mode.HYBRID, dump_root=tmp_path, run_id="c", capture="fraction:0.25", environ={})
+    frac = build_plan(
+        Mode.HYBRID, PlanOptions(dump_root=tmp_path, run_id="c", capture="fraction:0.25", environ={})
+    )
     assert frac.dump.task is Task.TENSOR
     assert frac.env["VERL_CONSISTENCY_CAPTURE"] == "fraction:0.25"
     stats = build_plan(
-        Mode.HYBRID, dump_root=tmp_path, run_id="c", capture="fraction:0.25", task=Task.STATISTICS, environ={}
+        Mode.HYBRID,
+        PlanOptions(
+            dump_root=tmp_path, run_id="c", capture="fraction:0.25", task=Task.STATISTICS, environ={}
+        ),
     )
     assert stats.dump.task is Task.STATISTICS
-    assert build_plan(Mode.HYBRID, dump_root=tmp_path, run_id="c", environ={}).dump.task is Task.STATISTICS
+    assert (
+        build_plan(Mode.HYBRID, PlanOptions(dump_root=tmp_path, run_id="c", environ={})).dump.task
+        is Task.STATISTICS
+    )

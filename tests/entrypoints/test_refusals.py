@@ -12,7 +12,8 @@ from verl_consistency.contracts.env import DumpPhase
 from verl_consistency.entrypoints.cli import app
 from verl_consistency.entrypoints.run import overrides as table
 from verl_consistency.entrypoints.run.overrides import CURRENT, NEXT, Mode, RunKind, pin_set
-from verl_consistency.entrypoints.run.plan import PlanError, build_plan
+from verl_consistency.entrypoints.run.plan import build_plan
+from verl_consistency.entrypoints.run.plan_options import PlanError, PlanOptions
 
 from .conftest import clean_env, supported
 
@@ -313,17 +314,19 @@ def test_every_required_row_and_refusal_of_the_set_fires() -> None:
     fired: set[tuple[str, str]] = set()
     for mode, phase, kind in _plans():
         cases = [(_contradiction(r), r.why) for r in table.required_rows(mode, phase, kind)]
-        cases += [(_refused_value(r), r.why) for r in table.refusal_rows(mode, phase, kind)]
+        cases += [(_refused_value(r), r.why) for r in table.rows_for(table.REFUSALS, mode, phase, kind)]
         for override, why in cases:
             with pytest.raises(PlanError) as err:
                 build_plan(
                     mode,
-                    dump_root="/dump",
-                    run_id="r",
-                    phase=phase,
-                    environ={},
-                    token_level=kind is RunKind.TOKEN_LEVEL,
-                    extra_args=[override],
+                    PlanOptions(
+                        dump_root="/dump",
+                        run_id="r",
+                        phase=phase,
+                        environ={},
+                        token_level=kind is RunKind.TOKEN_LEVEL,
+                        extra_args=[override],
+                    ),
                 )
             (message,) = err.value.messages
             assert message.startswith(f"refused `{override}`"), message
@@ -341,7 +344,8 @@ def test_rows_of_another_set_do_not_fire() -> None:
         pytest.skip(f"every refusal of the other sets applies to {SET!r} too")
     for row in other:
         plan = build_plan(
-            Mode.FULLY_ASYNC, dump_root="/dump", run_id="r", environ={}, extra_args=[_refused_value(row)]
+            Mode.FULLY_ASYNC,
+            PlanOptions(dump_root="/dump", run_id="r", environ={}, extra_args=[_refused_value(row)]),
         )
         assert plan.pin_set == SET
 
@@ -365,7 +369,7 @@ def test_next_set_compatible_overrides_pass_through(
     if SET != NEXT:
         pytest.skip("verl 0.9.1's V1 keys: the next pin set")
     plan = build_plan(
-        Mode(mode), dump_root="/dump", run_id="r", environ={}, extra_args=[*options, *overrides]
+        Mode(mode), PlanOptions(dump_root="/dump", run_id="r", environ={}, extra_args=[*options, *overrides])
     )
     for override in overrides:
         key = override.split("=")[0].lstrip("+")
@@ -411,7 +415,9 @@ def test_current_set_log_prob_run_may_batch_several_steps_per_sync(overrides: li
     (no request is in flight at a sync, and validation is off)."""
     if SET != CURRENT:
         pytest.skip("verl 0.8.0's async_training.* keys: the current pin set")
-    plan = build_plan(Mode.FULLY_ASYNC, dump_root="/dump", run_id="r", environ={}, extra_args=overrides)
+    plan = build_plan(
+        Mode.FULLY_ASYNC, PlanOptions(dump_root="/dump", run_id="r", environ={}, extra_args=overrides)
+    )
     for override in overrides:
         key = override.split("=")[0]
         assert sum(o.split("=")[0] == key for o in plan.overrides) == 1, key
@@ -437,7 +443,7 @@ def test_batch_sizes_set_together_or_for_log_prob_pass_through(
     """The train batch may grow with the mini batch; a log_prob run (old log-probs are computed
     before any optimizer step) takes any batch sizes and epochs."""
     plan = build_plan(
-        Mode.HYBRID, dump_root="/dump", run_id="r", phase=phase, environ={}, extra_args=overrides
+        Mode.HYBRID, PlanOptions(dump_root="/dump", run_id="r", phase=phase, environ={}, extra_args=overrides)
     )
     for override in overrides:
         key = override.split("=")[0]
@@ -449,8 +455,11 @@ def test_the_runs_own_values_satisfy_every_matched_row() -> None:
     row applies; and every row of the set applies somewhere."""
     applied = set()
     for mode, phase, kind in _plans():
-        composed = [*table.default_rows(mode, phase, kind), *table.required_rows(mode, phase, kind)]
-        for row in table.matched_rows(mode, phase, kind):
+        composed = [
+            *table.rows_for(table.DEFAULTS, mode, phase, kind),
+            *table.required_rows(mode, phase, kind),
+        ]
+        for row in table.rows_for(table.MATCHED, mode, phase, kind):
             values = [next(r.value for r in composed if r.key == key) for key in row.keys]
             assert values[0] == values[1], (mode, phase, row.keys, values)
             applied.add(row.keys)

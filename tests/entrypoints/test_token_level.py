@@ -12,7 +12,8 @@ import yaml
 
 from verl_consistency.contracts.env import DumpPhase
 from verl_consistency.entrypoints.run.overrides import RUNTIME_ENV_PREFIX, Mode
-from verl_consistency.entrypoints.run.plan import PlanError, build_plan
+from verl_consistency.entrypoints.run.plan import build_plan
+from verl_consistency.entrypoints.run.plan_options import PlanError, PlanOptions
 
 from .conftest import COMPOSE_TIMEOUT, MODEL, clean_env, cli, supported
 
@@ -73,7 +74,9 @@ def test_token_level_composes_with_verls_config(tmp_path: Path, mode: str) -> No
 
 
 def _plan(**kw: Any) -> Any:
-    return build_plan(Mode.HYBRID, dump_root="/dump", run_id="r1", environ={}, token_level=True, **kw)
+    return build_plan(
+        Mode.HYBRID, PlanOptions(dump_root="/dump", run_id="r1", environ={}, token_level=True, **kw)
+    )
 
 
 @pytest.mark.parametrize(
@@ -118,11 +121,14 @@ def test_collection_only_constraints_are_free_in_a_triage_run() -> None:
 
 def test_caller_env_with_dumps_on_is_refused() -> None:
     with pytest.raises(PlanError, match="DUMP_ON"):
-        build_plan(Mode.HYBRID, dump_root="/dump", run_id="r1", environ={"DUMP_ON": "1"}, token_level=True)
+        build_plan(
+            Mode.HYBRID,
+            PlanOptions(dump_root="/dump", run_id="r1", environ={"DUMP_ON": "1"}, token_level=True),
+        )
 
 
 def test_a_collection_run_records_next_token_records_too() -> None:
-    plan = build_plan(Mode.HYBRID, dump_root="/dump", run_id="r1", environ={})
+    plan = build_plan(Mode.HYBRID, PlanOptions(dump_root="/dump", run_id="r1", environ={}))
     assert plan.env["VERL_CONSISTENCY_TOKEN_LEVEL"] == "1"
     assert plan.env["PROMPTS_ONLY"] == "1"
     assert "actor_rollout_ref.rollout.calculate_log_probs=true" in plan.overrides

@@ -22,7 +22,8 @@ from tests.patches.test_training_fsdp import _drive, _msprobe_config, _records
 from verl_consistency.contracts import capture, env, pins, records
 from verl_consistency.contracts.records import ScheduledRequest
 from verl_consistency.entrypoints.run.overrides import Mode
-from verl_consistency.entrypoints.run.plan import CAPTURE_PROMPTS, PlanError, build_plan
+from verl_consistency.entrypoints.run.plan import CAPTURE_PROMPTS, build_plan
+from verl_consistency.entrypoints.run.plan_options import PlanError, PlanOptions
 from verl_consistency.patches.hooks import request_ids, request_scope
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
@@ -141,7 +142,8 @@ def test_the_real_fsdp_engine_dumps_exactly_the_listed_prompts(root: Path, tmp_p
 def test_run_copies_the_file_into_the_run_folder(tmp_path: Path) -> None:
     listed = _file(tmp_path, "index:4\n")
     plan = build_plan(
-        Mode.HYBRID, dump_root=str(tmp_path / "d"), run_id="r1", environ={}, capture=f"prompts:{listed}"
+        Mode.HYBRID,
+        PlanOptions(dump_root=str(tmp_path / "d"), run_id="r1", environ={}, capture=f"prompts:{listed}"),
     )
     assert plan.env[env.CAPTURE] == f"prompts:{tmp_path / 'd' / 'r1' / CAPTURE_PROMPTS}"
     assert plan.capture_source == str(listed)
@@ -155,4 +157,6 @@ def test_run_copies_the_file_into_the_run_folder(tmp_path: Path) -> None:
 
     bad = _file(tmp_path, "index:4\nbogus\n")
     with pytest.raises(PlanError, match=r"capture-these.txt:2"):
-        build_plan(Mode.HYBRID, dump_root="/d", run_id="r2", environ={}, capture=f"prompts:{bad}")
+        build_plan(
+            Mode.HYBRID, PlanOptions(dump_root="/d", run_id="r2", environ={}, capture=f"prompts:{bad}")
+        )

@@ -297,9 +297,11 @@ def test_a_failure_never_stops_training(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_run_refuses_a_bad_threshold() -> None:
     from verl_consistency.entrypoints.run.overrides import Mode
-    from verl_consistency.entrypoints.run.plan import PlanError, build_plan
+    from verl_consistency.entrypoints.run.plan import build_plan
+    from verl_consistency.entrypoints.run.plan_options import PlanError, PlanOptions
 
     with pytest.raises(PlanError, match="VERL_CONSISTENCY_TOKEN_THRESHOLD"):
         build_plan(
-            Mode.HYBRID, dump_root="/d", run_id="r", environ={env.TOKEN_THRESHOLD: "-2"}, token_level=True
+            Mode.HYBRID,
+            PlanOptions(dump_root="/d", run_id="r", environ={env.TOKEN_THRESHOLD: "-2"}, token_level=True),
         )

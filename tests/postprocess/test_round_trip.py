@@ -27,6 +27,7 @@ from tests.patches.test_training_fsdp import _drive, _records
 from verl_consistency.entrypoints.run.command import prepare_run_dir
 from verl_consistency.entrypoints.run.overrides import Mode
 from verl_consistency.entrypoints.run.plan import build_plan
+from verl_consistency.entrypoints.run.plan_options import PlanOptions
 from verl_consistency.patches.hooks import token_mismatch as tm
 from verl_consistency.postprocess import pipeline
 from verl_consistency.postprocess.compare import token_level
@@ -45,7 +46,7 @@ def test_triage_capture_these_localise(root: Path, tmp_path: Path) -> None:
 
     # 1. triage
     triage = build_plan(
-        Mode.HYBRID, dump_root=str(dump_root), run_id="triage-1", environ={}, token_level=True
+        Mode.HYBRID, PlanOptions(dump_root=str(dump_root), run_id="triage-1", environ={}, token_level=True)
     )
     prepare_run_dir(triage)
     report = _drive(root, work, VC_TEST_TRIM="none", VC_TEST_TOKEN_LEVEL="1", **triage.env)
@@ -89,10 +90,9 @@ def test_triage_capture_these_localise(root: Path, tmp_path: Path) -> None:
     # 3. localise
     loc = build_plan(
         Mode.HYBRID,
-        dump_root=str(dump_root),
-        run_id="localise-1",
-        environ={},
-        capture=f"prompts:{capture_file}",
+        PlanOptions(
+            dump_root=str(dump_root), run_id="localise-1", environ={}, capture=f"prompts:{capture_file}"
+        ),
     )
     prepare_run_dir(loc)
     report = _drive(

@@ -3,7 +3,7 @@
 The training side is the real probe's record writer (``NextTokenProbe._write``) on constructed
 logits; vLLM's side is the log-softmax of constructed logits, shaped as vLLM's
 ``SamplingParams(logprobs=k)`` returns it (``[token, log p]`` at output position 0). The real
-engines run in the demo (``entrypoints/engines/stages.py``), which asks vLLM for its top-k.
+engines run in the demo (``entrypoints/engines/vllm_stage.py``), which asks vLLM for its top-k.
 """
 
 from __future__ import annotations
