@@ -81,24 +81,35 @@ def outcome_of(name: str, namespace: str, status: dict[str, Any]) -> RayJobOutco
     )
 
 
+@dataclass(frozen=True)
+class Patience:
+    """How long :func:`wait_for_rayjob` waits: in all, between two reads, and for a RayJob that
+    does not exist yet (the Job may start before the API server has stored the RayJob of the same
+    ``kubectl apply``). One value, because the three are chosen together (the CLI's ``--timeout``
+    and ``--poll``)."""
+
+    timeout_s: float
+    poll_s: float = 30.0
+    absent_grace_s: float = 300.0
+
+
 def wait_for_rayjob(
     get: GetRayJob,
     name: str,
     namespace: str,
+    patience: Patience,
     *,
-    timeout_s: float,
-    poll_s: float = 30.0,
-    absent_grace_s: float = 300.0,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     log: Callable[[str], None] = print,
 ) -> RayJobOutcome:
-    """Poll ``get`` until the RayJob has finished.
+    """Poll ``get`` until the RayJob has finished (``sleep``, ``clock`` and ``log`` are the seams a
+    test replaces).
 
-    A RayJob that does not exist yet is waited for up to ``absent_grace_s`` (the Job may start
-    before the API server has stored the RayJob of the same ``kubectl apply``). Raises
-    :class:`TimeoutError` after ``timeout_s`` and :class:`RayJobUnreadable` if it never appears.
+    Raises :class:`TimeoutError` after ``patience.timeout_s`` and :class:`RayJobUnreadable` if the
+    RayJob has not appeared after ``patience.absent_grace_s``.
     """
+    timeout_s, absent_grace_s = patience.timeout_s, patience.absent_grace_s
     start = clock()
     last_seen = ""
     while True:
@@ -121,7 +132,7 @@ def wait_for_rayjob(
                 return outcome_of(name, namespace, status)
         if now >= timeout_s:
             raise TimeoutError(f"RayJob {namespace}/{name} still not finished after {timeout_s:.0f}s")
-        sleep(poll_s)
+        sleep(patience.poll_s)
 
 
 def kubernetes_getter(name: str, namespace: str, api: Any | None = None) -> GetRayJob:
@@ -181,7 +192,7 @@ def wait_rayjob_cmd(
     """Wait until a RayJob has finished. Exit 0 succeeded, 3 failed/stopped, 4 unreadable, 5 timeout."""
     ns = namespace or current_namespace()
     try:
-        outcome = wait_for_rayjob(kubernetes_getter(name, ns), name, ns, timeout_s=timeout, poll_s=poll)
+        outcome = wait_for_rayjob(kubernetes_getter(name, ns), name, ns, Patience(timeout, poll))
     except RayJobUnreadable as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_UNREADABLE) from None

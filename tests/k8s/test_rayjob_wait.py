@@ -57,12 +57,10 @@ def wait(sequence: list[dict[str, Any] | int], **kw: Any) -> tuple[rw.RayJobOutc
         rw.kubernetes_getter("rj", "ns", api=api),
         "rj",
         "ns",
-        timeout_s=kw.pop("timeout_s", 3600),
-        poll_s=10,
+        rw.Patience(timeout_s=kw.pop("timeout_s", 3600), poll_s=10, **kw),
         sleep=clock.sleep,
         clock=clock,
         log=lambda _: None,
-        **kw,
     )
     return out, api
 
