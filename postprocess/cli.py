@@ -54,12 +54,10 @@ def postprocess_cmd(
         hooks = pipeline.Hooks(stage=bars.update, warn=lambda m: err.print(f"[yellow]warning:[/] {m}"))
         try:
             outcome = pipeline.postprocess(
-                run_dir,
+                discover.Roots.open(run_dir, rollout_dir, actor_dir),
                 out=out_dir,
                 compare=not no_compare,
                 jobs=jobs,
-                rollout_dir=rollout_dir,
-                actor_dir=actor_dir,
                 level=level,
                 hooks=hooks,
             )

@@ -71,7 +71,11 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     # the hook's constants and threshold() (an environment variable's parsing) are contracts; the
     # command line must not load the training-side hook to read them
-    "entrypoints": (f"{PKG}.patches.hooks.token_mismatch",),
+    "entrypoints": (
+        f"{PKG}.patches.hooks.token_mismatch",
+        f"{PKG}.patches.hooks.token_figures",
+        f"{PKG}.patches.hooks.next_token",
+    ),
 }
 """Modules a group may not import although ``ALLOWED`` covers them."""
 
@@ -251,6 +255,7 @@ def test_every_env_name_anywhere_is_one_of_the_contracts(repo):
         # entrypoints run hooks, but take no constants from the token-record hook
         ("entrypoints/x.py", "from verl_consistency.patches.hooks import token_mismatch\n", 1),
         ("entrypoints/x.py", "from verl_consistency.patches.hooks.token_mismatch import threshold\n", 1),
+        ("entrypoints/x.py", "from verl_consistency.patches.hooks import next_token, token_figures\n", 2),
         ("entrypoints/x.py", "from verl_consistency.patches.hooks import placement\n", 0),
     ],
 )

@@ -8,7 +8,7 @@ Why one engine for both passes: the batch variance must be vLLM against itself, 
 same kernels, same process; only what shares the step differs. Prefix caching is off, or the
 alone pass would find every prompt cached by the batched pass and compute none of it. Each
 request asks for one token with ``logprobs=top_k``: the prefill is what is compared, and the
-top-k at the last prompt position is the head comparison (``token_mismatch.NextTokenProbe``).
+top-k at the last prompt position is the head comparison (``next_token.NextTokenProbe``).
 
 Every wait on the engine has a deadline (``request_timeout_s``, the CLI's ``--request-timeout``):
 when vLLM's engine core loses a request (on the H200 its input thread died on a malformed

@@ -35,12 +35,22 @@ def lane_folder(k: int) -> str:
     return f"{LANE_PREFIX}{k}"
 
 
-class _Record(BaseModel):
+class RecordHeader(BaseModel):
+    """What every JSONL line the hooks write begins with: its schema, when, and which process.
+
+    Defined once so that the logs here and the token records (``token_records``) cannot drift
+    apart; ``extra="allow"`` so that a newer writer never breaks an older reader."""
+
     model_config = ConfigDict(extra="allow")
 
     schema_version: int = SCHEMA_VERSION
     timestamp: str
     pid: int
+
+
+class _Record(RecordHeader):
+    """A line of the msprobe-side logs: the header, and the msprobe step (folder) it names."""
+
     rank: int
     step: int = Field(description="msprobe's service.current_iter: the N of the step{N} folder")
     dump_path: str | None = Field(

@@ -147,20 +147,23 @@ class Figures(BaseModel):
     max_abs_diff: float | None = None
 
 
-class TokenRecord(Figures):
+class _TrainingStepRecord(Figures, records.RecordHeader):
+    """The header :class:`TokenRecord` and :class:`StepRecord` share: one training step's figures,
+    with the global step and the threshold they were computed against."""
+
+    global_step: int
+    threshold: float
+
+
+class TokenRecord(_TrainingStepRecord):
     """One response of one training step."""
 
-    schema_version: int = records.SCHEMA_VERSION
     source: Literal["token_mismatch"] = "token_mismatch"
-    timestamp: str
-    pid: int
-    global_step: int
     sample: int = Field(description="row of the training batch")
     request_id: str | None = Field(default=None, description="the first vLLM request id (verl's id)")
     index: Any = Field(default=None, description="the dataset's prompt index (extra_info.index)")
     uid: str | None = Field(default=None, description="verl's per-step prompt group uid")
     response_length: int = Field(description="valid response tokens (response_mask)")
-    threshold: float
     first_above: int | None = None
     abs_logp_diff: list[float | None] | None = Field(
         default=None, description="per position |old - rollout| (None where masked), when short"
@@ -171,30 +174,20 @@ class TokenRecord(Figures):
     )
 
 
-class StepRecord(Figures):
+class StepRecord(_TrainingStepRecord):
     """One batch: the same figures over all its valid tokens, next to what verl logged."""
 
-    schema_version: int = records.SCHEMA_VERSION
     source: Literal["token_mismatch_step"] = "token_mismatch_step"
-    timestamp: str
-    pid: int
-    global_step: int
     responses: int
-    threshold: float
     verl: dict[str, float | int | None] = Field(
         default_factory=dict, description="verl's own values for this batch (training/rollout_*)"
     )
 
 
-class NextTokenRecord(BaseModel):
+class NextTokenRecord(records.RecordHeader):
     """One dumped training micro batch: both engines on the token vLLM sampled after the prompt."""
 
-    model_config = ConfigDict(extra="allow")
-
-    schema_version: int = records.SCHEMA_VERSION
     source: Literal["next_token"] = "next_token"
-    timestamp: str
-    pid: int
     step: int = Field(description="msprobe's step of the same micro batch (update_actor_log.jsonl)")
     dump_path: str | None = None
     phase: str

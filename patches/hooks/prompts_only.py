@@ -18,7 +18,7 @@ after it) but re-splits it: the prompt's **last token becomes a one-token respon
 * every loss has one valid token, so log-prob, entropy and PPO losses are finite and verl's
   checks pass: a collection run finishes cleanly in both trainers;
 * vLLM's first response token and its log-prob (``rollout_log_probs[:, 0]``, the prediction at
-  the last prompt position) are kept in ``non_tensor_batch`` (``token_mismatch.stash_next_token``)
+  the last prompt position) are kept in ``non_tensor_batch`` (``next_token.stash_next_token``)
   before the trim drops them, for the output row of the layer view;
 * the reward of that token is set to zero (``rm_scores``), so reward-only advantage estimators
   (GRPO, RLOO, REINFORCE++) give zero advantages and the policy-gradient term is exactly zero.
@@ -101,9 +101,9 @@ def trim(batch: Any, *, bypass_mode: bool = False) -> Any:
             "(distillation and other extensions are not supported in a collection run)"
         )
 
-    from verl_consistency.patches.hooks import token_mismatch
+    from verl_consistency.patches.hooks import next_token
 
-    token_mismatch.stash_next_token(batch)
+    next_token.stash_next_token(batch)
     prompts = td["prompts"]
     for key in _FULL_SEQUENCE:
         td[key] = td[key][:, :prompt_len]
@@ -217,9 +217,9 @@ def trim_sample(field: dict[str, Any], *, validate: bool = False) -> dict[str, A
             "(distillation and other extensions are not supported in a collection run)"
         )
 
-    from verl_consistency.patches.hooks import token_mismatch
+    from verl_consistency.patches.hooks import next_token
 
-    token_mismatch.stash_next_token_sample(field)
+    next_token.stash_next_token_sample(field)
     one = torch.ones(1, dtype=field["response_mask"].dtype if "response_mask" in field else torch.int64)
     field["input_ids"] = field["input_ids"][:prompt_len]
     field["position_ids"] = field["position_ids"][..., :prompt_len]

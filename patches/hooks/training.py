@@ -48,7 +48,7 @@ from typing import Any, Literal
 import orjson
 
 from verl_consistency.contracts import capture, env, layout, records
-from verl_consistency.patches.hooks import msprobe_lanes, token_mismatch
+from verl_consistency.patches.hooks import msprobe_lanes, next_token
 
 Backend = Literal["fsdp", "megatron"]
 Phase = Literal["log_prob", "update_actor"]
@@ -312,7 +312,7 @@ class BatchDumper:
         self.phase = phase
         self.rank = rank
         self._active: tuple[int, list[str], list[Any], list[str] | None] | None = None
-        self._next: token_mismatch.NextTokenProbe | None = None
+        self._next: next_token.NextTokenProbe | None = None
 
     def _captured(self, ids: list[str], padding: list[bool]) -> list[str]:
         """The micro batch's requests to dump, in row order: padding rows never, else by the rule."""
@@ -356,14 +356,14 @@ class BatchDumper:
         lane_ids = [lane.request_id for lane in lanes] if lanes else None
         self._active = (step, ids, ids_all, lane_ids)
         if lane_ids and packed is not None:
-            self._next = token_mismatch.NextTokenProbe.attach(
+            self._next = next_token.NextTokenProbe.attach(
                 micro_batch,
                 model,
                 wanted=[ids.index(rid) for rid in lane_ids],
                 last_positions=packed.last_positions(),
             )
         else:
-            self._next = token_mismatch.NextTokenProbe.attach(micro_batch, model)
+            self._next = next_token.NextTokenProbe.attach(micro_batch, model)
 
     def stop(self, micro_batch: Any) -> None:
         if self._active is None:

@@ -154,7 +154,7 @@ class OutputRow(_Model):
     change can stay green in every module row and still change the output. vLLM reports the
     log-prob of the token it sampled after the prompt (``rollout_log_probs[:, 0]``); the training
     forward of the same prompt gives its log-prob of that token at the same position
-    (``hooks/token_mismatch.NextTokenProbe``). See ``postprocess/compare/token_level.py``.
+    (``hooks/next_token.NextTokenProbe``). See ``postprocess/compare/token_level.py``.
 
     When vLLM also gave its top-k at that position, the head figures compare the distribution,
     not just the one sampled token (``contracts.token_records.HEAD_FIGURES``); None otherwise

@@ -295,6 +295,18 @@ def render_token_md(section: object) -> str:
     return _env().get_template("token.md.j2").render(token=section, fmt=_fmt)
 
 
+@dataclass(frozen=True)
+class Sections:
+    """The report's optional sections, each shown only when its run wrote it.
+
+    ``token``: the token-level view (``token_level.TokenSection``), "Token-level view" and the
+    output rows; ``check``: a check run's ``batch_variance.CheckSummary``, "Engine gap and batch
+    variance". Kept apart from the pairing and its comparisons, which every report has."""
+
+    token: object | None = None
+    check: object | None = None
+
+
 def write_report(
     out_dir: Path,
     *,
@@ -303,15 +315,15 @@ def write_report(
     unpaired: Sequence[Unpaired],
     comparisons: Sequence[PairComparison],
     unpaired_counts: Mapping[str, Mapping[str, int]] | None = None,
-    token: object | None = None,
-    check: object | None = None,
+    sections: Sections | None = None,
 ) -> tuple[Path, Path]:
     """Write ``report.html`` and ``summary.md`` into ``out_dir`` (atomically; reruns overwrite).
 
     ``unpaired`` is the listed detail; ``unpaired_counts`` (subject → reason → n), when given, is
     the full tally, which also holds the reasons counted in bulk (decode steps, multi-request steps).
-    ``check``: a check run's ``batch_variance.CheckSummary``, shown as "Engine gap and batch variance".
     """
+    sections = sections or Sections()
+    token, check = sections.token, sections.check
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     env = _env()

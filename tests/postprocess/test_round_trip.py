@@ -24,6 +24,7 @@ import pytest
 
 from bench.support.verl_support import patched_verl
 from tests.patches.test_training_fsdp import _drive, _records
+from verl_consistency.contracts import token_records
 from verl_consistency.entrypoints.run.command import prepare_run_dir
 from verl_consistency.entrypoints.run.overrides import Mode
 from verl_consistency.entrypoints.run.plan import build_plan
@@ -111,6 +112,6 @@ def test_triage_capture_these_localise(root: Path, tmp_path: Path) -> None:
     assert outcome.code == pipeline.Exit.NOTHING_PAIRED  # no vLLM side here (see the module doc)
     assert outcome.bundle.is_file()
     names = {f.path for f in outcome.manifest.files}
-    assert any(n.endswith(f"-{tm.NEXT_TOKEN_LOG}") for n in names), names
+    assert any(n.endswith(f"-{token_records.NEXT_TOKEN_LOG}") for n in names), names
     manifest = json.loads(outcome.manifest.model_dump_json())
     assert manifest["run_id"] == "localise-1"

@@ -17,8 +17,8 @@ import pytest
 
 from verl_consistency.contracts import env
 from verl_consistency.contracts import token_records as trec
+from verl_consistency.patches.hooks import next_token as nt
 from verl_consistency.patches.hooks import request_ids
-from verl_consistency.patches.hooks import token_mismatch as tm
 from verl_consistency.postprocess.compare import token_level
 from verl_consistency.postprocess.compare.verdict import PairComparison
 from verl_consistency.postprocess.output import report
@@ -49,19 +49,15 @@ def _record(
 ) -> trec.NextTokenRecord:
     """The record the real probe writes for one row (its ``_write``), read back as the postprocess does."""
     vllm_logp = torch.log_softmax(vllm_logits, dim=-1)
-    probe = tm.NextTokenProbe(None, [], 1.0)
+    probe = nt.NextTokenProbe(None, [], 1.0)
     dump_dir = run_dir / DUMP_PATH
     dump_dir.mkdir(parents=True, exist_ok=True)
     probe._write(
         dump_dir,
         train_logits,
-        sampled,
-        float(vllm_logp[sampled]),
-        _topk(vllm_logits, sampled),
-        step=STEP,
-        dump_path=DUMP_PATH,
-        phase="log_prob",
-        request_id=RID,
+        nt.WantedRow(-1, sampled, float(vllm_logp[sampled]), _topk(vllm_logits, sampled)),
+        nt.DumpStep(step=STEP, dump_path=DUMP_PATH, phase="log_prob"),
+        RID,
     )
     (rec,) = token_level.next_token_records(run_dir)
     return rec
@@ -204,23 +200,23 @@ def test_the_trims_carry_vllms_topk(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             "rollout_log_probs": torch.tensor([[-0.1, -1.0], [-0.3, -1.0], [0.0, 0.0]]),
             "response_mask": torch.tensor([[1, 1], [0, 0], [0, 0]]),
         },
-        non_tensor_batch={tm.NEXT_TOKEN_TOPK: topk},
+        non_tensor_batch={trec.NEXT_TOKEN_TOPK: topk},
     )
-    assert tm.stash_next_token(batch)
+    assert nt.stash_next_token(batch)
     # -inf (vLLM's padding when fewer than k tokens are possible) is dropped; a row without a
     # valid response token 0 has no next token, so no top-k either
-    assert list(batch.non_tensor_batch[tm.NEXT_TOKEN_TOPK]) == [[[5, -0.1]], None, None]
+    assert list(batch.non_tensor_batch[trec.NEXT_TOKEN_TOPK]) == [[[5, -0.1]], None, None]
 
     field = {"responses": torch.tensor([5, 1]), "rollout_log_probs": torch.tensor([-0.1, -1.0])}
-    assert tm.stash_next_token_sample(dict(field))
-    assert tm.NEXT_TOKEN_TOPK not in _stashed(field)
-    sample = _stashed({**field, tm.NEXT_TOKEN_TOPK: [[5, -0.1], [9, -2.0]]})
-    assert sample[tm.NEXT_TOKEN_TOPK] == [[5, -0.1], [9, -2.0]]
+    assert nt.stash_next_token_sample(dict(field))
+    assert trec.NEXT_TOKEN_TOPK not in _stashed(field)
+    sample = _stashed({**field, trec.NEXT_TOKEN_TOPK: [[5, -0.1], [9, -2.0]]})
+    assert sample[trec.NEXT_TOKEN_TOPK] == [[5, -0.1], [9, -2.0]]
     request_ids.clear_padding(sample)
-    assert sample[tm.NEXT_TOKEN_TOPK] is None, "a padding sample carries no request's top-k"
+    assert sample[trec.NEXT_TOKEN_TOPK] is None, "a padding sample carries no request's top-k"
 
 
 def _stashed(field: dict[str, object]) -> dict[str, object]:
     out = dict(field)
-    tm.stash_next_token_sample(out)
+    nt.stash_next_token_sample(out)
     return out

@@ -163,7 +163,9 @@ def test_section_top_requests_position_profile_and_capture_file(tmp_path: Path) 
     assert (results / "token" / tm.TOKEN_LOG).is_file()
     assert (results / "token" / tm.SIDE_FILE).stat().st_size == 12 * 100 * 2
 
-    html, md = report.write_report(results, run_id="t", pairs=[], unpaired=[], comparisons=[], token=section)
+    html, md = report.write_report(
+        results, run_id="t", pairs=[], unpaired=[], comparisons=[], sections=report.Sections(token=section)
+    )
     page = html.read_text()
     assert 'id="token-level"' in page
     assert "capture-these.txt" in page
