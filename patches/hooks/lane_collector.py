@@ -33,20 +33,19 @@ msprobe is imported lazily (in :meth:`LaneStats.aim`), never at import time.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from verl_consistency.patches.contracts.records import lane_folder
-from verl_consistency.patches.hooks.lane_stats import Entry, LaneStatQueue
+from verl_consistency.patches.hooks.lane_json import LANE_RECORD, StepTemplate, save_text, stack_text
+from verl_consistency.patches.hooks.lane_stats import LaneStatQueue
 
 if TYPE_CHECKING:
     from verl_consistency.patches.hooks.msprobe_lanes import Lane
 
-LANE_RECORD = "_verl_consistency_lane_record"
-"""The key of a queued tensor record in the step's template (replaced before anything is written)."""
-STAT_KEYS = ("Max", "Min", "Mean", "Norm")
 PROCESSOR_NEEDS = ("_analyze_tensor", "tensor_handler", "get_stat_info")
 
 
@@ -201,18 +200,27 @@ class LaneStats:
 
     def write_json(self) -> None:
         """msprobe's write of the step, per lane: the queued statistics in one copy, then each
-        lane's ``dump.json``, ``stack.json`` and ``construct.json`` by its msprobe ``DataWriter``."""
+        lane's ``dump.json`` from the step's template (``lane_json.StepTemplate``: the text msprobe's
+        ``save_json`` would write for that lane), and ``stack.json`` and ``construct.json``, the
+        same for every lane, encoded once; each into the lane's folder (its msprobe ``DataWriter``'s
+        paths), as msprobe's ``DataWriter.write_json`` writes them."""
         template = self.collector.data_writer
         entries = self.queue.materialise()
-        cache = template.cache_data
-        header = {key: value for key, value in cache.items() if key != "data"}
+        shapes = [entry.shapes for entry in entries]
+        values = [entry.values or [[None] * 4] * len(self.lanes) for entry in entries]
+        step = StepTemplate(template.cache_data, _record_index) if template.cache_data else None
+        extra = getattr(self.collector.config, "extra_info", True)
+        stack = stack_text(template.cache_stack) if extra and template.cache_stack else None
+        construct = None
+        if extra and template.cache_construct:
+            construct = json.dumps(template.cache_construct, indent=1)
         for k, writer in enumerate(self.active):
-            if cache:
-                writer.cache_data = {**header, "data": _lane_data(cache.get("data", {}), entries, k)}
-            writer.cache_stack = template.cache_stack
-            writer.cache_construct = template.cache_construct
-            writer.data_updated = True
-            writer.write_json()
+            if step is not None:
+                save_text(writer.dump_file_path, step.render(shapes, values, k))
+            if stack is not None:
+                save_text(writer.stack_file_path, stack)
+            if construct is not None:
+                save_text(writer.construct_file_path, construct)
 
     def __getattr__(self, name: str) -> Any:
         # only reached for names this class does not define
@@ -249,21 +257,7 @@ def _one_pass_kind(tensor: Any, handler: Any, config: Any) -> bool | None:
     return tensor.dtype != torch.float64 and getattr(config, "precision", "low") != "high"
 
 
-def _lane_data(node: Any, entries: list[Entry], k: int) -> Any:
-    """Lane ``k``'s copy of the step's template: each queued record becomes msprobe's record of
-    that lane's cut (containers copied, everything else shared)."""
-    if isinstance(node, dict):
-        index = node.get(LANE_RECORD)
-        if isinstance(index, int):
-            entry = entries[index]
-            values = entry.values[k] if entry.values is not None else [None] * 4
-            record = {"type": node["type"], "dtype": node["dtype"], "shape": entry.shapes[k]}
-            record.update(zip(STAT_KEYS, values, strict=True))
-            for key, value in node.items():
-                if key not in record and key != LANE_RECORD:
-                    record[key] = value
-            return record
-        return {key: _lane_data(value, entries, k) for key, value in node.items()}
-    if isinstance(node, (list, tuple)):
-        return [_lane_data(value, entries, k) for value in node]
-    return node
+def _record_index(node: dict[str, Any]) -> int | None:
+    """The queue index of a tensor record :meth:`LaneStats._analyze_tensor` made, else None."""
+    index = node.get(LANE_RECORD)
+    return index if isinstance(index, int) else None

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from tests.fixtures.subprocess_run import run_module_json
 from verl_consistency.patches.contracts.records import LANE_PREFIX
+from verl_consistency.patches.hooks.lane_json import LANE_RECORD, StepTemplate
 from verl_consistency.patches.hooks.lane_stats import LaneStatQueue, lane_boxes
 from verl_consistency.patches.hooks.msprobe_lanes import Cut, one_pass
 
@@ -106,8 +107,10 @@ def test_every_lane_equals_msprobes_own_per_lane_dump(
     checked = 0
     for lane in range(len(cases[case]["lanes"])):
         want = json.loads(_lane_file(out, reference_step, lane).read_text())
-        got = json.loads(_lane_file(out, one_pass_step, lane).read_text())
+        text = _lane_file(out, one_pass_step, lane).read_text()
+        got = json.loads(text)
         assert _differences(got, want) == []
+        assert text == json.dumps(got, indent=1)  # what msprobe's save_json writes for this content
         checked += sum(1 for _ in _records(want))
         for name in ("construct.json", "stack.json"):
             reference = _lane_file(out, reference_step, lane, name).read_text()
@@ -209,3 +212,44 @@ def test_queue_values_are_each_lanes_statistics(dtype: torch.dtype) -> None:
             continue
         for got, want in zip(values[2:], [part.mean().item(), part.norm().item()], strict=True):
             assert math.isclose(got, want, rel_tol=1e-5 if dtype == torch.float32 else 2**-7) or got == want
+
+
+def test_the_step_template_renders_what_json_dump_with_indent_1_writes() -> None:
+    """Records at several depths, as list items and dict values, with extra keys (a DTensor's),
+    an empty shape, and every kind of value msprobe writes: the text is json.dumps(indent=1)'s."""
+
+    def rec(i: int, **extra: Any) -> dict[str, Any]:
+        fixed = {"type": "torch.Tensor", "dtype": "torch.float32", LANE_RECORD: i, "requires_grad": False}
+        return fixed | extra
+
+    data = {
+        "task": "statistics",
+        "data": {
+            "Module.a.forward.0": {
+                "input_args": [rec(0), {"type": "int", "value": 3}, [rec(1)]],
+                "input_kwargs": {"x": rec(2, device_mesh=[[0, 1]], placements=[{"Shard": {"dim": 0}}])},
+                "output": [],
+            },
+            "Module.b.forward.0": {"output": [rec(3)], "parameters": {"weight": rec(1)}},
+        },
+    }
+    shapes = [[[2, 3]], [[]], [[1, 0, 4]], [[5]]]
+    values = [
+        [[1.5, -2.0, 1e-30, float("nan")]],
+        [[True, False, None, None]],
+        [[None, None, None, None]],
+        [[7, -3, float("inf"), float("-inf")]],
+    ]
+    text = StepTemplate(data, lambda n: n.get(LANE_RECORD)).render(shapes, values, 0)
+
+    def filled(node: Any) -> Any:
+        if isinstance(node, dict):
+            if LANE_RECORD in node:
+                i = node[LANE_RECORD]
+                head = {"type": node["type"], "dtype": node["dtype"], "shape": shapes[i][0]}
+                rest = {k: v for k, v in node.items() if k not in (LANE_RECORD, "type", "dtype")}
+                return head | dict(zip(("Max", "Min", "Mean", "Norm"), values[i][0], strict=True)) | rest
+            return {k: filled(v) for k, v in node.items()}
+        return [filled(v) for v in node] if isinstance(node, list) else node
+
+    assert text == json.dumps(filled(data), indent=1)
