@@ -66,13 +66,26 @@ def lane_boxes(
     return dims, [tuple(box.get(d, (0, shape[d])) for d in dims) for box in boxes]
 
 
-@dataclass
-class _Group:
-    """Tensors that share a cut signature (dims, sizes), a dtype and a kind: one masked reduction."""
+@dataclass(frozen=True)
+class ShapeCut:
+    """What the lanes cut of a tensor of one shape: :func:`lane_boxes`, and each lane's shape."""
 
     dims: tuple[int, ...]
     sizes: tuple[int, ...]
     boxes: list[tuple[Span, ...]]
+    lane_shapes: list[list[int]]
+
+    @property
+    def rows(self) -> int:
+        """P: the cut dimensions' sizes multiplied (1 when nothing is cut)."""
+        return math.prod(self.sizes)
+
+
+@dataclass
+class _Group:
+    """Tensors that share a cut signature (dims, sizes), a dtype and a kind: one masked reduction."""
+
+    cut: ShapeCut
     dtype: Any
     full: bool  # max, min, mean, norm; else max and min only (integers, float64, precision high)
     device: Any
@@ -83,7 +96,7 @@ class _Group:
     @property
     def lane_rows(self) -> list[int]:
         """How many of the P rows each lane selects."""
-        return [math.prod(stop - start for start, stop in box) for box in self.boxes]
+        return [math.prod(stop - start for start, stop in box) for box in self.cut.boxes]
 
 
 @dataclass
@@ -102,16 +115,23 @@ class LaneStatQueue:
         self.lanes = [tuple(cuts) for cuts in lanes]
         self.entries: list[Entry] = []
         self._groups: dict[tuple[Any, ...], _Group] = {}
-        self._boxes: dict[tuple[int, ...], tuple[tuple[int, ...], list[tuple[Span, ...]]]] = {}
+        self._cuts: dict[tuple[int, ...], ShapeCut] = {}
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def boxes(self, shape: Sequence[int]) -> tuple[tuple[int, ...], list[tuple[Span, ...]]]:
-        key = tuple(int(n) for n in shape)
-        found = self._boxes.get(key)
+    def cut(self, shape: tuple[int, ...]) -> ShapeCut:
+        """The lanes' cut of a tensor of this shape (kept per shape: a step has few of them)."""
+        found = self._cuts.get(shape)
         if found is None:
-            found = self._boxes[key] = lane_boxes(key, self.lanes)
+            dims, boxes = lane_boxes(shape, self.lanes)
+            lane_shapes = []
+            for box in boxes:
+                lane_shape = list(shape)
+                for d, (start, stop) in zip(dims, box, strict=True):
+                    lane_shape[d] = stop - start
+                lane_shapes.append(lane_shape)
+            found = self._cuts[shape] = ShapeCut(dims, tuple(shape[d] for d in dims), boxes, lane_shapes)
         return found
 
     def add(self, tensor: torch.Tensor, *, full: bool) -> int:
@@ -121,18 +141,15 @@ class LaneStatQueue:
         statistics; otherwise max and min only."""
         import torch
 
-        shape = [int(n) for n in tensor.shape]
-        dims, boxes = self.boxes(shape)
-        sizes = tuple(shape[d] for d in dims)
-        key = (dims, sizes, tensor.dtype, full, tensor.device)
+        cut = self.cut(tuple(tensor.shape))
+        key = (cut.dims, cut.sizes, tensor.dtype, full, tensor.device)
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = _Group(dims, sizes, boxes, tensor.dtype, full, tensor.device)
-        rows = math.prod(sizes)
+            group = self._groups[key] = _Group(cut, tensor.dtype, full, tensor.device)
         flat = tensor.detach()
-        if dims:
-            flat = flat.movedim(dims, tuple(range(len(dims))))
-        flat = flat.reshape(rows, -1)
+        if cut.dims:
+            flat = flat.movedim(cut.dims, tuple(range(len(cut.dims))))
+        flat = flat.reshape(cut.rows, -1)
         low, high = torch.aminmax(flat, dim=1)
         if full:
             group.rows.append(
@@ -147,13 +164,7 @@ class LaneStatQueue:
             group.rows.append((low, high))
         group.records.append(len(self.entries))
         group.inner.append(flat.shape[1])
-        lane_shapes = []
-        for box in boxes:
-            lane_shape = list(shape)
-            for d, (start, stop) in zip(dims, box, strict=True):
-                lane_shape[d] = stop - start
-            lane_shapes.append(lane_shape)
-        self.entries.append(Entry(lane_shapes))
+        self.entries.append(Entry(cut.lane_shapes))
         return len(self.entries) - 1
 
     def add_per_lane(
@@ -200,11 +211,11 @@ def _mask(group: _Group) -> torch.Tensor:
     """``[lanes, P]``: which of the P rows (cut dimensions flattened, C order) each lane selects."""
     import torch
 
-    mask = torch.zeros((len(group.boxes), *group.sizes), dtype=torch.bool)
-    for k, box in enumerate(group.boxes):
+    mask = torch.zeros((len(group.cut.boxes), *group.cut.sizes), dtype=torch.bool)
+    for k, box in enumerate(group.cut.boxes):
         index: tuple[int | slice, ...] = (k, *(slice(start, stop) for start, stop in box))
         mask[index] = True
-    mask = mask.reshape(len(group.boxes), -1)
+    mask = mask.reshape(len(group.cut.boxes), -1)
     if group.device.type != "cpu":
         mask = mask.pin_memory().to(group.device, non_blocking=True)
     return mask
