@@ -32,6 +32,7 @@ torch is imported lazily: this package is imported where torch may be absent.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -75,10 +76,10 @@ class ShapeCut:
     boxes: list[tuple[Span, ...]]
     lane_shapes: list[list[int]]
 
-    @property
-    def rows(self) -> int:
-        """P: the cut dimensions' sizes multiplied (1 when nothing is cut)."""
-        return math.prod(self.sizes)
+    rows: int
+    """P: the cut dimensions' sizes multiplied (1 when nothing is cut)."""
+    leading: bool
+    """The cut dimensions come first but for size-1 ones: ``reshape(P, -1)`` views the rows as they are."""
 
 
 @dataclass
@@ -116,6 +117,7 @@ class LaneStatQueue:
         self.entries: list[Entry] = []
         self._groups: dict[tuple[Any, ...], _Group] = {}
         self._cuts: dict[tuple[int, ...], ShapeCut] = {}
+        self._seen: dict[int, tuple[Any, int, bool, int]] = {}
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -131,41 +133,58 @@ class LaneStatQueue:
                 for d, (start, stop) in zip(dims, box, strict=True):
                     lane_shape[d] = stop - start
                 lane_shapes.append(lane_shape)
-            found = self._cuts[shape] = ShapeCut(dims, tuple(shape[d] for d in dims), boxes, lane_shapes)
+            sizes = tuple(shape[d] for d in dims)
+            first = dims[0] if dims else 0
+            leading = math.prod(shape[:first]) == 1 and dims == tuple(range(first, first + len(dims)))
+            found = self._cuts[shape] = ShapeCut(dims, sizes, boxes, lane_shapes, math.prod(sizes), leading)
         return found
 
     def add(self, tensor: torch.Tensor, *, full: bool) -> int:
         """Queue the row reductions of a plain, non-empty tensor of >= 1 dimension; returns its index.
 
         ``full``: floating point (not float64) under msprobe's default precision: all four
-        statistics; otherwise max and min only."""
+        statistics; otherwise max and min only. The same tensor met again in the step, unchanged
+        (one module's output is the next one's input; q, k and v read the same hidden states), is
+        not reduced again: its index is returned (:meth:`seen`)."""
         import torch
 
+        again = self.seen(tensor, full)
+        if again is not None:
+            return again
         cut = self.cut(tuple(tensor.shape))
         key = (cut.dims, cut.sizes, tensor.dtype, full, tensor.device)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = _Group(cut, tensor.dtype, full, tensor.device)
-        flat = tensor.detach()
-        if cut.dims:
-            flat = flat.movedim(cut.dims, tuple(range(len(cut.dims))))
-        flat = flat.reshape(cut.rows, -1)
+        if cut.leading:  # [P, ...] or [1, P, ...]: a view, nothing to move
+            flat = tensor.reshape(cut.rows, -1)
+        else:
+            flat = tensor.movedim(cut.dims, tuple(range(len(cut.dims)))).reshape(cut.rows, -1)
         low, high = torch.aminmax(flat, dim=1)
         if full:
-            group.rows.append(
-                (
-                    low,
-                    high,
-                    flat.sum(1, dtype=torch.float32),
-                    torch.linalg.vector_norm(flat, dim=1, dtype=torch.float32),
-                )
-            )
+            total = flat.sum(1, dtype=torch.float32)
+            group.rows.append((low, high, total, torch.linalg.vector_norm(flat, dim=1, dtype=torch.float32)))
         else:
             group.rows.append((low, high))
         group.records.append(len(self.entries))
         group.inner.append(flat.shape[1])
         self.entries.append(Entry(cut.lane_shapes))
-        return len(self.entries) - 1
+        index = len(self.entries) - 1
+        version = _version(tensor)
+        if version is not None:
+            self._seen[id(tensor)] = (weakref.ref(tensor), version, full, index)
+        return index
+
+    def seen(self, tensor: torch.Tensor, full: bool) -> int | None:
+        """The index of this very tensor object queued earlier in the step, if it is still alive
+        (so its memory is not another tensor's) and unmodified since (its version counter)."""
+        found = self._seen.get(id(tensor))
+        if found is None:
+            return None
+        ref, version, was_full, index = found
+        if ref() is not tensor or version != _version(tensor) or was_full != full:
+            return None
+        return index
 
     def add_per_lane(
         self, tensor: Any, stat: Callable[[Any], Sequence[Any]], cut: Callable[[Any, Any], Any]
@@ -201,6 +220,16 @@ class LaneStatQueue:
                 entry.pending = None
         self._groups.clear()
         return self.entries
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter (it moves with every in-place change), or None for an
+    inference-mode tensor, which has none: such a tensor is never taken for one seen before
+    (vLLM changes some in place, e.g. a fused residual add)."""
+    try:
+        return int(tensor._version)
+    except RuntimeError:
+        return None
 
 
 def _item(value: Any) -> Any:

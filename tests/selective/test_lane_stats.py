@@ -226,7 +226,7 @@ def test_the_step_template_renders_what_json_dump_with_indent_1_writes() -> None
         "task": "statistics",
         "data": {
             "Module.a.forward.0": {
-                "input_args": [rec(0), {"type": "int", "value": 3}, [rec(1)]],
+                "input_args": [rec(0), {"type": "str", "value": "50%s %d"}, [rec(1)]],
                 "input_kwargs": {"x": rec(2, device_mesh=[[0, 1]], placements=[{"Shard": {"dim": 0}}])},
                 "output": [],
             },
@@ -253,3 +253,25 @@ def test_the_step_template_renders_what_json_dump_with_indent_1_writes() -> None
         return [filled(v) for v in node] if isinstance(node, list) else node
 
     assert text == json.dumps(filled(data), indent=1)
+
+
+def test_a_tensor_met_again_unchanged_is_reduced_once() -> None:
+    """A module's output is the next one's input: queued once while it is the same, unchanged
+    object; an in-place change or an inference-mode tensor (no version counter) is reduced anew."""
+    queue = LaneStatQueue([[Cut(0, 4, 0, 2)], [Cut(0, 4, 2, 4)]])
+    x = torch.arange(8.0).reshape(4, 2)
+    first = queue.add(x, full=True)
+    assert queue.add(x, full=True) == first
+    assert queue.add(x.clone(), full=True) != first  # the same values, another tensor
+    x.add_(100)
+    changed = queue.add(x, full=True)
+    assert changed != first
+    with torch.inference_mode():
+        y = torch.arange(8.0).reshape(4, 2)
+    assert queue.add(y, full=True) != queue.add(y, full=True)
+    entries = queue.materialise()
+    # the norms are float32 (as torch.norm returns them), here within an ulp of the exact ones
+    want = [[3.0, 0.0, 1.5, math.sqrt(14.0)], [7.0, 4.0, 5.5, math.sqrt(126.0)]]
+    assert entries[first].values == [pytest.approx(lane, rel=1e-6) for lane in want]
+    assert entries[changed].values is not None
+    assert entries[changed].values[0][:2] == [103.0, 100.0]
