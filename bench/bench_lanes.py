@@ -15,7 +15,8 @@ Two parts, each printing one ``ratio`` line against the undumped pass measured i
               folder per lane.
 ``training``  verl's FSDP log_prob pass (``bench/gpu/fsdp_cost.py``) at micro batch 8, with and
               without dumps, in the demo venv (patched verl; ``$VERL_CONSISTENCY_DEMO_VENV``, which
-              ``make bench`` sets); its ``ratio mb8 dumps/off`` line, printed again with the hardware.
+              ``make bench`` sets, else ``.cache/demo-venv``); its ``ratio mb8 dumps/off`` line,
+              printed again with the hardware.
 
 Run: ``python -m bench.bench_lanes`` (``make bench``; CPU: the ``tiny`` shape, 32 prompts of 16-64
 tokens, about 1-2 minutes on 2 cores). On a GPU, ``python -m bench.bench_lanes --part vllm --device
@@ -100,7 +101,8 @@ def vllm_part(args: argparse.Namespace) -> dict[str, Any]:
         return wall
 
     walls: dict[str, list[float]] = {"off": [], "one-pass": [], "fan-out": [], "off-after": []}
-    step(None)  # warm-up
+    step(None)  # warm-up (twice: the first steps of a fresh process run slower)
+    step(None)
     walls["off"] = [step(None) for _ in range(args.reps)]
     debugger = PrecisionDebugger(config_path=str(work / "msprobe.json"))
     paths = {"one-pass": "auto"} | ({"fan-out": "fanout"} if args.fanout else {})
@@ -145,11 +147,11 @@ def print_vllm(args: argparse.Namespace, result: dict[str, Any]) -> None:
 def training_part(args: argparse.Namespace) -> None:
     """``bench/gpu/fsdp_cost.py`` on the CPU in the demo venv (patched verl); its mb 8 ratio line."""
     from tests.fixtures.hardware import hardware
+    from verl_consistency.patches.contracts.env import DEMO_VENV
 
-    venv = os.environ.get("VERL_CONSISTENCY_DEMO_VENV")
-    py = Path(venv) / "bin" / "python" if venv else None
-    if py is None or not py.is_file():
-        print("training: SKIPPED (no demo venv: set VERL_CONSISTENCY_DEMO_VENV, as `make bench` does)")
+    py = Path(os.environ.get(DEMO_VENV) or REPO / ".cache" / "demo-venv") / "bin" / "python"
+    if not py.is_file():
+        print(f"training: SKIPPED (no demo venv at {py}: make demo-venv, or set {DEMO_VENV})")
         return
     with tempfile.TemporaryDirectory(prefix="bench-lanes-fsdp-") as tmp:
         out = Path(tmp) / "fsdp-cost.json"

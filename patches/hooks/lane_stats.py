@@ -207,7 +207,8 @@ class LaneStatQueue:
 
         groups = [g for g in self._groups.values() if g.records]
         parts = [_reduce(g) for g in groups]
-        host = torch.cat([p.reshape(-1).cpu() for p in parts]) if parts else None
+        # one device-to-host copy for the whole step (the first sync since the forward began)
+        host = torch.cat([p.reshape(-1).to(parts[0].device) for p in parts]).cpu() if parts else None
         offset = 0
         for group, part in zip(groups, parts, strict=True):
             n = part.numel()
