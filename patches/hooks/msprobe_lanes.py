@@ -30,9 +30,16 @@ Layout: msprobe makes ``<dump_path>/step{N}/{rank}/`` for the step; lane ``k`` w
 ``<that>/req{k}/{dump.json,construct.json,stack.json[,dump_tensor_data/]}``. The caller records
 which request each ``req{k}`` holds (``records.DumpedRequest``).
 
-Cost: each lane runs msprobe's per-module work, so a step with N lanes costs about N times a
-one-request scoped step's host work, on 1/N of the rows each; bytes per request are those of a
-one-request scoped dump.
+Two fronts, one per kind of step (:func:`one_pass`). Statistics (``task: statistics``, the
+default summary, no ``tensor_list``) go through ``lane_collector.LaneStats`` (issue 32): one
+msprobe collector walks each module call once, and each tensor is reduced once for every lane on
+the device; each lane's files are what the fan-out writes (``tests/selective/test_lane_stats.py``).
+Everything else, tensor mode and md5/xor summaries (they write or hash each lane's own rows),
+keeps the fan-out, where each lane runs msprobe's per-module work: a step with N lanes costs about
+N times a one-request scoped step's host work, on 1/N of the rows each. :data:`DEFAULT_PATH`
+``fanout`` sends statistics through the fan-out too: the reference the one-pass path is tested
+against, and the "before" of ``bench/bench_lanes.py``. Bytes per request are those of a
+one-request scoped dump either way.
 
 This module imports msprobe lazily (inside :func:`install`), never at import time.
 """
