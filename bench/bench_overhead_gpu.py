@@ -45,7 +45,7 @@ SIZES = {
 MODES = ("off", "recipe", "selective", "tensor")
 
 
-def _config(size: str) -> object:
+def model_config(size: str) -> object:
     from types import SimpleNamespace
 
     layers, hidden, heads, kv, inter, vocab = SIZES[size]
@@ -71,7 +71,7 @@ def _window(steps: int, rate: float, skip: int) -> list[dict[str, object]]:
     return [{"decodes": s.decodes, "new": [(r.rid, r.prompt) for r in s.new]} for s in window]
 
 
-def _msprobe_config(mode: str, dump: Path) -> dict[str, object]:
+def msprobe_config(mode: str, dump: Path) -> dict[str, object]:
     from verl_consistency.patches.hooks.request_scope import LAYER_TENSOR_LIST, scoped_msprobe_config
 
     task = "tensor" if mode == "tensor" else "statistics"
@@ -111,7 +111,7 @@ def child(mode: str, size: str, window_file: Path, fraction: float, out: Path) -
     torch.set_default_dtype(dtype)
     with torch.device(device):  # build in place: a 7B model initialised on the host takes minutes
         # one masked SDPA per layer: a per-request loop over ~250 decodes would time Python, not the step
-        model = Qwen2ForCausalLM(_config(size), one_kernel=True).eval()
+        model = Qwen2ForCausalLM(model_config(size), one_kernel=True).eval()
     print(f"[{mode}] model {size} on {device}, {len(window)} steps", file=sys.stderr, flush=True)
     rule = CaptureRule(fraction=fraction)
 
@@ -121,7 +121,7 @@ def child(mode: str, size: str, window_file: Path, fraction: float, out: Path) -
         from msprobe.pytorch import PrecisionDebugger
 
         cfg_path = work / "config.json"
-        cfg_path.write_text(json.dumps(_msprobe_config(mode, work / "dump")))
+        cfg_path.write_text(json.dumps(msprobe_config(mode, work / "dump")))
         debugger = PrecisionDebugger(config_path=str(cfg_path))
         if mode == "tensor":
             install_compact_tensor_save()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu import fsdp_cost
+from bench.gpu import fsdp_cost, fsdp_cost_checks
 from verl_consistency.contracts import layout, records
 
 
@@ -187,3 +187,21 @@ def test_the_bench_runs_on_cpu_in_the_demo_venv(tmp_path, repo):
     assert set(across) == {"off-mb4 vs off-mb1", "off-mb8 vs off-mb1"}, diffs
     assert all(v <= ACROSS_MICRO_BATCHES for v in across.values()), diffs
     assert out.with_suffix(".txt").read_text().count("ratio dumps mb1/mb") == 2
+
+
+@pytest.mark.parametrize(
+    ("label", "micro_batch", "fronts", "lanes_path", "problem"),
+    [
+        ("dumps", 8, {"LaneStats": 2}, "auto", False),
+        ("dumps", 8, {"LaneFanout": 2}, "auto", True),  # the one-pass path did not run
+        ("dumps", 8, {}, "auto", True),  # no lanes at all
+        ("dumps", 8, {"LaneFanout": 2}, "fanout", False),
+        ("dumps", 8, {"LaneStats": 1, "LaneFanout": 1}, "fanout", True),
+        ("dumps", 1, {}, "auto", False),  # one row per micro batch: dumped whole, no lanes
+        ("off", 8, {}, "auto", False),
+    ],
+)
+def test_a_dumped_pass_must_use_the_lane_path_asked_for(label, micro_batch, fronts, lanes_path, problem):
+    rep = fsdp_cost.Rep(label, micro_batch, 0, wall_s=1.0, fronts=fronts)
+    fsdp_cost_checks.check_fronts(rep, lanes_path)
+    assert bool(rep.problems) is problem, rep.problems

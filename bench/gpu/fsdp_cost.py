@@ -13,18 +13,17 @@ trimmed by ``prompts_only.trim``, ``use_remove_padding`` THD) over the same N re
   lane each);
 * without dumps at the same micro batches (the baseline).
 
-All in ONE process and on one engine (the micro batch is a field of the batch, not of the engine),
-repetitions alternating the order of the micro batches, so that clocks, caches and the GPU's state
-are shared. The undumped repetitions run first: msprobe's L0 hooks stay registered on the model
-once the debugger has started, so a later undumped pass pays their idle cost (it is shown as
-``off-after``, for information). Each dumped repetition's step folders are moved out of the
-process's dump folder afterwards (outside the timing), so every repetition writes into an empty
-one, and it is checked: every request must appear in exactly one dump (a ``req*`` lane folder at
-micro batch > 1, a whole step at micro batch 1) and in the ``update_actor_log.jsonl`` records.
+All in ONE process on one engine (the micro batch is a field of the batch), repetitions alternating
+the order of the micro batches, so clocks, caches and the GPU's state are shared. The undumped
+repetitions run first: msprobe's L0 hooks stay registered once the debugger has started, so a later
+undumped pass pays their idle cost (``off-after``). Each dumped pass's step folders are moved away
+(untimed) and checked: every request in one dump (a ``req*`` lane, or a whole step at mb 1).
 
-The acceptance figure is ``ratio dumps mb1/mb8``: wall time at micro batch 1 over micro batch 8,
-both with dumps, medians of the same run. Written to ``--out`` (JSON) and ``--out`` with ``.txt``
-(the table; ``fsdp_cost_report.py`` makes both).
+Issue 21's figure is ``ratio dumps mb1/mb8`` (micro batch 1 over 8, both dumping), issue 32's
+``ratio mb8 dumps/off`` (dumped over undumped at micro batch 8): medians of the same run. The lanes
+go through the one-pass path (``hooks/lane_collector.py``; ``--lanes-path fanout``: one msprobe
+collector per lane, the path before issue 32), and each dumped pass is checked to have used it
+(``fsdp_cost_checks``). Written to ``--out`` (JSON) and ``--out`` with ``.txt`` (the table).
 
 Run (from the repository root; ``verl_consistency`` must import this checkout):
 
@@ -50,11 +49,13 @@ import tempfile
 import time
 import traceback
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.gpu.fsdp_cost_checks import Rep, check_fronts, count_fronts, harvest, parse_args
 from bench.gpu.fsdp_cost_report import hardware, summarize, table
 from verl_consistency.entrypoints.options import options_from
 
@@ -93,23 +94,6 @@ def stage(name: str, hint: str = "") -> Iterator[None]:
     except Exception as exc:  # reported with its stage, then re-raised as one error
         traceback.print_exc()
         raise BenchError(f"{name}: {type(exc).__name__}: {exc}" + (f" ({hint})" if hint else "")) from exc
-
-
-@dataclass
-class Rep:
-    """One timed ``infer_batch`` over every request."""
-
-    label: str  # "dumps", "off" or "off-after"
-    micro_batch: int
-    index: int
-    wall_s: float | None = None
-    peak_gib: float | None = None
-    steps: int = 0
-    lane_folders: int = 0
-    requests_dumped: int = 0
-    bytes_dumped: int = 0
-    problems: list[str] = field(default_factory=list)
-    error: str | None = None
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -257,74 +241,6 @@ def infer(
     return wall, log_probs, peak
 
 
-def harvest(lay: Any, into: Path, log_offset: int, expected: dict[str, int], rep: Rep) -> int:
-    """Move this pass's step folders out of the process's dump folder into ``into``, count what they
-    hold, and check them (:func:`check_dumps`). ``expected``: request id -> prompt tokens. Returns
-    the records log's new offset."""
-    from verl_consistency.contracts import layout, records
-
-    dump_dir = layout.process_dump_dir(lay.actor_dir)
-    shutil.rmtree(into, ignore_errors=True)  # a kept dump of an earlier bench in the same --work
-    into.mkdir(parents=True)
-    steps = sorted(p for p in dump_dir.glob("step*") if p.is_dir()) if dump_dir.is_dir() else []
-    for step in steps:
-        shutil.move(str(step), str(into / step.name))
-    rep.steps = len(steps)
-    rep.lane_folders = sum(1 for p in into.glob("step*/*/req*") if p.is_dir())
-    rep.bytes_dumped = sum(f.stat().st_size for f in into.rglob("*") if f.is_file())
-    log = dump_dir / records.UPDATE_ACTOR_LOG
-    new = b""
-    if log.is_file():
-        with log.open("rb") as fh:
-            fh.seek(log_offset)
-            new = fh.read()
-    check_dumps(into, [json.loads(line) for line in new.splitlines()], expected, rep)
-    return log_offset + len(new)
-
-
-def dumped_tokens(dump_json: Path) -> int | None:
-    """The token count of the first decoder layer's input in an msprobe dump (THD: ``[1, T, hidden]``)."""
-    data = json.loads(dump_json.read_text()).get("data", {})
-    for name, item in data.items():
-        if ".layers.0.input_layernorm." in name and ".forward" in name:
-            shape = item["input_args"][0]["shape"]
-            return int(shape[-2])
-    return None
-
-
-def check_dumps(into: Path, recs: list[dict[str, Any]], expected: dict[str, int], rep: Rep) -> None:
-    """Every request in exactly one dump, each dump holding that request's rows (its prompt's
-    token count), as many lane folders and steps as verl's micro batches imply."""
-    dumped: list[str] = []
-    for rec in recs:
-        ids = rec.get("request_ids", [])
-        lane_ids = rec.get("lane_request_ids")
-        folders = [(f"req{k}", rid) for k, rid in enumerate(lane_ids)] if lane_ids else [("", ids[0])]
-        dumped += [rid for _, rid in folders]
-        if lane_ids and len(lane_ids) != len(ids):
-            rep.problems.append(f"step {rec.get('step')}: {len(lane_ids)} lanes for {len(ids)} requests")
-        for sub, rid in folders:
-            path = into / f"step{rec['step']}" / f"rank{rec.get('rank', 0)}" / sub / "dump.json"
-            got = dumped_tokens(path) if path.is_file() else None
-            if got != expected.get(rid):
-                rep.problems.append(
-                    f"{path}: {got} tokens dumped for request {rid}, its prompt has {expected.get(rid)}"
-                )
-    rep.requests_dumped = len(dumped)
-    missing = set(expected) - set(dumped)
-    if missing or len(dumped) != len(expected):
-        rep.problems.append(f"{len(dumped)} dumps for {len(expected)} requests, {len(missing)} missing")
-    # verl cuts the batch in order into micro batches of micro_batch rows (the last may be short);
-    # a micro batch of one row is dumped whole (a step without lanes), any other one lane per row
-    n = len(expected)
-    sizes = [min(rep.micro_batch, n - i) for i in range(0, n, rep.micro_batch)]
-    want_lanes = sum(s for s in sizes if s > 1)
-    if rep.lane_folders != want_lanes:
-        rep.problems.append(f"{rep.lane_folders} req* lane folders under {into}, expected {want_lanes}")
-    if rep.steps != len(sizes):
-        rep.problems.append(f"{rep.steps} step folders under {into}, expected {len(sizes)}")
-
-
 # ----------------------------------------------------------------------------- the schedule
 
 
@@ -347,6 +263,8 @@ class Bench:
     warmups: list[Rep] = field(default_factory=list)
     log_probs: dict[str, Any] = field(default_factory=dict)
     log_off: int = 0
+    fronts: Counter[str] = field(default_factory=Counter)
+    """Lane fronts installed so far (``fsdp_cost_checks.count_fronts``)."""
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -357,6 +275,7 @@ def one_pass(b: Bench, label: str, mb: int, index: int, warm: bool = False) -> R
     rep = Rep(label, mb, index)
     dumps = label == "dumps"
     batch, ids = (b.warm_batch, b.warm_ids) if warm and dumps else (b.batch, b.ids)
+    before = Counter(b.fronts)
     try:
         wall, log_probs, peak = infer(b.engine, batch, mb, b.device, dumps)
         rep.wall_s, rep.peak_gib = round(wall, 4), None if peak is None else round(peak, 2)
@@ -373,6 +292,8 @@ def one_pass(b: Bench, label: str, mb: int, index: int, warm: bool = False) -> R
             import torch
 
             torch.cuda.empty_cache()
+    rep.fronts = dict(b.fronts - before)
+    check_fronts(rep, b.args.lanes_path)
     if dumps:
         into = b.work / "reps" / f"{'warm-' if warm else ''}{label}-mb{mb}-{index}"
         try:
@@ -437,55 +358,6 @@ def run_schedule(b: Bench) -> None:
 # ----------------------------------------------------------------------------- main
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--tiny", action="store_true", help="a tiny Qwen2 and prompts of 8-64 tokens (CPU check)")
-    ap.add_argument("--model", type=Path, help="an HF Qwen2 folder to use instead of building a random one")
-    ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--min-len", type=int, help="shortest prompt (default 64; 8 with --tiny)")
-    ap.add_argument("--max-len", type=int, help="longest prompt (default 512; 64 with --tiny)")
-    ap.add_argument(
-        "--micro-batches", default="1,8", help="comma-separated, the first must be 1 (e.g. 1,8,16)"
-    )
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per micro batch and pass kind")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--work", type=Path, help="model and dump folders (default: a new temporary folder)")
-    ap.add_argument("--keep-dumps", action="store_true", help="keep each pass's dump under WORK/reps/")
-    ap.add_argument(
-        "--budget-s",
-        type=float,
-        default=540.0,
-        help="seconds from the start: a pass that would end later is skipped",
-    )
-    ap.add_argument(
-        "--out", type=Path, default=Path("fsdp-cost.json"), help="JSON result (and .txt beside it)"
-    )
-    args = ap.parse_args(argv)
-    try:
-        args.micro_batches = [int(x) for x in args.micro_batches.split(",")]
-    except ValueError:
-        ap.error(f"--micro-batches {args.micro_batches!r}: give comma-separated integers, e.g. 1,8")
-    if (
-        args.micro_batches[0] != 1
-        or min(args.micro_batches) < 1
-        or len(set(args.micro_batches)) != len(args.micro_batches)
-    ):
-        ap.error(
-            "--micro-batches: distinct positive sizes, the first 1 (the ratios are against micro batch 1)"
-        )
-    args.min_len = args.min_len or (8 if args.tiny else 64)
-    args.max_len = args.max_len or (64 if args.tiny else 512)
-    if not 2 <= args.min_len <= args.max_len:
-        ap.error("--min-len/--max-len: need 2 <= min <= max (PROMPTS_ONLY needs two prompt tokens)")
-    if any(args.requests % mb for mb in args.micro_batches) or args.reps < 1:
-        ap.error(
-            f"--requests {args.requests} must be a multiple of every micro batch {args.micro_batches} "
-            "(verl asserts it: data size must be divisible by ... micro_batch_size_per_gpu); --reps >= 1"
-        )
-    return args
-
-
 def set_up(args: argparse.Namespace, t_start: float) -> tuple[Bench, dict[str, Any]]:
     import torch
 
@@ -523,9 +395,10 @@ def set_up(args: argparse.Namespace, t_start: float) -> tuple[Bench, dict[str, A
         t = time.monotonic()
         engine = build_engine(model_dir, device, len(requests))
         print(f"engine ready in {time.monotonic() - t:.1f}s", flush=True)
-        from verl_consistency.patches.hooks import training  # the patched verl imports it
+        from verl_consistency.patches.hooks import msprobe_lanes, training  # the patched verl imports it
 
         del training
+        msprobe_lanes.DEFAULT_PATH = args.lanes_path
     tokens = sum(len(r["prompt_ids"]) for r in requests)
     config = {
         "requests": len(requests),
@@ -539,12 +412,13 @@ def set_up(args: argparse.Namespace, t_start: float) -> tuple[Bench, dict[str, A
         "micro_batches": args.micro_batches,
         "reps": args.reps,
         "seed": args.seed,
+        "lanes_path": args.lanes_path,
         "work": str(work),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
     ids = {r["request_id"]: len(r["prompt_ids"]) for r in requests}
     warm_ids = {r["request_id"]: len(r["prompt_ids"]) for r in warm}
-    return options_from(Bench, locals(), t0=t_start), config
+    return options_from(Bench, locals(), t0=t_start, fronts=count_fronts()), config
 
 
 def write_outputs(out: Path, result: dict[str, Any]) -> str:

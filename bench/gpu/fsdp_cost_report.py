@@ -89,6 +89,10 @@ def hardware(device: str) -> dict[str, Any]:
     return hw
 
 
+LANE_PATHS = {
+    "auto": "in one pass (hooks/lane_collector.py, issue 32)",
+    "fanout": "fanned out, one msprobe collector per lane (before issue 32)",
+}
 RATIO_NOTES = {
     "dumps": "  (wall at micro batch 1 / wall at the other, both dumping every request: issue 21's figure)",
     "off": "  (the same without dumps)",
@@ -102,7 +106,7 @@ def table(result: dict[str, Any]) -> str:
         f"# verl {hw.get('verl')} FSDPEngineWithLMHead.infer_batch (log_prob, PROMPTS_ONLY, THD), "
         f"{c.get('requests')} requests, prompts {c.get('min_len')}-{c.get('max_len')} tokens "
         f"({c.get('tokens')} in all), model {c.get('shape')} {c.get('dtype')}, attention {c.get('attn')}; "
-        "msprobe statistics L0, capture fraction:1",
+        f"msprobe statistics L0, capture fraction:1, lanes {LANE_PATHS.get(c.get('lanes_path', 'auto'))}",
         f"hardware: {hw.get('device')}, torch {hw.get('torch')} (cuda {hw.get('cuda')}), "
         f"transformers {hw.get('transformers')}, mindstudio-probe {hw.get('mindstudio-probe')}, "
         f"{hw.get('cpu_cores')} CPU cores",

@@ -52,6 +52,7 @@
 #   run(carry=[S/packed/cN]):     bash bench/gpu/verl_gpu.sh stage packed/cN      (N = 0..4, back to back)
 #   run():                        bash bench/gpu/verl_gpu.sh check               (issue 22, ~5 min)
 #   run():                        bash bench/gpu/verl_gpu.sh cost                (issue 21, ~6 min)
+#   run():                        bash bench/gpu/verl_gpu.sh lanes               (issue 32, ~2 min)
 # `check` runs `verl-consistency check --model <random bf16 Qwen2 of Qwen2-0.5B's shape, make_assets.py's
 # tokenizer> --device cuda --dtype bfloat16 --num-prompts 8` and writes to $OUT check.log, report.html,
 # summary.json and h200-next-check.tar.xz (the run folder, for tests/postprocess/fixtures/; CI re-pairs it).
@@ -299,6 +300,24 @@ if [ "$cmd" = cost ]; then
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
   exit $rc
 fi
+if [ "$cmd" = lanes ]; then
+  # Issue 32's vLLM-side figure: bench/bench_lanes.py of THIS checkout, a dumped prefill step of LANES
+  # (32) requests, each in a lane of its own, against the same step undumped, and against the fan-out
+  # (one msprobe collector per lane: the path before issue 32), on the vLLM-layout Qwen2 stand-in at
+  # Qwen2-0.5B's shape in bf16 (prompts of 64-512 tokens). It needs only torch and the stage's msprobe.
+  # Writes to $OUT: lanes.log (without msprobe's INFO lines) and lanes-full.log. Expected ~2 min.
+  from_checkout lanes
+  export PYTHONUNBUFFERED=1
+  left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
+  # shellcheck disable=SC2086  # LANES_ARGS: more options, split on spaces
+  (cd "$REPO" && timeout -k 10 $(( left - 5 )) python3 -m bench.bench_lanes --part vllm --device "${DEVICE:-cuda}" \
+    --lanes "${LANES:-32}" --reps "${REPS:-3}" ${LANES_ARGS:-}) >"$OUT/lanes-full.log" 2>&1
+  rc=$?; echo "LANES rc=$rc" | tee -a "$OUT/stages.txt"; stamp lanes
+  grep -v '\[INFO\]' "$OUT/lanes-full.log" >"$OUT/lanes.log"
+  tail -20 "$OUT/lanes.log"
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
+  exit $rc
+fi
 if [ "$cmd" = check ]; then
   # Issue 22: `verl-consistency check --device cuda` of THIS checkout on the unpacked next set (vLLM
   # 0.23.0 with FlashAttention 3, verl 0.9.1's FSDP engine with sdpa, bf16), on a random bf16 Qwen2 of
@@ -335,4 +354,4 @@ if [ "$cmd" = check ]; then
   tail -25 "$OUT/check.log"
   exit $rc
 fi
-echo "usage: $0 prepare [STAGE] | pack [STAGE] | stage p1|p2|p3|packed/cN | run [MODE:PHASE ...] | cost | check" >&2; exit 2
+echo "usage: $0 prepare [STAGE] | pack [STAGE] | stage p1|p2|p3|packed/cN | run [MODE:PHASE ...] | cost | lanes | check" >&2; exit 2

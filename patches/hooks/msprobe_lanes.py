@@ -30,9 +30,16 @@ Layout: msprobe makes ``<dump_path>/step{N}/{rank}/`` for the step; lane ``k`` w
 ``<that>/req{k}/{dump.json,construct.json,stack.json[,dump_tensor_data/]}``. The caller records
 which request each ``req{k}`` holds (``records.DumpedRequest``).
 
-Cost: each lane runs msprobe's per-module work, so a step with N lanes costs about N times a
-one-request scoped step's host work, on 1/N of the rows each; bytes per request are those of a
-one-request scoped dump.
+Two fronts, one per kind of step (:func:`one_pass`). Statistics (``task: statistics``, the
+default summary, no ``tensor_list``) go through ``lane_collector.LaneStats`` (issue 32): one
+msprobe collector walks each module call once, and each tensor is reduced once for every lane on
+the device; each lane's files are what the fan-out writes (``tests/selective/test_lane_stats.py``).
+Everything else, tensor mode and md5/xor summaries (they write or hash each lane's own rows),
+keeps the fan-out, where each lane runs msprobe's per-module work: a step with N lanes costs about
+N times a one-request scoped step's host work, on 1/N of the rows each. :data:`DEFAULT_PATH`
+``fanout`` sends statistics through the fan-out too: the reference the one-pass path is tested
+against, and the "before" of ``bench/bench_lanes.py``. Bytes per request are those of a
+one-request scoped dump either way.
 
 This module imports msprobe lazily (inside :func:`install`), never at import time.
 """
@@ -43,9 +50,10 @@ import copy
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from verl_consistency.contracts.records import lane_folder
+from verl_consistency.patches.hooks.lane_collector import LaneStats, lane_paths
 
 
 @dataclass(frozen=True)
@@ -125,7 +133,11 @@ def check_msprobe(service: Any) -> None:
         missing.append("hook_manager.data_collector")
     collector = getattr(service, "data_collector", None)
     for name in ("data_writer", "data_processor", "update_dump_paths", "initialize_json_file", "write_json"):
-        if collector is not None and not isinstance(collector, LaneFanout) and not hasattr(collector, name):
+        if (
+            collector is not None
+            and not isinstance(collector, (LaneFanout, LaneStats))
+            and not hasattr(collector, name)
+        ):
             missing.append(f"data_collector.{name}")
     if missing:
         raise RuntimeError(
@@ -181,23 +193,8 @@ class LaneFanout:
 
     # -- what msprobe's service and hook manager call -------------------------------------------
     def update_dump_paths(self, aggregation: Any) -> None:
-        from msprobe.core.common.utils import DumpPathAggregation
-
-        rank_dir = os.path.dirname(aggregation.dump_file_path)
         for k, collector in enumerate(self.active):
-            lane_dir = os.path.join(rank_dir, lane_folder(k))
-            os.makedirs(lane_dir, mode=0o750, exist_ok=True)
-            lane = DumpPathAggregation()
-            for attr in ("dump_file_path", "stack_file_path", "construct_file_path", "debug_file_path"):
-                lane.__setattr__(attr, os.path.join(lane_dir, os.path.basename(getattr(aggregation, attr))))
-            lane.dump_error_info_path = os.path.join(
-                lane_dir, os.path.basename(aggregation.dump_error_info_path)
-            )
-            lane.dump_tensor_data_dir = None
-            if aggregation.dump_tensor_data_dir:
-                lane.dump_tensor_data_dir = os.path.join(lane_dir, "dump_tensor_data")
-                os.makedirs(lane.dump_tensor_data_dir, mode=0o750, exist_ok=True)
-            collector.update_dump_paths(lane)
+            collector.update_dump_paths(lane_paths(aggregation, k))
 
     def replace_proc_with_rank(self, rank_path: str) -> None:
         for k, collector in enumerate(self.active):
@@ -221,25 +218,65 @@ class LaneFanout:
         return broadcast
 
 
-def install(service: Any, lanes: Sequence[Lane]) -> LaneFanout:
-    """Aim msprobe's service at these lanes for its next dumped step; returns the fan-out in place.
+Path = Literal["auto", "fanout"]
+DEFAULT_PATH: Path = "auto"
+"""What :func:`install` uses when its caller names no path: ``auto`` takes the one-pass path
+(:func:`one_pass`) wherever msprobe's config allows it; ``fanout`` keeps one msprobe collector per
+lane everywhere (the reference the one-pass path is tested against; benches set it to time the old
+path in the same process)."""
+
+
+def one_pass(config: Any) -> bool:
+    """Whether a dumped step with this msprobe config writes its lanes in one pass (``LaneStats``):
+    statistics (``task: statistics``, ``summary_mode: statistics``) with no ``tensor_list``. Tensor
+    mode writes each lane's rows and md5/xor summaries hash each lane's bytes: those keep the
+    fan-out, one msprobe collector per lane."""
+    return (
+        getattr(config, "task", None) == "statistics"
+        and getattr(config, "summary_mode", "statistics") == "statistics"
+        and not getattr(config, "tensor_list", None)
+    )
+
+
+FRONTS_ATTR = "_verl_consistency_lane_fronts"
+
+
+def _fronts(service: Any, original: Any) -> tuple[LaneFanout, LaneStats]:
+    """The service's fan-out and one-pass fronts for msprobe's collector ``original``, kept between
+    steps (a config hot-reload builds a new collector, and new fronts with it)."""
+    kept = getattr(service, FRONTS_ATTR, None)
+    if kept is None or kept[0] is not original:
+        kept = (original, LaneFanout(original), LaneStats(original))
+        setattr(service, FRONTS_ATTR, kept)
+    return kept[1], kept[2]
+
+
+def install(service: Any, lanes: Sequence[Lane], path: Path | None = None) -> LaneFanout | LaneStats:
+    """Aim msprobe's service at these lanes for its next dumped step; returns the front in place.
 
     Call it right before ``debugger.start(...)`` (which makes the step's folders through
     ``update_dump_paths``), after any config hot-reload (a reload builds a new collector). The
-    fan-out stays in place until :func:`uninstall`; msprobe's own collector is kept aside.
+    front stays in place until :func:`uninstall`; msprobe's own collector is kept aside. ``path``
+    (default :data:`DEFAULT_PATH`): ``auto`` writes statistics steps in one pass (:func:`one_pass`,
+    ``lane_collector.LaneStats``) and everything else through the fan-out; ``fanout`` always fans out.
     """
     check_msprobe(service)
     current = service.data_collector
-    fanout = current if isinstance(current, LaneFanout) else LaneFanout(current)
-    fanout.aim(service.config, lanes)
-    service.data_collector = fanout
-    service.hook_manager.data_collector = fanout
-    return fanout
+    original = current.original if isinstance(current, (LaneFanout, LaneStats)) else current
+    fanout, stats = _fronts(service, original)
+    chosen = path or DEFAULT_PATH
+    if chosen not in ("auto", "fanout"):
+        raise ValueError(f"lane path {chosen!r}: expected 'auto' or 'fanout'")
+    front: LaneFanout | LaneStats = stats if chosen == "auto" and one_pass(service.config) else fanout
+    front.aim(service.config, lanes)
+    service.data_collector = front
+    service.hook_manager.data_collector = front
+    return front
 
 
 def uninstall(service: Any) -> None:
     """Put msprobe's own collector back (a whole-step or msprobe-scoped dump follows)."""
     current = getattr(service, "data_collector", None)
-    if isinstance(current, LaneFanout):
+    if isinstance(current, (LaneFanout, LaneStats)):
         service.data_collector = current.original
         service.hook_manager.data_collector = current.original

@@ -1,0 +1,263 @@
+"""One msprobe collector for every lane of a statistics-mode dumped step: one pass per tensor (issue 32).
+
+Why: :class:`msprobe_lanes.LaneFanout` gives each lane (captured request) its own msprobe
+``DataCollector``, so every module call walks its inputs, outputs and parameters once per lane and
+computes each lane's statistics one reduction at a time. With 8-16 lanes per micro batch that made
+a dumped log_prob pass 16-19x the undumped one on an H200. :class:`LaneStats` walks each module
+call once, for all lanes: one msprobe ``DataCollector`` (built by msprobe's own factory, its config
+uncut) does the walking, the naming, ``construct.json`` and ``stack.json``, exactly as for a whole
+step; only its processor's per-tensor step, ``_analyze_tensor``, is replaced, by one that queues
+every lane's statistics of that tensor at once on the device (``lane_stats.LaneStatQueue``, no host
+sync in the forward). When msprobe writes the step (``write_json``, at ``debugger.stop()``), the
+values cross to the host in one copy and each lane's ``dump.json`` is the step's records with that
+lane's shapes and values, in msprobe's record layout (``type``, ``dtype``, ``shape``, ``Max``,
+``Min``, ``Mean``, ``Norm``, then the rest, as its ``DataWriter._replace_stat_placeholders``
+orders them), written by msprobe's own ``DataWriter`` (one per lane: its paths, ``save_json``,
+``stack.json``, ``construct.json``) into the same ``req{k}/`` folders. So ``msprobe compare``
+reads a lane unchanged.
+
+Why here and not a patch of msprobe's data processor: both pin sets pin mindstudio-probe 26.2.0,
+and a runtime object in front of msprobe's unchanged classes needs no patched msprobe in the image,
+the venvs or the device; what it relies on is the hook manager's and service's calls (the same as
+the fan-out's, ``msprobe_lanes.check_msprobe``) plus the processor's ``_analyze_tensor``,
+``tensor_handler`` and ``get_stat_info`` (checked in :meth:`LaneStats.aim`), and
+``tests/selective/test_lane_stats.py`` checks every value against the fan-out on the pinned release.
+
+Only ``task: statistics`` with ``summary_mode: statistics`` and no ``tensor_list`` takes this path
+(``msprobe_lanes.one_pass``). Tensor mode writes each lane's rows to its own ``.pt`` files and
+md5/xor summaries hash each lane's bytes: those keep the fan-out, per lane.
+
+msprobe is imported lazily (in :meth:`LaneStats.aim`), never at import time.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from verl_consistency.contracts.records import lane_folder
+from verl_consistency.patches.hooks.lane_json import LANE_RECORD, StepTemplate, save_text, stack_text
+from verl_consistency.patches.hooks.lane_stats import LaneStatQueue
+
+if TYPE_CHECKING:
+    from verl_consistency.patches.hooks.msprobe_lanes import Lane
+
+PROCESSOR_NEEDS = ("_analyze_tensor", "tensor_handler", "get_stat_info")
+
+
+def lane_paths(aggregation: Any, k: int) -> Any:
+    """msprobe's ``DumpPathAggregation`` for lane ``k``: the same file names in ``<rank dir>/req{k}/``
+    (created, with ``dump_tensor_data/`` when the step has one)."""
+    from msprobe.core.common.utils import DumpPathAggregation
+
+    lane_dir = os.path.join(os.path.dirname(aggregation.dump_file_path), lane_folder(k))
+    os.makedirs(lane_dir, mode=0o750, exist_ok=True)
+    lane = DumpPathAggregation()
+    for attr in ("dump_file_path", "stack_file_path", "construct_file_path", "debug_file_path"):
+        setattr(lane, attr, os.path.join(lane_dir, os.path.basename(getattr(aggregation, attr))))
+    lane.dump_error_info_path = os.path.join(lane_dir, os.path.basename(aggregation.dump_error_info_path))
+    lane.dump_tensor_data_dir = None
+    if aggregation.dump_tensor_data_dir:
+        lane.dump_tensor_data_dir = os.path.join(lane_dir, "dump_tensor_data")
+        os.makedirs(lane.dump_tensor_data_dir, mode=0o750, exist_ok=True)
+    return lane
+
+
+def uncut_config(config: Any) -> Any:
+    """A copy of msprobe's config that cuts nothing (the lanes cut), msprobe's one-request cut off."""
+    whole = copy.copy(config)
+    whole.slice_info = []
+    whole.request_id = None
+    whole.is_slice_info_modified = False
+    return whole
+
+
+def _noop(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+class LaneStats:
+    """Stands where msprobe expects its ``DataCollector``: one real collector walks each module call
+    once; each lane's ``dump.json`` is written from it at the step's end.
+
+    Reads and calls it does not define go to that collector (``forward_*_data_collect``,
+    ``update_construct``, ``data_processor``, ``scope``, ...). ``dump_file_path`` is lane 0's, as
+    the fan-out answers it. The collector and the lanes' writers are kept between steps and
+    re-aimed, like the fan-out's collectors.
+    """
+
+    def __init__(self, original: Any) -> None:
+        self.original = original
+        self.collector: Any = None
+        self.writers: list[Any] = []
+        self.lanes: list[Lane] = []
+        self.queue = LaneStatQueue([])
+
+    # -- set-up --------------------------------------------------------------------------------
+    def aim(self, config: Any, lanes: Sequence[Lane]) -> None:
+        """Use these lanes for the next dumped step."""
+        from msprobe.core.dump.data_dump.data_collector import build_data_collector
+        from msprobe.core.dump.data_dump.json_writer import DataWriter
+
+        if not lanes:
+            raise ValueError("a dumped step needs at least one lane")
+        whole = uncut_config(config)
+        if self.collector is None:
+            self.collector = build_data_collector(whole)
+            missing = [n for n in PROCESSOR_NEEDS if not hasattr(self.collector.data_processor, n)]
+            if missing:
+                raise RuntimeError(
+                    "this mindstudio-probe's data processor lacks what one-pass lanes rely on ("
+                    + ", ".join(missing)
+                    + "); use the pinned release (patches/pins.toml upstream.mindstudio_probe)"
+                )
+            # the step's template: msprobe fills it, lanes are written from it; it never writes
+            # itself, neither mid-forward (no host sync there) nor at exit
+            self.collector.data_writer.write_json = _noop
+            self.collector.data_writer.flush_data_periodically = _noop
+        self.collector.config = whole
+        self.collector.data_processor.config = whole
+        self.collector.data_writer.config = whole
+        handler = self.collector.data_processor.tensor_handler
+        if hasattr(handler, "config"):
+            handler.config = whole
+        self.collector.data_processor._analyze_tensor = self._analyze_tensor
+        while len(self.writers) < len(lanes):
+            self.writers.append(DataWriter())
+        for writer in self.writers:
+            writer.config = whole
+        self.lanes = list(lanes)
+        self.queue = LaneStatQueue([lane.cuts for lane in self.lanes])
+
+    @property
+    def active(self) -> list[Any]:
+        return self.writers[: len(self.lanes)]
+
+    # -- the per-tensor step ---------------------------------------------------------------------
+    def _analyze_tensor(self, tensor: Any, suffix: str) -> dict[str, Any]:
+        """msprobe's ``PytorchDataProcessor._analyze_tensor`` for every lane at once: the record's
+        fixed fields now, each lane's shape and statistics queued (``LaneStatQueue``)."""
+        from msprobe.core.common.utils import slice_by_config
+
+        processor = self.collector.data_processor
+        handler = processor.tensor_handler
+        config = processor.config
+        common = handler.convert_common_tensor(tensor)
+        full = _one_pass_kind(common, handler, config)
+        if full is None:
+
+            def stat(part: Any) -> list[Any]:
+                info = processor.get_stat_info(part, config.async_dump, config.precision)
+                return [info.max, info.min, info.mean, info.norm]
+
+            index = self.queue.add_per_lane(common, stat, slice_by_config)
+        else:
+            index = self.queue.add(common, full=full)
+        record: dict[str, Any] = {
+            "type": handler.get_tensor_type(tensor),
+            "dtype": handler.get_tensor_dtype(tensor),
+            LANE_RECORD: index,
+            "requires_grad": tensor.requires_grad,
+        }
+        if handler.is_dtensor(tensor):
+            record.update(handler.get_dtensor_info(tensor))
+        return record
+
+    # -- what msprobe's service and hook manager call -------------------------------------------
+    @property
+    def dump_file_path(self) -> Any:
+        return self.collector.dump_file_path
+
+    def update_dump_paths(self, aggregation: Any) -> None:
+        for k, writer in enumerate(self.active):
+            writer.update_dump_paths(lane_paths(aggregation, k))
+        self.collector.update_dump_paths(lane_paths(aggregation, 0))
+
+    def replace_proc_with_rank(self, rank_path: str) -> None:
+        for k, writer in enumerate(self.active):
+            writer.replace_proc_with_rank(os.path.join(rank_path, lane_folder(k)))
+        self.collector.replace_proc_with_rank(os.path.join(rank_path, lane_folder(0)))
+
+    def initialize_json_file(self, framework: Any = None) -> None:
+        self.collector.data_writer.reset_cache()
+        args = (framework,) if framework is not None else ()
+        self.collector.initialize_json_file(*args)
+        header = self.collector.data_writer.cache_data
+        for writer in self.active:
+            writer.initialize_json_file(
+                task=header.get("task"), level=header.get("level"), framework=header.get("framework")
+            )
+
+    def reset_status(self) -> None:
+        self.collector.reset_status()
+        for writer in self.writers:
+            writer.reset_cache()
+        self.queue = LaneStatQueue([lane.cuts for lane in self.lanes])
+
+    def write_json(self) -> None:
+        """msprobe's write of the step, per lane: the queued statistics in one copy, then each
+        lane's ``dump.json`` from the step's template (``lane_json.StepTemplate``: the text msprobe's
+        ``save_json`` would write for that lane), and ``stack.json`` and ``construct.json``, the
+        same for every lane, encoded once; each into the lane's folder (its msprobe ``DataWriter``'s
+        paths), as msprobe's ``DataWriter.write_json`` writes them."""
+        template = self.collector.data_writer
+        entries = self.queue.materialise()
+        shapes = [entry.shapes for entry in entries]
+        values = [entry.values or [[None] * 4] * len(self.lanes) for entry in entries]
+        step = StepTemplate(template.cache_data, _record_index) if template.cache_data else None
+        extra = getattr(self.collector.config, "extra_info", True)
+        stack = stack_text(template.cache_stack) if extra and template.cache_stack else None
+        construct = None
+        if extra and template.cache_construct:
+            construct = json.dumps(template.cache_construct, indent=1)
+        for k, writer in enumerate(self.active):
+            if step is not None:
+                save_text(writer.dump_file_path, step.render(shapes, values, k))
+            if stack is not None:
+                save_text(writer.stack_file_path, stack)
+            if construct is not None:
+                save_text(writer.construct_file_path, construct)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for names this class does not define
+        collector = self.__dict__.get("collector")
+        return getattr(collector if collector is not None else self.__dict__["original"], name)
+
+
+def _one_pass_kind(tensor: Any, handler: Any, config: Any) -> bool | None:
+    """Whether ``LaneStatQueue.add`` reduces this tensor: True with mean and norm, False with max
+    and min only (integers, float64, ``precision: high``, as msprobe's ``get_stat_info``), None for
+    what msprobe's own per-lane path handles (bool, 0-d, empty, meta/fake, float8/4, complex, NZ)."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor) or tensor.ndim == 0 or tensor.dtype == torch.bool:
+        return None
+    if (
+        handler.is_empty_data(tensor)
+        or handler.is_batchedtensor(tensor)
+        or handler.is_gradtrackingtensor(tensor)
+    ):
+        return None
+    if tensor.is_complex() or tensor.numel() == 0 or not tensor.data_ptr():
+        return None
+    if tensor.device.type == "npu":
+        torch_npu = sys.modules.get("torch_npu")
+        if torch_npu is None or not hasattr(torch_npu, "get_npu_format"):
+            return None
+        if torch_npu.get_npu_format(tensor) == torch_npu.Format.FRACTAL_NZ:
+            return None
+    if "float4" in str(tensor.dtype) or "float8" in str(tensor.dtype):
+        return None
+    if not tensor.is_floating_point():
+        return False
+    return tensor.dtype != torch.float64 and getattr(config, "precision", "low") != "high"
+
+
+def _record_index(node: dict[str, Any]) -> int | None:
+    """The queue index of a tensor record :meth:`LaneStats._analyze_tensor` made, else None."""
+    index = node.get(LANE_RECORD)
+    return index if isinstance(index, int) else None

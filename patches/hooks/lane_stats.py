@@ -1,0 +1,309 @@
+"""Max, min, mean and L2 norm of every lane's rows of a tensor, for all lanes in one pass, on the device.
+
+Why: msprobe computes a tensor's statistics one request at a time: cut the rows
+(``slice_by_config``), then ``torch.max``, ``torch.min``, ``torch.mean``, ``torch.norm`` on the cut,
+and ``.item()`` per value when it writes. With one lane per captured request that is 4 reductions
+per lane per tensor, plus msprobe's host work per lane, for every module call of a dumped forward
+(issue 32: 16-19x the undumped log_prob pass on an H200). Here a tensor costs 3 reductions for
+every lane together, queued on its stream with no host sync, and the lanes' values come back in
+one copy at the step's end.
+
+How: the lanes' cuts (``msprobe_lanes.Cut``, msprobe's own ``slice_info`` items) select, for a
+tensor of a given shape, a box on its cut dimensions: msprobe's rule, kept here exactly (a cut
+applies to a dimension when ``shape[dim] == size``, a later cut of the same dimension wins, a
+dimension no cut names is taken whole). The tensor is viewed as ``[P, inner]`` with the cut
+dimensions in front (P = the product of their sizes: tokens for THD and vLLM, batch x positions
+for the padded layout), and each of the P rows is reduced once: ``aminmax``, a float32 sum and a
+float32 L2 norm. At the step's end (:meth:`LaneStatQueue.materialise`) a boolean mask ``[lanes, P]``
+per cut signature combines the rows into each lane's max, min, sum and sum of squares (float64),
+and everything crosses to the host in one copy. The mean (sum / count) and norm (sqrt) are then
+rounded to the tensor's dtype, as ``torch.mean`` and ``torch.norm`` return it, so a lane's values
+equal msprobe's to float32 rounding (the summation order differs; ``tests/selective/test_lane_stats.py``).
+
+What msprobe does not reduce this way stays msprobe's: bool tensors (``any``/``all``), 0-d
+tensors, empty, meta, fake, float8/4, complex and NPU NZ tensors are cut and counted per lane by
+msprobe's own ``slice_by_config`` and ``get_stat_info`` (:meth:`LaneStatQueue.add_per_lane`).
+Integer and float64 tensors (and every float under ``precision: high``) get max and min only,
+mean and norm ``None``, as msprobe writes them.
+
+torch is imported lazily: this package is imported where torch may be absent.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from verl_consistency.patches.hooks.msprobe_lanes import Cut
+
+MASK_ELEMENTS = 1 << 24
+"""At most this many elements in one masked reduction ``[tensors, lanes, rows]`` (memory bound)."""
+
+Span = tuple[int, int]
+
+
+def lane_boxes(
+    shape: Sequence[int], lanes: Sequence[Sequence[Cut]]
+) -> tuple[tuple[int, ...], list[tuple[Span, ...]]]:
+    """msprobe's ``slice_by_config`` for every lane of a tensor of this shape: the cut dimensions
+    (sorted) and each lane's ``[start, stop)`` on each of them (the whole range where a lane does
+    not cut that dimension)."""
+    boxes: list[dict[int, Span]] = []
+    for cuts in lanes:
+        box: dict[int, Span] = {}
+        for cut in cuts:
+            if cut.dim >= len(shape) or shape[cut.dim] != cut.size:
+                continue
+            start, stop, _ = slice(cut.begin, cut.end).indices(shape[cut.dim])
+            box[cut.dim] = (start, max(start, stop))
+        boxes.append(box)
+    dims = tuple(sorted({d for box in boxes for d in box}))
+    return dims, [tuple(box.get(d, (0, shape[d])) for d in dims) for box in boxes]
+
+
+@dataclass(frozen=True)
+class ShapeCut:
+    """What the lanes cut of a tensor of one shape: :func:`lane_boxes`, and each lane's shape."""
+
+    dims: tuple[int, ...]
+    sizes: tuple[int, ...]
+    boxes: list[tuple[Span, ...]]
+    lane_shapes: list[list[int]]
+
+    rows: int
+    """P: the cut dimensions' sizes multiplied (1 when nothing is cut)."""
+    leading: bool
+    """The cut dimensions come first but for size-1 ones: ``reshape(P, -1)`` views the rows as they are."""
+
+
+@dataclass
+class _Group:
+    """Tensors that share a cut signature (dims, sizes), a dtype and a kind: one masked reduction."""
+
+    cut: ShapeCut
+    dtype: Any
+    full: bool  # max, min, mean, norm; else max and min only (integers, float64, precision high)
+    device: Any
+    records: list[int] = field(default_factory=list)
+    inner: list[int] = field(default_factory=list)
+    rows: list[tuple[Any, ...]] = field(default_factory=list)  # (min, max[, sum, norm]) per tensor
+
+    @property
+    def lane_rows(self) -> list[int]:
+        """How many of the P rows each lane selects."""
+        return [math.prod(stop - start for start, stop in box) for box in self.cut.boxes]
+
+
+@dataclass
+class Entry:
+    """One queued tensor's per-lane result: shapes, and the values once materialised."""
+
+    shapes: list[list[int]]
+    values: list[list[Any]] | None = None  # [lane][Max, Min, Mean, Norm]
+    pending: list[list[Any]] | None = None  # msprobe's own per-lane values, resolved at the end
+
+
+class LaneStatQueue:
+    """The dumped step's per-lane statistics: queued on the device during the forward, read at the end."""
+
+    def __init__(self, lanes: Sequence[Sequence[Cut]]) -> None:
+        self.lanes = [tuple(cuts) for cuts in lanes]
+        self.entries: list[Entry] = []
+        self._groups: dict[tuple[Any, ...], _Group] = {}
+        self._cuts: dict[tuple[int, ...], ShapeCut] = {}
+        self._seen: dict[int, tuple[Any, int, bool, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def cut(self, shape: tuple[int, ...]) -> ShapeCut:
+        """The lanes' cut of a tensor of this shape (kept per shape: a step has few of them)."""
+        found = self._cuts.get(shape)
+        if found is None:
+            dims, boxes = lane_boxes(shape, self.lanes)
+            lane_shapes = []
+            for box in boxes:
+                lane_shape = list(shape)
+                for d, (start, stop) in zip(dims, box, strict=True):
+                    lane_shape[d] = stop - start
+                lane_shapes.append(lane_shape)
+            sizes = tuple(shape[d] for d in dims)
+            first = dims[0] if dims else 0
+            leading = math.prod(shape[:first]) == 1 and dims == tuple(range(first, first + len(dims)))
+            found = self._cuts[shape] = ShapeCut(dims, sizes, boxes, lane_shapes, math.prod(sizes), leading)
+        return found
+
+    def add(self, tensor: torch.Tensor, *, full: bool) -> int:
+        """Queue the row reductions of a plain, non-empty tensor of >= 1 dimension; returns its index.
+
+        ``full``: floating point (not float64) under msprobe's default precision: all four
+        statistics; otherwise max and min only. The same tensor met again in the step, unchanged
+        (one module's output is the next one's input; q, k and v read the same hidden states), is
+        not reduced again: its index is returned (:meth:`seen`)."""
+        import torch
+
+        again = self.seen(tensor, full)
+        if again is not None:
+            return again
+        cut = self.cut(tuple(tensor.shape))
+        key = (cut.dims, cut.sizes, tensor.dtype, full, tensor.device)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = _Group(cut, tensor.dtype, full, tensor.device)
+        if cut.leading:  # [P, ...] or [1, P, ...]: a view, nothing to move
+            flat = tensor.reshape(cut.rows, -1)
+        else:
+            flat = tensor.movedim(cut.dims, tuple(range(len(cut.dims)))).reshape(cut.rows, -1)
+        low, high = torch.aminmax(flat, dim=1)
+        if full:
+            total = flat.sum(1, dtype=torch.float32)
+            group.rows.append((low, high, total, torch.linalg.vector_norm(flat, dim=1, dtype=torch.float32)))
+        else:
+            group.rows.append((low, high))
+        group.records.append(len(self.entries))
+        group.inner.append(flat.shape[1])
+        self.entries.append(Entry(cut.lane_shapes))
+        index = len(self.entries) - 1
+        version = _version(tensor)
+        if version is not None:
+            self._seen[id(tensor)] = (weakref.ref(tensor), version, full, index)
+        return index
+
+    def seen(self, tensor: torch.Tensor, full: bool) -> int | None:
+        """The index of this very tensor object queued earlier in the step, if it is still alive
+        (so its memory is not another tensor's) and unmodified since (its version counter)."""
+        found = self._seen.get(id(tensor))
+        if found is None:
+            return None
+        ref, version, was_full, index = found
+        if ref() is not tensor or version != _version(tensor) or was_full != full:
+            return None
+        return index
+
+    def add_per_lane(
+        self, tensor: Any, stat: Callable[[Any], Sequence[Any]], cut: Callable[[Any, Any], Any]
+    ) -> int:
+        """msprobe's own path for one tensor: ``cut(tensor, slice_info)`` and ``stat(cut)`` per lane
+        (``slice_by_config`` and ``get_stat_info``); the values' ``.item()`` waits for the end."""
+        shapes, pending = [], []
+        for cuts in self.lanes:
+            part = cut(tensor, [c.as_msprobe() for c in cuts])
+            shapes.append([int(n) for n in part.shape])
+            pending.append(list(stat(part)))
+        self.entries.append(Entry(shapes, pending=pending))
+        return len(self.entries) - 1
+
+    # -- the step's end ------------------------------------------------------------------------
+    def materialise(self) -> list[Entry]:
+        """Every entry's per-lane ``[Max, Min, Mean, Norm]``: one device-to-host copy for the reduced
+        tensors, msprobe's ``.item()`` for the per-lane ones. Clears the queue's device state."""
+        import torch
+
+        groups = [g for g in self._groups.values() if g.records]
+        parts = [_reduce(g) for g in groups]
+        # one device-to-host copy for the whole step (the first sync since the forward began)
+        host = torch.cat([p.reshape(-1).to(parts[0].device) for p in parts]).cpu() if parts else None
+        offset = 0
+        for group, part in zip(groups, parts, strict=True):
+            n = part.numel()
+            assert host is not None
+            _fill(group, host[offset : offset + n].reshape(part.shape), self.entries)
+            offset += n
+        for entry in self.entries:
+            if entry.pending is not None:
+                entry.values = [[_item(v) for v in values[:4]] for values in entry.pending]
+                entry.pending = None
+        self._groups.clear()
+        return self.entries
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter (it moves with every in-place change), or None for an
+    inference-mode tensor, which has none: such a tensor is never taken for one seen before
+    (vLLM changes some in place, e.g. a fused residual add)."""
+    try:
+        return int(tensor._version)
+    except RuntimeError:
+        return None
+
+
+def _item(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+def _mask(group: _Group) -> torch.Tensor:
+    """``[lanes, P]``: which of the P rows (cut dimensions flattened, C order) each lane selects."""
+    import torch
+
+    mask = torch.zeros((len(group.cut.boxes), *group.cut.sizes), dtype=torch.bool)
+    for k, box in enumerate(group.cut.boxes):
+        index: tuple[int | slice, ...] = (k, *(slice(start, stop) for start, stop in box))
+        mask[index] = True
+    mask = mask.reshape(len(group.cut.boxes), -1)
+    if group.device.type != "cpu":
+        mask = mask.pin_memory().to(group.device, non_blocking=True)
+    return mask
+
+
+def _reduce(group: _Group) -> torch.Tensor:
+    """``[tensors, lanes, 2 or 4]`` float64 on the device: each lane's max, min (and sum, sum of squares)."""
+    import torch
+
+    mask = _mask(group)
+    lanes, rows = mask.shape
+    low = torch.stack([r[0] for r in group.rows])
+    high = torch.stack([r[1] for r in group.rows])
+    if group.dtype.is_floating_point:
+        floor, ceil = -math.inf, math.inf
+    else:
+        floor, ceil = torch.iinfo(group.dtype).min, torch.iinfo(group.dtype).max
+    step = max(1, MASK_ELEMENTS // max(1, lanes * rows))
+    if group.full:  # float64 sums of the rows' float32 sums and squared norms
+        sums = torch.stack([r[2] for r in group.rows]).double()
+        squares = torch.stack([r[3] for r in group.rows]).double().square()
+    columns: list[list[torch.Tensor]] = [[], [], [], []]
+    for begin in range(0, low.shape[0], step):
+        chunk = slice(begin, begin + step)
+        # where, not a product with the mask: an inf or nan in another lane's rows stays there
+        columns[0].append(torch.where(mask, high[chunk, None, :], floor).amax(-1).double())
+        columns[1].append(torch.where(mask, low[chunk, None, :], ceil).amin(-1).double())
+        if group.full:
+            columns[2].append(torch.where(mask, sums[chunk, None, :], 0.0).sum(-1))
+            columns[3].append(torch.where(mask, squares[chunk, None, :], 0.0).sum(-1))
+    group.rows.clear()
+    return torch.stack([torch.cat(c) for c in columns if c], dim=-1)
+
+
+def _fill(group: _Group, values: torch.Tensor, entries: list[Entry]) -> None:
+    """Each lane's msprobe values from ``[tensors, lanes, 2|4]`` on the host: the mean and norm
+    rounded to the tensor's dtype (what ``torch.mean``/``torch.norm`` return), integers as ints,
+    and ``None`` for a lane that selects nothing (msprobe skips an empty cut)."""
+    import torch
+
+    lane_rows = group.lane_rows
+    counts = [[n * inner for n in lane_rows] for inner in group.inner]
+    as_int = not group.dtype.is_floating_point
+    high = values[..., 0].tolist()
+    low = values[..., 1].tolist()
+    if group.full:
+        divisor = torch.tensor(counts, dtype=torch.float64).clamp(min=1)
+        mean = (values[..., 2] / divisor).to(group.dtype).double().tolist()
+        norm = values[..., 3].sqrt().to(group.dtype).double().tolist()
+    for g, record in enumerate(group.records):
+        per_lane: list[list[Any]] = []
+        for k in range(len(lane_rows)):
+            if counts[g][k] == 0:
+                per_lane.append([None, None, None, None])
+            elif as_int:
+                per_lane.append([int(high[g][k]), int(low[g][k]), None, None])
+            elif group.full:
+                per_lane.append([high[g][k], low[g][k], mean[g][k], norm[g][k]])
+            else:
+                per_lane.append([high[g][k], low[g][k], None, None])
+        entries[record].values = per_lane

@@ -1,0 +1,109 @@
+"""One process, real msprobe (statistics, L0): every lane layout dumped twice, fan-out then one pass.
+
+Run as ``python -m tests.selective.lane_stats_scenario OUT``. Each case runs the same forward on
+the same inputs twice in a row, first with ``msprobe_lanes.DEFAULT_PATH = "fanout"`` (msprobe's
+own collector per lane: the reference) and then ``"auto"`` (``lane_collector.LaneStats``, one pass
+for all lanes), so that step ``2i`` and step ``2i + 1`` must hold the same lanes:
+
+* ``vllm``: the vLLM-layout stand-in (``[tokens, hidden]`` rows, logits ``[requests, vocab]``),
+  lanes from ``packed_lanes(..., request_rows=True)`` started by ``request_scope.start_lanes``, as
+  the dispatch hook does, for a, b, c;
+* ``vllm-subset``: the same batch, lanes for c and a only (b not captured), asked in that order;
+* ``vllm-bf16``: the stand-in in bfloat16 (what a GPU worker runs);
+* ``thd``: a transformers Qwen2 on a packed ``[1, total]`` micro batch, lanes from
+  ``training.PackedLayout(..., thd=True).lanes`` (cuts on dims 1 and 0), installed as the training
+  hook does;
+* ``padded``: the same model on a right-padded ``[batch, longest]`` micro batch with its attention
+  mask, ``PackedLayout(..., thd=False)`` (row on dim 0, positions on dim 1).
+
+``OUT/result.json`` lists each case's two steps, the front msprobe held during each, and the lanes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.support.tiny_qwen2 import tiny_qwen2
+from bench.support.vllm_qwen2 import Qwen2ForCausalLM, run_step
+from tests.selective.scenario import LENGTHS, PACKING, SCHEDULER_DICT, base_config, tiny_config
+from verl_consistency.patches.hooks import msprobe_lanes
+from verl_consistency.patches.hooks.request_scope import scoped_msprobe_config, start_lanes
+from verl_consistency.patches.hooks.training import PackedLayout
+
+PATHS = ("fanout", "auto")
+
+
+def _packed_training_batch(prompts: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+    ids = torch.tensor([t for r in PACKING for t in prompts[r]]).unsqueeze(0)
+    positions = torch.cat([torch.arange(LENGTHS[r]) for r in PACKING]).unsqueeze(0)
+    return {"input_ids": ids, "position_ids": positions}
+
+
+def _padded_training_batch(prompts: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+    longest = max(LENGTHS.values())
+    ids = torch.zeros((len(PACKING), longest), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, r in enumerate(PACKING):
+        ids[row, : LENGTHS[r]] = torch.tensor(prompts[r])
+        mask[row, : LENGTHS[r]] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def main(out: Path) -> None:
+    from msprobe.pytorch import PrecisionDebugger
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path = out / "msprobe.json"
+    cfg_path.write_text(json.dumps(scoped_msprobe_config(base_config("statistics", out))))
+    debugger = PrecisionDebugger(config_path=str(cfg_path))
+    hf = tiny_qwen2(tiny_config(), seed=0)
+    stand_in = Qwen2ForCausalLM.from_hf(hf).eval()
+    stand_in_bf16 = Qwen2ForCausalLM.from_hf(tiny_qwen2(tiny_config(), seed=0)).to(torch.bfloat16).eval()
+    gen = torch.Generator().manual_seed(1)
+    prompts = {r: torch.randint(0, 96, (n,), generator=gen).tolist() for r, n in LENGTHS.items()}
+    batch = [prompts[r] for r in PACKING]
+    cases: list[dict[str, Any]] = []
+
+    def twice(name: str, model: Any, lanes: list[msprobe_lanes.Lane], forward: Callable[[], Any]) -> None:
+        steps, fronts = [], []
+        for path in PATHS:
+            msprobe_lanes.DEFAULT_PATH = path  # type: ignore[assignment]
+            if model is hf:  # the training hook's order: install, then start(model=...)
+                msprobe_lanes.install(debugger.service, lanes)
+                debugger.start(model=model)
+            else:  # the dispatch hook's: request_scope.start_lanes
+                start_lanes(debugger, model, lanes)
+            fronts.append(type(debugger.service.data_collector).__name__)
+            steps.append(int(debugger.service.current_iter))
+            with torch.no_grad():
+                forward()
+            debugger.stop()
+            debugger.step()
+        cases.append(
+            {"case": name, "steps": steps, "fronts": fronts, "lanes": [lane.request_id for lane in lanes]}
+        )
+
+    vllm_lanes = msprobe_lanes.packed_lanes(SCHEDULER_DICT, PACKING, PACKING, request_rows=True)
+    twice("vllm", stand_in, vllm_lanes, lambda: run_step(stand_in, batch))
+    subset = msprobe_lanes.packed_lanes(SCHEDULER_DICT, PACKING, ["c", "a"], request_rows=True)
+    twice("vllm-subset", stand_in, subset, lambda: run_step(stand_in, batch))
+    twice("vllm-bf16", stand_in_bf16, vllm_lanes, lambda: run_step(stand_in_bf16, batch))
+    lengths = tuple(LENGTHS[r] for r in PACKING)
+    thd = PackedLayout(lengths, thd=True).lanes(list(PACKING), list(PACKING))
+    padded = PackedLayout(lengths, thd=False).lanes(list(PACKING), ["b", "c", "a"])
+    assert thd is not None
+    assert padded is not None
+    twice("thd", hf, thd, lambda: hf(**_packed_training_batch(prompts)))
+    twice("padded", hf, padded, lambda: hf(**_padded_training_batch(prompts)))
+    (out / "result.json").write_text(json.dumps({"cases": cases, "pid": os.getpid()}))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

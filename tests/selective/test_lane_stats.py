@@ -1,0 +1,277 @@
+"""One pass for every lane (issue 32) writes what msprobe's own per-lane path writes, on the pinned msprobe.
+
+``lane_stats_scenario.py`` dumps each layout twice in one process with real mindstudio-probe:
+through ``LaneFanout`` (one msprobe collector per lane, msprobe's own cut and statistics: the
+reference) and through ``LaneStats`` (one collector, every lane's statistics reduced together on
+the device). Every lane's ``dump.json`` must be the reference's, key for key and in the same
+order, with Max and Min equal and Mean and Norm equal to float32 rounding (the summation order
+differs); ``construct.json`` and ``stack.json`` byte for byte. The unit tests below check the
+cut rule against msprobe's ``slice_by_config`` and the queue's values against torch directly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.fixtures.subprocess_run import run_module_json
+from verl_consistency.contracts.records import LANE_PREFIX
+from verl_consistency.patches.hooks.lane_json import LANE_RECORD, StepTemplate
+from verl_consistency.patches.hooks.lane_stats import LaneStatQueue, lane_boxes
+from verl_consistency.patches.hooks.msprobe_lanes import Cut, one_pass
+
+pytestmark = [pytest.mark.msprobe, pytest.mark.pinset]
+
+CASES = ("vllm", "vllm-subset", "vllm-bf16", "thd", "padded")
+STATS = ("Max", "Min", "Mean", "Norm")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Any]]]:
+    out = tmp_path_factory.mktemp("lane-stats")
+    result = run_module_json("tests.selective.lane_stats_scenario", str(out), result=out / "result.json")
+    return out, {c["case"]: c for c in result["cases"]}
+
+
+def _lane_file(out: Path, step: int, lane: int, name: str = "dump.json") -> Path:
+    (path,) = (out / "dump" / f"step{step}").glob(f"*/{LANE_PREFIX}{lane}/{name}")
+    return path
+
+
+def _elements(record: dict[str, Any]) -> int:
+    return math.prod(record["shape"])
+
+
+def _differences(got: Any, want: Any, where: str = "") -> list[str]:
+    """Where ``got`` (one pass) is not ``want`` (msprobe's per-lane path); empty when they agree:
+    the same keys in the same order, equal non-statistics, Max/Min equal, Mean/Norm to float32
+    rounding (relative to the lane's RMS for a mean, whose sign may cancel)."""
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or list(got) != list(want):
+            return [f"{where}: keys {list(got) if isinstance(got, dict) else got} != {list(want)}"]
+        if "Mean" in want and "shape" in want:
+            return _record_differences(got, want, where)
+        return [d for key in want for d in _differences(got[key], want[key], f"{where}.{key}")]
+    if isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            return [f"{where}: {got!r} != {want!r}"]
+        pairs = enumerate(zip(got, want, strict=True))
+        return [d for i, (g, w) in pairs for d in _differences(g, w, f"{where}[{i}]")]
+    return [] if got == want and type(got) is type(want) else [f"{where}: {got!r} != {want!r}"]
+
+
+def _record_differences(got: dict[str, Any], want: dict[str, Any], where: str) -> list[str]:
+    bad = [f"{where}.{k}: {got[k]!r} != {want[k]!r}" for k in want if k not in STATS and got[k] != want[k]]
+    for key in STATS:
+        g, w = got[key], want[key]
+        if w is None or g is None or isinstance(w, (bool, int)):
+            if g != w or type(g) is not type(w):
+                bad.append(f"{where}.{key}: {g!r} != {w!r}")
+            continue
+        if key in ("Max", "Min"):
+            same = g == w or (math.isnan(g) and math.isnan(w))
+        else:
+            rms = (want["Norm"] or 0.0) / math.sqrt(max(1, _elements(want)))
+            scale = abs(w) if key == "Norm" else max(abs(w), rms)
+            same = math.isclose(g, w, rel_tol=1e-5) or abs(g - w) <= 1e-5 * scale
+            # bf16/fp16 values are rounded to the tensor's dtype, as torch.mean/torch.norm return
+            # them: one unit in the last place of the dtype is the summation order's reach there
+            if want.get("dtype") in ("torch.bfloat16", "torch.float16"):
+                same = same or math.isclose(g, w, rel_tol=2**-7)
+        if not same:
+            bad.append(f"{where}.{key}: {g!r} != {w!r}")
+    return bad
+
+
+def test_each_case_ran_both_paths(run: tuple[Path, dict[str, dict[str, Any]]]) -> None:
+    _, cases = run
+    assert sorted(cases) == sorted(CASES)
+    for case in cases.values():
+        assert case["fronts"] == ["LaneFanout", "LaneStats"], case
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_lane_equals_msprobes_own_per_lane_dump(
+    run: tuple[Path, dict[str, dict[str, Any]]], case: str
+) -> None:
+    out, cases = run
+    reference_step, one_pass_step = cases[case]["steps"]
+    checked = 0
+    for lane in range(len(cases[case]["lanes"])):
+        want = json.loads(_lane_file(out, reference_step, lane).read_text())
+        text = _lane_file(out, one_pass_step, lane).read_text()
+        got = json.loads(text)
+        assert _differences(got, want) == []
+        assert text == json.dumps(got, indent=1)  # what msprobe's save_json writes for this content
+        checked += sum(1 for _ in _records(want))
+        for name in ("construct.json", "stack.json"):
+            reference = _lane_file(out, reference_step, lane, name).read_text()
+            assert _lane_file(out, one_pass_step, lane, name).read_text() == reference, name
+        # msprobe's file layout too: with the reference's Mean and Norm put in, the text is the same
+        for g, w in zip(_records(got), _records(want), strict=True):
+            g["Mean"], g["Norm"] = w["Mean"], w["Norm"]
+        assert json.dumps(got, indent=1) == _lane_file(out, reference_step, lane).read_text()
+    assert checked > 80 * len(cases[case]["lanes"])  # every module call, every lane
+
+
+def _records(node: Any) -> Any:
+    if isinstance(node, dict):
+        if "Mean" in node and "shape" in node:
+            yield node
+        else:
+            for value in node.values():
+                yield from _records(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _records(value)
+
+
+def test_the_comparison_tells_lanes_apart(run: tuple[Path, dict[str, dict[str, Any]]]) -> None:
+    """The control: another lane's dump differs, in shapes or statistics."""
+    out, cases = run
+    reference_step, one_pass_step = cases["thd"]["steps"]
+    want = json.loads(_lane_file(out, reference_step, 0).read_text())
+    got = json.loads(_lane_file(out, one_pass_step, 1).read_text())
+    assert _differences(got, want) != []
+
+
+def test_only_statistics_take_the_one_pass_path() -> None:
+    stats = {"task": "statistics", "summary_mode": "statistics", "tensor_list": []}
+    assert one_pass(SimpleNamespace(**stats))
+    assert not one_pass(SimpleNamespace(**(stats | {"task": "tensor"})))
+    assert not one_pass(SimpleNamespace(**(stats | {"summary_mode": "md5"})))
+    assert not one_pass(SimpleNamespace(**(stats | {"tensor_list": ["mlp"]})))
+
+
+# -- the cut rule and the queue's values, without a debugger ------------------------------------
+
+
+@st.composite
+def _cut_case(draw: Any) -> tuple[list[int], list[list[Cut]]]:
+    shape = draw(st.lists(st.integers(1, 6), min_size=1, max_size=4))
+    cut = st.builds(
+        lambda d, size, b, n: Cut(d, size, b, b + n),
+        st.integers(0, 4),
+        st.integers(1, 6),
+        st.integers(0, 6),
+        st.integers(0, 4),
+    )
+    return shape, draw(st.lists(st.lists(cut, max_size=3), min_size=1, max_size=4))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_cut_case())
+def test_lane_boxes_is_msprobes_slice_by_config(case: tuple[list[int], list[list[Cut]]]) -> None:
+    from msprobe.core.common.utils import slice_by_config
+
+    shape, lanes = case
+    tensor = torch.arange(math.prod(shape)).reshape(shape)
+    dims, boxes = lane_boxes(shape, lanes)
+    for cuts, box in zip(lanes, boxes, strict=True):
+        want = slice_by_config(tensor, [c.as_msprobe() for c in cuts])
+        got = tensor
+        for d, (start, stop) in zip(dims, box, strict=True):
+            got = got.narrow(d, start, stop - start)
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.float64])
+def test_queue_values_are_each_lanes_statistics(dtype: torch.dtype) -> None:
+    from msprobe.core.common.utils import slice_by_config
+
+    gen = torch.Generator().manual_seed(0)
+    tensor = (torch.randn((3, 10, 6), generator=gen) * 5).to(dtype)
+    tensor[1, 2, 3] = float("inf") if dtype.is_floating_point else 99
+    lanes = [
+        [Cut(0, 3, 1, 2), Cut(1, 10, 0, 7)],  # padded: a row, its first positions
+        [Cut(1, 10, 4, 10)],  # packed: positions on dim 1
+        [Cut(1, 10, 3, 3)],  # selects nothing: msprobe writes no statistics
+        [Cut(2, 99, 0, 1)],  # matches no dimension: the whole tensor
+    ]
+    queue = LaneStatQueue(lanes)
+    full = dtype in (torch.float32, torch.bfloat16)
+    queue.add(tensor, full=full)
+    (entry,) = queue.materialise()
+    for cuts, shape, values in zip(lanes, entry.shapes, entry.values or [], strict=True):
+        part = slice_by_config(tensor, [c.as_msprobe() for c in cuts])
+        assert shape == list(part.shape)
+        if part.numel() == 0:
+            assert values == [None] * 4
+            continue
+        assert values[:2] == [part.max().item(), part.min().item()]
+        if not full:
+            assert values[2:] == [None, None]
+            continue
+        for got, want in zip(values[2:], [part.mean().item(), part.norm().item()], strict=True):
+            assert math.isclose(got, want, rel_tol=1e-5 if dtype == torch.float32 else 2**-7) or got == want
+
+
+def test_the_step_template_renders_what_json_dump_with_indent_1_writes() -> None:
+    """Records at several depths, as list items and dict values, with extra keys (a DTensor's),
+    an empty shape, and every kind of value msprobe writes: the text is json.dumps(indent=1)'s."""
+
+    def rec(i: int, **extra: Any) -> dict[str, Any]:
+        fixed = {"type": "torch.Tensor", "dtype": "torch.float32", LANE_RECORD: i, "requires_grad": False}
+        return fixed | extra
+
+    data = {
+        "task": "statistics",
+        "data": {
+            "Module.a.forward.0": {
+                "input_args": [rec(0), {"type": "str", "value": "50%s %d"}, [rec(1)]],
+                "input_kwargs": {"x": rec(2, device_mesh=[[0, 1]], placements=[{"Shard": {"dim": 0}}])},
+                "output": [],
+            },
+            "Module.b.forward.0": {"output": [rec(3)], "parameters": {"weight": rec(1)}},
+        },
+    }
+    shapes = [[[2, 3]], [[]], [[1, 0, 4]], [[5]]]
+    values = [
+        [[1.5, -2.0, 1e-30, float("nan")]],
+        [[True, False, None, None]],
+        [[None, None, None, None]],
+        [[7, -3, float("inf"), float("-inf")]],
+    ]
+    text = StepTemplate(data, lambda n: n.get(LANE_RECORD)).render(shapes, values, 0)
+
+    def filled(node: Any) -> Any:
+        if isinstance(node, dict):
+            if LANE_RECORD in node:
+                i = node[LANE_RECORD]
+                head = {"type": node["type"], "dtype": node["dtype"], "shape": shapes[i][0]}
+                rest = {k: v for k, v in node.items() if k not in (LANE_RECORD, "type", "dtype")}
+                return head | dict(zip(("Max", "Min", "Mean", "Norm"), values[i][0], strict=True)) | rest
+            return {k: filled(v) for k, v in node.items()}
+        return [filled(v) for v in node] if isinstance(node, list) else node
+
+    assert text == json.dumps(filled(data), indent=1)
+
+
+def test_a_tensor_met_again_unchanged_is_reduced_once() -> None:
+    """A module's output is the next one's input: queued once while it is the same, unchanged
+    object; an in-place change or an inference-mode tensor (no version counter) is reduced anew."""
+    queue = LaneStatQueue([[Cut(0, 4, 0, 2)], [Cut(0, 4, 2, 4)]])
+    x = torch.arange(8.0).reshape(4, 2)
+    first = queue.add(x, full=True)
+    assert queue.add(x, full=True) == first
+    assert queue.add(x.clone(), full=True) != first  # the same values, another tensor
+    x.add_(100)
+    changed = queue.add(x, full=True)
+    assert changed != first
+    with torch.inference_mode():
+        y = torch.arange(8.0).reshape(4, 2)
+    assert queue.add(y, full=True) != queue.add(y, full=True)
+    entries = queue.materialise()
+    # the norms are float32 (as torch.norm returns them), here within an ulp of the exact ones
+    want = [[3.0, 0.0, 1.5, math.sqrt(14.0)], [7.0, 4.0, 5.5, math.sqrt(126.0)]]
+    assert entries[first].values == [pytest.approx(lane, rel=1e-6) for lane in want]
+    assert entries[changed].values is not None
+    assert entries[changed].values[0][:2] == [103.0, 100.0]
