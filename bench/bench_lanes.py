@@ -10,9 +10,11 @@ Two parts, each printing one ``ratio`` line against the undumped pass measured i
               the undumped step first (msprobe not yet started: its hooks stay registered once it
               has), then the dumped step through the one-pass path (``lane_collector.LaneStats``)
               alternating with the fan-out (``msprobe_lanes.DEFAULT_PATH = "fanout"``, one msprobe
-              collector per lane: the path before issue 32), then the undumped step again with
-              msprobe's hooks idle (``off-after``). Every dumped step must write one ``req{k}``
-              folder per lane.
+              collector per lane: the path before issue 32) and with msprobe's own cut of ONE of
+              the requests (``request_scope.start_step``, ``one-request``: the path before lanes,
+              and the floor of any path that keeps msprobe's per-module walk), then the undumped
+              step again with msprobe's hooks idle (``off-after``). Every dumped step must write
+              one ``req{k}`` folder per lane (``one-request``: one ``dump.json``).
 ``training``  verl's FSDP log_prob pass (``bench/gpu/fsdp_cost.py``) at micro batch 8, with and
               without dumps, in the demo venv (patched verl; ``$VERL_CONSISTENCY_DEMO_VENV``, which
               ``make bench`` sets, else ``.cache/demo-venv``); its ``ratio mb8 dumps/off`` line,
@@ -60,7 +62,7 @@ def vllm_part(args: argparse.Namespace) -> dict[str, Any]:
 
     from tests.fixtures.vllm_qwen2 import Qwen2ForCausalLM, forward_step, pack
     from verl_consistency.patches.hooks import msprobe_lanes
-    from verl_consistency.patches.hooks.request_scope import start_lanes
+    from verl_consistency.patches.hooks.request_scope import start_lanes, start_step
 
     device = args.device
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -72,7 +74,8 @@ def vllm_part(args: argparse.Namespace) -> dict[str, Any]:
     order = list(prompts)
     ids, positions, lens = pack([prompts[r] for r in order])
     ids, positions = ids.to(device), positions.to(device)
-    lanes = msprobe_lanes.packed_lanes(dict(zip(order, lens, strict=True)), order, order, request_rows=True)
+    tokens = dict(zip(order, lens, strict=True))
+    lanes = msprobe_lanes.packed_lanes(tokens, order, order, request_rows=True)
     work = Path(tempfile.mkdtemp(prefix="bench-lanes-"))
     (work / "msprobe.json").write_text(json.dumps(msprobe_config("selective", work / "dump")))
 
@@ -83,7 +86,11 @@ def vllm_part(args: argparse.Namespace) -> dict[str, Any]:
     def step(path: str | None) -> float:
         sync()
         t0 = time.perf_counter()
-        if path is not None:
+        if path == "one-request":  # msprobe's own cut of one request (request_scope.start_step)
+            start_step(
+                debugger, model, capture_request_id=order[0], scheduled_tokens=tokens, packing_order=order
+            )
+        elif path is not None:
             msprobe_lanes.DEFAULT_PATH = path  # type: ignore[assignment]
             start_lanes(debugger, model, lanes)
         forward_step(model, ids, positions, lens)
@@ -93,19 +100,30 @@ def vllm_part(args: argparse.Namespace) -> dict[str, Any]:
         sync()
         wall = time.perf_counter() - t0
         if path is not None:  # outside the timing: one lane folder per request, then away with it
-            folders = list((work / "dump").glob("step*/*/req*"))
-            if len(folders) != len(lanes):
-                raise SystemExit(f"{path}: {len(folders)} lane folders for {len(lanes)} lanes")
+            want = 0 if path == "one-request" else len(lanes)
+            folders = list((work / "dump").glob("step*/*/req*")) + list(
+                (work / "dump").glob("step*/*/dump.json")
+            )
+            if len(folders) != max(want, 1):
+                raise SystemExit(f"{path}: {len(folders)} lane folders or dumps for {len(lanes)} lanes")
             for step_dir in (work / "dump").glob("step*"):
                 shutil.rmtree(step_dir)
         return wall
 
-    walls: dict[str, list[float]] = {"off": [], "one-pass": [], "fan-out": [], "off-after": []}
+    walls: dict[str, list[float]] = {
+        "off": [],
+        "one-pass": [],
+        "fan-out": [],
+        "one-request": [],
+        "off-after": [],
+    }
     step(None)  # warm-up (twice: the first steps of a fresh process run slower)
     step(None)
     walls["off"] = [step(None) for _ in range(args.reps)]
     debugger = PrecisionDebugger(config_path=str(work / "msprobe.json"))
-    paths = {"one-pass": "auto"} | ({"fan-out": "fanout"} if args.fanout else {})
+    paths = (
+        {"one-pass": "auto"} | ({"fan-out": "fanout"} if args.fanout else {}) | {"one-request": "one-request"}
+    )
     for path in paths.values():
         step(path)  # warm-up: msprobe's set-up, the hooks' first registration
     for _ in range(args.reps):
@@ -134,7 +152,7 @@ def print_vllm(args: argparse.Namespace, result: dict[str, Any]) -> None:
         if walls:
             each = " ".join(f"{w:.3f}" for w in walls)
             times = med[label] / med["off"]
-            print(f"  {label:<10} median {med[label]:8.3f} s   ({each})   {times:6.2f}x off")
+            print(f"  {label:<12} median {med[label]:8.3f} s   ({each})   {times:6.2f}x off")
     fanout = ""
     if "fan-out" in med:
         fanout = f"; fan-out {med['fan-out']:.3f} s = {med['fan-out'] / med['off']:.2f}x"

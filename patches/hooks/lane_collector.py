@@ -203,8 +203,13 @@ class LaneStats:
         lane's ``dump.json`` from the step's template (``lane_json.StepTemplate``: the text msprobe's
         ``save_json`` would write for that lane), and ``stack.json`` and ``construct.json``, the
         same for every lane, encoded once; each into the lane's folder (its msprobe ``DataWriter``'s
-        paths), as msprobe's ``DataWriter.write_json`` writes them."""
+        paths), as msprobe's ``DataWriter.write_json`` writes them. Like it, nothing is written
+        again when nothing changed since the last write (msprobe writes at ``stop()`` and again at
+        ``step()``)."""
         template = self.collector.data_writer
+        if not template.data_updated:
+            return
+        template.data_updated = False
         entries = self.queue.materialise()
         shapes = [entry.shapes for entry in entries]
         values = [entry.values or [[None] * 4] * len(self.lanes) for entry in entries]

@@ -48,6 +48,7 @@ class StepTemplate:
         pieces = _MARKER_TEXT.split(text)
         self.parts = pieces[0::2]  # the text between records; the record numbers are pieces[1::2]
         self.levels: list[int] = []
+        self._kinds: dict[tuple[Any, ...], list[str]] = {}
         # one %-format of the whole file: per record a slot for its shape and one per statistic
         chunks = [_escape(self.parts[0])]
         for i, node in enumerate(self.nodes):
@@ -72,9 +73,21 @@ class StepTemplate:
 
     def _record(self, node: dict[str, Any], level: int) -> list[str]:
         """The record's fixed text around its shape and statistics, at its depth: the head up to
-        the shape, the text before each statistic, and the tail (the other keys, the brace)."""
-        inner = "\n" + " " * (level + 1)
+        the shape, the text before each statistic, and the tail (the other keys, the brace).
+        Kept per kind of plain record (most of a step's records share a handful)."""
         self.levels.append(level)
+        plain = len(node) == 4 and "requires_grad" in node
+        key = (level, node["type"], node["dtype"], node.get("requires_grad")) if plain else None
+        found = self._kinds.get(key) if key is not None else None
+        if found is None:
+            found = self._record_text(node, level)
+            if key is not None:
+                self._kinds[key] = found
+        return found
+
+    @staticmethod
+    def _record_text(node: dict[str, Any], level: int) -> list[str]:
+        inner = "\n" + " " * (level + 1)
         kind, dtype = json.dumps(node["type"]), json.dumps(node["dtype"])
         rest = [
             f",{inner}{json.dumps(key)}: {_nested(value, level + 1)}"
