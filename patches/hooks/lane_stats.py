@@ -245,10 +245,9 @@ def _mask(group: _Group) -> torch.Tensor:
     for k, box in enumerate(group.cut.boxes):
         index: tuple[int | slice, ...] = (k, *(slice(start, stop) for start, stop in box))
         mask[index] = True
-    mask = mask.reshape(len(group.cut.boxes), -1)
-    if group.device.type != "cpu":
-        mask = mask.pin_memory().to(group.device, non_blocking=True)
-    return mask
+    # built at the step's end, where the host waits for the device anyway: a plain copy (no pinned
+    # memory, which asks for an accelerator runtime that an NPU host may not name)
+    return mask.reshape(len(group.cut.boxes), -1).to(group.device)
 
 
 def _reduce(group: _Group) -> torch.Tensor:
