@@ -10,8 +10,8 @@ per lane the markers become records, rendered the way that encoder renders them 
 with ``NaN``/``Infinity``, ``shape`` as a list one line per int). ``stack.json`` and
 ``construct.json`` are the same for every lane: encoded once. The text written is what
 ``json.dump(..., indent=1)`` of the lane's data would write (``tests/selective/test_lane_stats.py``
-compares it with msprobe's per-lane files), and it is written the way ``save_json`` writes
-(msprobe's ``check_path_before_create``, ``FileOpen``, an exclusive ``flock``).
+compares it with msprobe's per-lane files), and it is written the way ``save_json`` writes (an
+exclusive ``flock``; msprobe's path checks once per lane folder).
 """
 
 from __future__ import annotations
@@ -128,11 +128,10 @@ def _escape(text: str) -> str:
 
 
 def save_text(path: str, text: str) -> None:
-    """Write ``text`` the way msprobe's ``save_json`` writes a file."""
-    from msprobe.core.common.file_utils import FileOpen, check_path_before_create
-
-    check_path_before_create(path)
-    with FileOpen(path, "w") as handle:
+    """Write ``text`` as msprobe's ``save_json`` writes a file (an exclusive ``flock`` while it
+    writes). msprobe's path checks (``check_path_before_create``) ran once for the lane's folder
+    (``lane_collector.lane_paths``), not again for each of its files."""
+    with open(path, "w", encoding="utf-8") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         handle.write(text)
         fcntl.flock(handle, fcntl.LOCK_UN)
