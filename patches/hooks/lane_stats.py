@@ -19,6 +19,11 @@ per cut signature combines the rows into each lane's max, min, sum and sum of sq
 and everything crosses to the host in one copy. The mean (sum / count) and norm (sqrt) are then
 rounded to the tensor's dtype, as ``torch.mean`` and ``torch.norm`` return it, so a lane's values
 equal msprobe's to float32 rounding (the summation order differs; ``tests/selective/test_lane_stats.py``).
+A tensor object met again unchanged in the step is not reduced again (:meth:`LaneStatQueue.seen`).
+
+Memory: until the step's end the queue holds each reduced tensor's P row statistics on its device
+(two of the tensor's dtype and two float32 a row: ~12 bytes a token a tensor in bf16), never the
+tensor; the end's masked reductions work in chunks of at most :data:`MASK_ELEMENTS` elements.
 
 What msprobe does not reduce this way stays msprobe's: bool tensors (``any``/``all``), 0-d
 tensors, empty, meta, fake, float8/4, complex and NPU NZ tensors are cut and counted per lane by
