@@ -45,6 +45,8 @@
 # fsdp-cost.json, fsdp-cost.log (without msprobe's INFO lines) and fsdp-cost-full.log. Expected:
 # ~6 min (set-up ~1 min; a dumped pass over 64 requests ~20-30 s). If it prints SKIP lines, repeat
 # the last call with MBS=1,8. REQUESTS, MBS, REPS, DEVICE (cpu), COST_ARGS (e.g. --tiny) override.
+# Since issue 32 the lanes are written in one pass (hooks/lane_collector.py; the table's first line says
+# which path ran); COST_ARGS="--lanes-path fanout" times the path before it (one msprobe collector per lane).
 #
 # Since the H200 fixtures (~25 MB) travel with every call, p1/p2 (60 MB each) no longer fit a call's
 # 64 MiB: `bash bench/gpu/verl_gpu.sh pack` (here, after `prepare`) cuts SHA256 + p1..p3 into chunks of

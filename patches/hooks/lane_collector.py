@@ -52,9 +52,11 @@ PROCESSOR_NEEDS = ("_analyze_tensor", "tensor_handler", "get_stat_info")
 def lane_paths(aggregation: Any, k: int) -> Any:
     """msprobe's ``DumpPathAggregation`` for lane ``k``: the same file names in ``<rank dir>/req{k}/``
     (created, with ``dump_tensor_data/`` when the step has one)."""
+    from msprobe.core.common.file_utils import check_path_before_create
     from msprobe.core.common.utils import DumpPathAggregation
 
     lane_dir = os.path.join(os.path.dirname(aggregation.dump_file_path), lane_folder(k))
+    check_path_before_create(lane_dir)  # msprobe's path checks (length, characters), once per lane
     os.makedirs(lane_dir, mode=0o750, exist_ok=True)
     lane = DumpPathAggregation()
     for attr in ("dump_file_path", "stack_file_path", "construct_file_path", "debug_file_path"):
@@ -183,14 +185,25 @@ class LaneStats:
         self.collector.replace_proc_with_rank(os.path.join(rank_path, lane_folder(0)))
 
     def initialize_json_file(self, framework: Any = None) -> None:
-        self.collector.data_writer.reset_cache()
-        args = (framework,) if framework is not None else ()
-        self.collector.initialize_json_file(*args)
-        header = self.collector.data_writer.cache_data
+        """msprobe's start of a step's files (``DataWriter.initialize_json_file``): the template's
+        header, and in each lane's folder a ``dump.json`` with no data and empty ``stack.json`` and
+        ``construct.json``, the same text for every lane, written as the step's end writes."""
+        config, template = self.collector.config, self.collector.data_writer
+        template.reset_cache()
+        template.cache_data = {
+            "task": config.task,
+            "level": config.level,
+            "framework": framework if framework is not None else "unknown",  # DataCollector's default
+            "dump_data_dir": template.dump_tensor_data_dir,
+            "data": {},
+        }
+        empty = json.dumps(template.cache_data, indent=1)
+        extra = getattr(config, "extra_info", True)
         for writer in self.active:
-            writer.initialize_json_file(
-                task=header.get("task"), level=header.get("level"), framework=header.get("framework")
-            )
+            save_text(writer.dump_file_path, empty)
+            if extra:
+                save_text(writer.stack_file_path, "{}")
+                save_text(writer.construct_file_path, "{}")
 
     def reset_status(self) -> None:
         self.collector.reset_status()
@@ -203,8 +216,13 @@ class LaneStats:
         lane's ``dump.json`` from the step's template (``lane_json.StepTemplate``: the text msprobe's
         ``save_json`` would write for that lane), and ``stack.json`` and ``construct.json``, the
         same for every lane, encoded once; each into the lane's folder (its msprobe ``DataWriter``'s
-        paths), as msprobe's ``DataWriter.write_json`` writes them."""
+        paths), as msprobe's ``DataWriter.write_json`` writes them. Like it, nothing is written
+        again when nothing changed since the last write (msprobe writes at ``stop()`` and again at
+        ``step()``)."""
         template = self.collector.data_writer
+        if not template.data_updated:
+            return
+        template.data_updated = False
         entries = self.queue.materialise()
         shapes = [entry.shapes for entry in entries]
         values = [entry.values or [[None] * 4] * len(self.lanes) for entry in entries]

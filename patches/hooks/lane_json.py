@@ -10,8 +10,8 @@ per lane the markers become records, rendered the way that encoder renders them 
 with ``NaN``/``Infinity``, ``shape`` as a list one line per int). ``stack.json`` and
 ``construct.json`` are the same for every lane: encoded once. The text written is what
 ``json.dump(..., indent=1)`` of the lane's data would write (``tests/selective/test_lane_stats.py``
-compares it with msprobe's per-lane files), and it is written the way ``save_json`` writes
-(msprobe's ``check_path_before_create``, ``FileOpen``, an exclusive ``flock``).
+compares it with msprobe's per-lane files), and it is written the way ``save_json`` writes (an
+exclusive ``flock``; msprobe's path checks once per lane folder).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class StepTemplate:
         pieces = _MARKER_TEXT.split(text)
         self.parts = pieces[0::2]  # the text between records; the record numbers are pieces[1::2]
         self.levels: list[int] = []
+        self._kinds: dict[tuple[Any, ...], list[str]] = {}
         # one %-format of the whole file: per record a slot for its shape and one per statistic
         chunks = [_escape(self.parts[0])]
         for i, node in enumerate(self.nodes):
@@ -72,9 +73,21 @@ class StepTemplate:
 
     def _record(self, node: dict[str, Any], level: int) -> list[str]:
         """The record's fixed text around its shape and statistics, at its depth: the head up to
-        the shape, the text before each statistic, and the tail (the other keys, the brace)."""
-        inner = "\n" + " " * (level + 1)
+        the shape, the text before each statistic, and the tail (the other keys, the brace).
+        Kept per kind of plain record (most of a step's records share a handful)."""
         self.levels.append(level)
+        plain = len(node) == 4 and "requires_grad" in node
+        key = (level, node["type"], node["dtype"], node.get("requires_grad")) if plain else None
+        found = self._kinds.get(key) if key is not None else None
+        if found is None:
+            found = self._record_text(node, level)
+            if key is not None:
+                self._kinds[key] = found
+        return found
+
+    @staticmethod
+    def _record_text(node: dict[str, Any], level: int) -> list[str]:
+        inner = "\n" + " " * (level + 1)
         kind, dtype = json.dumps(node["type"]), json.dumps(node["dtype"])
         rest = [
             f",{inner}{json.dumps(key)}: {_nested(value, level + 1)}"
@@ -115,11 +128,10 @@ def _escape(text: str) -> str:
 
 
 def save_text(path: str, text: str) -> None:
-    """Write ``text`` the way msprobe's ``save_json`` writes a file."""
-    from msprobe.core.common.file_utils import FileOpen, check_path_before_create
-
-    check_path_before_create(path)
-    with FileOpen(path, "w") as handle:
+    """Write ``text`` as msprobe's ``save_json`` writes a file (an exclusive ``flock`` while it
+    writes). msprobe's path checks (``check_path_before_create``) ran once for the lane's folder
+    (``lane_collector.lane_paths``), not again for each of its files."""
+    with open(path, "w", encoding="utf-8") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         handle.write(text)
         fcntl.flock(handle, fcntl.LOCK_UN)

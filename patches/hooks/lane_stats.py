@@ -19,6 +19,11 @@ per cut signature combines the rows into each lane's max, min, sum and sum of sq
 and everything crosses to the host in one copy. The mean (sum / count) and norm (sqrt) are then
 rounded to the tensor's dtype, as ``torch.mean`` and ``torch.norm`` return it, so a lane's values
 equal msprobe's to float32 rounding (the summation order differs; ``tests/selective/test_lane_stats.py``).
+A tensor object met again unchanged in the step is not reduced again (:meth:`LaneStatQueue.seen`).
+
+Memory: until the step's end the queue holds each reduced tensor's P row statistics on its device
+(two of the tensor's dtype and two float32 a row: ~12 bytes a token a tensor in bf16), never the
+tensor; the end's masked reductions work in chunks of at most :data:`MASK_ELEMENTS` elements.
 
 What msprobe does not reduce this way stays msprobe's: bool tensors (``any``/``all``), 0-d
 tensors, empty, meta, fake, float8/4, complex and NPU NZ tensors are cut and counted per lane by
@@ -245,10 +250,9 @@ def _mask(group: _Group) -> torch.Tensor:
     for k, box in enumerate(group.cut.boxes):
         index: tuple[int | slice, ...] = (k, *(slice(start, stop) for start, stop in box))
         mask[index] = True
-    mask = mask.reshape(len(group.cut.boxes), -1)
-    if group.device.type != "cpu":
-        mask = mask.pin_memory().to(group.device, non_blocking=True)
-    return mask
+    # built at the step's end, where the host waits for the device anyway: a plain copy (no pinned
+    # memory, which asks for an accelerator runtime that an NPU host may not name)
+    return mask.reshape(len(group.cut.boxes), -1).to(group.device)
 
 
 def _reduce(group: _Group) -> torch.Tensor:

@@ -14,7 +14,8 @@ for all lanes), so that step ``2i`` and step ``2i + 1`` must hold the same lanes
   ``training.PackedLayout(..., thd=True).lanes`` (cuts on dims 1 and 0), installed as the training
   hook does;
 * ``padded``: the same model on a right-padded ``[batch, longest]`` micro batch with its attention
-  mask, ``PackedLayout(..., thd=False)`` (row on dim 0, positions on dim 1).
+  mask, ``PackedLayout(..., thd=False)`` (row on dim 0, positions on dim 1);
+* ``empty``: lanes started and stopped with no forward between (only msprobe's initial files).
 
 ``OUT/result.json`` lists each case's two steps, the front msprobe held during each, and the lanes.
 """
@@ -102,6 +103,7 @@ def main(out: Path) -> None:
     assert padded is not None
     twice("thd", hf, thd, lambda: hf(**_packed_training_batch(prompts)))
     twice("padded", hf, padded, lambda: hf(**_padded_training_batch(prompts)))
+    twice("empty", stand_in, vllm_lanes, lambda: None)
     (out / "result.json").write_text(json.dumps({"cases": cases, "pid": os.getpid()}))
 
 

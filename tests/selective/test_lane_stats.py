@@ -93,7 +93,7 @@ def _record_differences(got: dict[str, Any], want: dict[str, Any], where: str) -
 
 def test_each_case_ran_both_paths(run: tuple[Path, dict[str, dict[str, Any]]]) -> None:
     _, cases = run
-    assert sorted(cases) == sorted(CASES)
+    assert sorted(cases) == sorted([*CASES, "empty"])
     for case in cases.values():
         assert case["fronts"] == ["LaneFanout", "LaneStats"], case
 
@@ -132,6 +132,18 @@ def _records(node: Any) -> Any:
     elif isinstance(node, list):
         for value in node:
             yield from _records(value)
+
+
+def test_a_step_without_module_calls_leaves_msprobes_initial_files(
+    run: tuple[Path, dict[str, dict[str, Any]]],
+) -> None:
+    out, cases = run
+    reference_step, one_pass_step = cases["empty"]["steps"]
+    for lane in range(len(cases["empty"]["lanes"])):
+        for name in ("dump.json", "construct.json", "stack.json"):
+            want = _lane_file(out, reference_step, lane, name).read_text()
+            assert _lane_file(out, one_pass_step, lane, name).read_text() == want, name
+        assert json.loads(_lane_file(out, one_pass_step, lane).read_text())["data"] == {}
 
 
 def test_the_comparison_tells_lanes_apart(run: tuple[Path, dict[str, dict[str, Any]]]) -> None:
