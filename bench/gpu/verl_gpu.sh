@@ -291,10 +291,17 @@ if [ "$cmd" = cost ]; then
   left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
   # DEVICE=cpu COST_ARGS=--tiny REQUESTS=16 MBS=1,8 REPS=1 checks this path without a GPU.
   # shellcheck disable=SC2086  # COST_ARGS: more options, split on spaces
-  (cd "$REPO" && timeout -k 10 $(( left - 5 )) python3 -m bench.gpu.fsdp_cost --device "${DEVICE:-cuda}" \
+  # PROFILE=1: the same run under cProfile ($OUT/fsdp-cost.prof, and the top of it in fsdp-cost-profile.txt):
+  # where a dumped step's host time goes (the profiler slows Python, so read shares, not seconds)
+  prof=(); [ -n "${PROFILE:-}" ] && prof=(-m cProfile -o "$OUT/fsdp-cost.prof")
+  (cd "$REPO" && timeout -k 10 $(( left - 5 )) python3 "${prof[@]}" -m bench.gpu.fsdp_cost --device "${DEVICE:-cuda}" \
     --requests "${REQUESTS:-64}" --micro-batches "${MBS:-1,8,16}" --reps "${REPS:-3}" --work "$G/cost" \
     --budget-s $(( left - 25 )) --out "$OUT/fsdp-cost.json" ${COST_ARGS:-}) >"$OUT/fsdp-cost-full.log" 2>&1
   rc=$?; echo "COST rc=$rc" | tee -a "$OUT/stages.txt"; stamp cost
+  if [ -f "$OUT/fsdp-cost.prof" ]; then
+    python3 -c 'import pstats, sys; s = pstats.Stats(sys.argv[1]); s.sort_stats("tottime").print_stats(45); s.sort_stats("cumulative").print_stats(60)' \
+      "$OUT/fsdp-cost.prof" >"$OUT/fsdp-cost-profile.txt" 2>&1
+  fi
   # fsdp-cost.log: the run without msprobe's INFO lines; fsdp-cost.txt: the table (written by the bench)
   grep -v '\[INFO\]' "$OUT/fsdp-cost-full.log" >"$OUT/fsdp-cost.log"
   grep -E '^\[ *[0-9.]+s\]|SKIP|PROBLEM|FAILED|Error' "$OUT/fsdp-cost.log" | tail -40
