@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from verl_consistency.contracts.records import lane_folder
+from verl_consistency.patches.hooks.call_stack import remembering
 from verl_consistency.patches.hooks.lane_json import LANE_RECORD, StepTemplate, save_text, stack_text
 from verl_consistency.patches.hooks.lane_stats import LaneStatQueue
 
@@ -121,6 +122,11 @@ class LaneStats:
             # itself, neither mid-forward (no host sync there) nor at exit
             self.collector.data_writer.write_json = _noop
             self.collector.data_writer.flush_data_periodically = _noop
+            # msprobe's stack capture, formatted once per call stack (call_stack.py)
+            from msprobe.core.common.const import Const
+            from msprobe.core.common.log import logger
+
+            self.collector.data_processor.analyze_api_call_stack = remembering(Const, logger.warning)
         self.collector.config = whole
         self.collector.data_processor.config = whole
         self.collector.data_writer.config = whole
