@@ -1,4 +1,4 @@
-"""msprobe's call-stack capture, remembered per call site: the same ``stack.json``, a fraction of the host time.
+"""msprobe's call-stack capture, remembered per call stack: the same ``stack.json``, less host time.
 
 Why: for every dumped module call msprobe's ``BaseDataProcessor.analyze_api_call_stack`` walks the
 Python stack and, for each of its ~40 frames, reads the source line (``linecache``), tests the path
@@ -50,7 +50,7 @@ def remembering(msprobe_const: Any, warn: Callable[[str], None]) -> Callable[[st
         source = linecache.getline(path, lineno).strip()
         if not source or any(f in path for f in filters) or flag in path:
             return None
-        return f"File {path}, line {str(lineno)}, in {code.co_name}, \n {source}"
+        return f"File {path}, line {lineno}, in {code.co_name}, \n {source}"
 
     def analyze_api_call_stack(name: str) -> tuple[str, ...]:
         # frame 0 is this function, where msprobe's frame 0 is its own: the same skip counts

@@ -313,7 +313,8 @@ def _stack_both(name: str) -> tuple[Any, Any]:
 def test_the_remembered_call_stack_is_msprobes(name: str) -> None:
     theirs, ours = _stack_both(name)
     assert ours == theirs
-    assert len(theirs) > 3 and all(line.startswith("File ") for line in theirs)
+    assert len(theirs) > 3
+    assert all(line.startswith("File ") for line in theirs)
     assert not any("msprobe/core" in line for line in ours)
 
 
@@ -338,3 +339,24 @@ def test_the_call_stack_is_remembered_per_stack_not_per_name() -> None:
     (other,) = layer(False)
     assert other != first
     assert [line for line in other if line not in first]  # the caller's other line
+
+
+def test_a_step_like_the_last_reuses_its_template_and_a_reordered_one_does_not() -> None:
+    """``LaneStats._template``: the same records give the last step's template (encoded once); the
+    same records with two modules' keys in another order give a new one, whose text follows it."""
+    from verl_consistency.patches.hooks.lane_collector import LaneStats
+
+    def record(i: int) -> dict[str, Any]:
+        return {"type": "torch.Tensor", "dtype": "torch.float32", LANE_RECORD: i, "requires_grad": False}
+
+    def step(order: tuple[str, str]) -> dict[str, Any]:
+        module = {order[0]: [record(0)], order[1]: [record(1)]}
+        return {"task": "statistics", "level": "L0", "data": {"Module.a.forward.0": module}}
+
+    stats = LaneStats(original=None)
+    first = stats._template(step(("input_args", "output")))
+    assert stats._template(step(("input_args", "output"))) is first
+    swapped = stats._template(step(("output", "input_args")))
+    assert swapped is not first
+    text = swapped.render([[[2]], [[3]]], [[[1.0, 0.0, 0.5, 1.0]], [[2.0, 0.0, 1.0, 2.0]]], 0)
+    assert list(json.loads(text)["data"]["Module.a.forward.0"]) == ["output", "input_args"]
