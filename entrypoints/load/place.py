@@ -52,6 +52,8 @@ def record_path(dest: Path) -> Path:
 
 def check_dest(dest: Path, root: Path | None) -> Path:
     """DEST as an absolute path, inside ``root`` when one is given."""
+    if str(dest) in ("", "."):
+        raise LoadError("DEST is empty: give the path to create, e.g. /models/Qwen2.5-0.5B-Instruct")
     if not dest.is_absolute():
         raise LoadError(f"DEST {dest}: give an absolute path (e.g. /models/Qwen2.5-0.5B-Instruct)")
     if root is None:

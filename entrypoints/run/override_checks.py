@@ -50,7 +50,13 @@ def given_twice(parsed: Iterable[UserOverride]) -> list[str]:
 
 
 def _kind(value: Any) -> str:
-    kinds = ((bool, "boolean"), (int, "integer"), (float, "number"), (list, "list"), (dict, "mapping"))
+    kinds = (
+        (bool, "a boolean"),
+        (int, "an integer"),
+        (float, "a number"),
+        (list, "a list"),
+        (dict, "a mapping"),
+    )
     return next((name for cls, name in kinds if isinstance(value, cls)), "null")
 
 
@@ -71,7 +77,7 @@ def ray_env_not_strings(parsed: Iterable[UserOverride]) -> list[str]:
             full = f"{ov.key}.{name}" if name else ov.key
             quoted = f"+{full}='{hydra_value(value)}'"
             problems.append(
-                f"refused `{ov.text}`: Hydra reads {full}={hydra_value(value)} as a "
+                f"refused `{ov.text}`: Hydra reads {full}={hydra_value(value)} as "
                 f"{_kind(value)}, and Ray takes only strings as environment variables (it "
                 f"raises TypeError at ray.init, after its start-up). Quote the value for Hydra: "
                 f'{quoted} (in a shell: "{quoted}"; in the RayJob ConfigMap\'s VERL_OVERRIDES, '

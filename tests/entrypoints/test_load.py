@@ -1,28 +1,26 @@
 """``verl-consistency load``: a model, a dataset or a reward file onto a volume, from a URL or a path.
 
-Real sources only: a local HTTP server (Python's http.server in a thread) serves real tar, tar.gz
-and tar.zst archives built here, and a folder on disk stands for a mounted PVC. The command runs
-through the real CLI (typer's CliRunner), as the loader Job runs it.
+Real sources only: a local HTTP server (tests/fixtures/http_files.py, Python's http.server)
+serves real tar, tar.gz and tar.zst archives built here, and a folder on disk stands for a
+mounted PVC. The command runs through the real CLI (typer's CliRunner), as the loader Job runs it.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import http.server
 import io
 import os
 import socket
 import tarfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 import zstandard
 from typer.testing import CliRunner, Result
 
+from tests.fixtures.http_files import Routes, serve
 from verl_consistency.entrypoints.cli import app
 from verl_consistency.entrypoints.load.place import record_path
 
@@ -68,32 +66,10 @@ def evil_tar(kind: str) -> bytes:
     return buf.getvalue()
 
 
-class Files(http.server.BaseHTTPRequestHandler):
-    routes: ClassVar[dict[str, tuple[int, bytes]]] = {}
-
-    def do_GET(self) -> None:
-        status, body = self.routes.get(self.path, (404, b"<html>not found</html>"))
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def server() -> Iterator[tuple[str, dict[str, tuple[int, bytes]]]]:
-    routes: ClassVar[dict[str, tuple[int, bytes]]] = {}
-    handler = type("Handler", (Files,), {"routes": routes})
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", routes
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+def server() -> Iterator[tuple[str, Routes]]:
+    with serve() as served:
+        yield served
 
 
 def load(*args: str) -> Result:
