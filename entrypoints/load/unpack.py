@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
-from typing import IO
+from typing import IO, cast
 
 import zstandard
 
@@ -54,10 +54,10 @@ def _plain(path: Path, compression: Compression) -> Iterator[IO[bytes]]:
     with path.open("rb") as raw:
         if compression is Compression.ZSTD:
             with zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True) as zr:
-                yield zr  # type: ignore[misc]
+                yield cast(IO[bytes], zr)
         elif compression is Compression.GZIP:
             with gzip.GzipFile(fileobj=raw) as gz:
-                yield gz
+                yield cast(IO[bytes], gz)
         else:
             yield raw
 
