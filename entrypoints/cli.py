@@ -15,6 +15,7 @@ from verl_consistency.contracts import __version__, pins
 from verl_consistency.entrypoints.check import command as check
 from verl_consistency.entrypoints.demo import command as demo
 from verl_consistency.entrypoints.kuberay.rayjob_wait import wait_rayjob_cmd
+from verl_consistency.entrypoints.load.command import load_cmd
 from verl_consistency.entrypoints.msprobe import defaults as msprobe_defaults
 from verl_consistency.entrypoints.run import command as run_cmd
 from verl_consistency.patches.cli import app as patches_app
@@ -92,6 +93,7 @@ postprocess_cli.register(app)
 app.command("wait-rayjob")(wait_rayjob_cmd)
 app.command("demo")(demo.demo_cmd)
 app.command("check")(check.check_cmd)
+app.command("load")(load_cmd)
 
 
 def main() -> int:

@@ -38,10 +38,7 @@ DOCS = (
 PENDING_MERGE = {
     ("make", "manifests"),
     ("make", "preflight"),
-    ("make", "upload-prompts"),
     ("command", "preflight"),
-    ("kubectl", "k8s/model-loader-job.yaml"),
-    ("path", "k8s/model-loader-job.yaml"),
     ("kubectl", "k8s/overlays/one-node"),
     ("path", "k8s/overlays/one-node"),
 }

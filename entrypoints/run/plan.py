@@ -40,6 +40,7 @@ from verl_consistency.entrypoints.msprobe.config import (
     parse_modules,
     parse_selection,
 )
+from verl_consistency.entrypoints.run import override_checks
 from verl_consistency.entrypoints.run import overrides as table
 from verl_consistency.entrypoints.run.overrides import Conflict, EnvConflict, Mode, RunKind, UserOverride
 from verl_consistency.entrypoints.run.plan_options import (
@@ -206,6 +207,7 @@ def _check(mode: Mode, o: PlanOptions) -> _Checked:
     except ValueError as exc:
         raise PlanError([*problems, str(exc)]) from None
     problems += _conflicts(mode, o, parsed, run, kind, set_name)
+    problems += override_checks.given_twice(parsed) + override_checks.ray_env_not_strings(parsed)
     if problems:
         raise PlanError(problems)
     _check_clashes(o, parsed)

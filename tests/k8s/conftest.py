@@ -23,10 +23,12 @@ FILES = {f"file:{mode}": K8S / f"{mode}-rayjob.yaml" for mode in MODES}
 # test_check_job.py covers them; the RayJob checks below do not apply.
 CHECK_FILE = K8S / "check-job.yaml"
 CHECK_SOURCES = ["file:check", "kustomize:base/check"]
+# The model loader (a batch/v1 Job, the one writer of the model volume): test_model_loader.py.
+LOADER_FILE = K8S / "model-loader-job.yaml"
 # Every plain file `make k8s-render` writes (kubectl's output: not linted, compared instead).
-RENDERED = [*FILES.values(), CHECK_FILE]
-# Bases that are not a collection run by themselves: the shared parts, and the check.
-NOT_RUNS = {K8S / "base" / name for name in ("common", "volumes", "check")}
+RENDERED = [*FILES.values(), CHECK_FILE, LOADER_FILE]
+# Bases that are not a collection run by themselves: the shared parts, the check, the loader.
+NOT_RUNS = {K8S / "base" / name for name in ("common", "volumes", "check", "model-loader")}
 KUSTOMIZATIONS = sorted(
     p.parent
     for p in K8S.glob("*/*/kustomization.yaml")

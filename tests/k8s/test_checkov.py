@@ -4,9 +4,9 @@ checkov has heavy pinned dependencies, so it lives in its own tool venv (not the
 ``python3 -m venv .cache/checkov-venv && .cache/checkov-venv/bin/pip install checkov``, or point
 VERL_CONSISTENCY_CHECKOV at a checkov executable. checkov does not look inside a RayJob's pod
 templates; test_manifests.py::test_pod_templates_are_locked_down covers those. One checkov run
-covers both bases, the check Job (k8s/base/check), the bundle-reader pod, and every pairwise
-combination of the components (test_components.py; rendered once, shared through conftest.render's
-cache).
+covers both bases, the check Job (k8s/base/check), the model loader (k8s/base/model-loader), the
+bundle-reader and prompts-writer pods, and every pairwise combination of the components
+(test_components.py; rendered once, shared through conftest.render's cache).
 """
 
 from __future__ import annotations
@@ -54,12 +54,18 @@ def skips() -> list[tuple[str, str, str]]:
 def test_checkov_reports_only_listed_failures(tmp_path: Path) -> None:
     files = []
     for i, source in enumerate(
-        ["kustomize:base/fully-async", "kustomize:base/hybrid", "kustomize:base/check", *COMBOS]
+        [
+            "kustomize:base/fully-async",
+            "kustomize:base/hybrid",
+            "kustomize:base/check",
+            "kustomize:base/model-loader",
+            *COMBOS,
+        ]
     ):
         path = tmp_path / f"{i:02d}-{source.replace(':', '-').replace('/', '-').replace('+', '-')}.yaml"
         path.write_text(render(source)[0])
         files += ["-f", str(path)]
-    files += ["-f", str(K8S / "bundle-reader.yaml")]
+    files += ["-f", str(K8S / "bundle-reader.yaml"), "-f", str(K8S / "prompts-writer.yaml")]
     res = subprocess.run(
         [
             checkov(),

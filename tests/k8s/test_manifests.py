@@ -320,9 +320,13 @@ def check_lifecycle_and_run_settings(docs: list[dict[str, Any]]) -> None:
     assert post["metadata"]["name"] == f"{job['metadata']['name']}-postprocess"
     # Every ${VAR} of the entrypoint is guarded and comes from the ConfigMap; the submitter pod
     # (KubeRay's bash -ce expands them there) and the postprocess Job read that ConfigMap.
-    variables = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(:\?)?\}?", spec["entrypoint"])
+    # VERL_OVERRIDES, the user's own overrides, may be empty: `?` (set, maybe empty), and last.
+    variables = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(:?\?)?\}?", spec["entrypoint"])
     assert {v for v, _ in variables} <= cm["data"].keys()
-    assert all(guard == ":?" for _, guard in variables), "use ${VAR:?} in the entrypoint"
+    assert variables[-1] == ("VERL_OVERRIDES", "?")
+    assert spec["entrypoint"].endswith(" ${VERL_OVERRIDES?}")
+    assert cm["data"]["VERL_OVERRIDES"] == ""
+    assert all(guard == ":?" for _, guard in variables[:-1]), "use ${VAR:?} in the entrypoint"
     assert re.search(
         r"--run-id \$\{RUN_ID:\?\} .* actor_rollout_ref\.model\.path=\$\{MODEL_PATH:\?\} ", spec["entrypoint"]
     )

@@ -269,7 +269,10 @@ def test_the_old_submitter_loses_the_settings(world: dict[str, Any]) -> None:
     (settings,) = cms.values()
     job = copy.deepcopy(job)
     del job["spec"]["submitterPodTemplate"]
-    job["spec"]["entrypoint"] = job["spec"]["entrypoint"].replace(":?}", "}")
+    # (and without VERL_OVERRIDES, which came later: its `?` guard would stop this submitter too)
+    job["spec"]["entrypoint"] = (
+        job["spec"]["entrypoint"].replace(" ${VERL_OVERRIDES?}", "").replace(":?}", "}")
+    )
     result = submit(world, job, cms)
     assert result["rc"] == 0, result["output"][-3000:]  # KubeRay would call this submission fine
     (rec,) = result["records"]
@@ -278,3 +281,35 @@ def test_the_old_submitter_loses_the_settings(world: dict[str, Any]) -> None:
     assert "actor_rollout_ref.model.path=" in rec["argv"]  # the model path expanded to nothing
     with pytest.raises(AssertionError):
         assert_driver_got_the_run(result, job, settings)
+
+
+def test_verl_overrides_reach_the_driver_as_documented(world: dict[str, Any]) -> None:
+    """VERL_OVERRIDES through KubeRay's submitter, the real `ray job submit` and Ray's job supervisor:
+    the quoting that k8s/README.md ("Your own job") documents holds end to end, and an override
+    that `run` refuses fails the Ray job (test_verl_overrides.py covers more cases without Ray)."""
+    job, cms = manifest("file:hybrid")
+    ((name, settings),) = cms.items()
+    mine = (
+        "data.train_files=/models/data/my-set/train.parquet "
+        r"+ray_kwargs.ray_init.runtime_env.env_vars.MY_FLAG=\'1\' trainer.experiment_name='my run'"
+    )
+    result = submit(world, job, {name: {**settings, "VERL_OVERRIDES": mine}})
+    assert result["rc"] == 0, result["output"][-5000:]
+    assert result["status"] == "SUCCEEDED", result["output"][-5000:]
+    (rec,) = result["records"]
+    arrived = [
+        "data.train_files=/models/data/my-set/train.parquet",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.MY_FLAG='1'",
+        "trainer.experiment_name=my run",
+    ]
+    assert rec["argv"][-3:] == arrived
+    assert rec["dry_run"]["rc"] == 0, rec["dry_run"]["stderr"]
+    assert json.loads(rec["dry_run"]["stdout"])["argv"][-3:] == arrived
+
+    refused = submit(
+        world, job, {name: {**settings, "VERL_OVERRIDES": "actor_rollout_ref.rollout.mode=sync"}}
+    )
+    assert refused["status"] == "FAILED", refused["output"][-5000:]
+    (rec,) = refused["records"]
+    assert rec["dry_run"]["rc"] == 2
+    assert "refused `actor_rollout_ref.rollout.mode=sync`" in rec["dry_run"]["stderr"]
