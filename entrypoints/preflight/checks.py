@@ -19,7 +19,7 @@ from verl_consistency.contracts import __version__, pins
 from verl_consistency.entrypoints.preflight import kuberay_fields as kf
 from verl_consistency.entrypoints.preflight import manifest as mf
 from verl_consistency.entrypoints.preflight.cluster import Snapshot
-from verl_consistency.entrypoints.preflight.manifest import Manifest, PodGroup
+from verl_consistency.entrypoints.preflight.manifest import Manifest, PodGroup, show_quantity
 from verl_consistency.entrypoints.preflight.nodes import (
     DEVICE_PLUGINS,
     Node,
@@ -52,6 +52,10 @@ def _unread(s: Snapshot, what: str, check: str) -> CheckResult:
         found=f"could not read {what} ({s.unreadable[what]}): not checked",
         next=f"rerun as a user allowed to get/list {what}, or ask a cluster admin",
     )
+
+
+def _count(items: list, noun: str) -> str:
+    return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"
 
 
 def _pods(groups: Iterable[PodGroup]) -> str:
@@ -144,7 +148,9 @@ def _other_plugins(nodes: list[Node], missing: list[str], groups: list[PodGroup]
     for n in nodes:
         for r, c in n.devices().items():
             offered.setdefault(r, []).append(c)
-    found = f"no Ready node offers {', '.join(missing)} (asked by {_pods(groups)}; {len(nodes)} Ready nodes)"
+    found = (
+        f"no Ready node offers {', '.join(missing)} (asked by {_pods(groups)}; {_count(nodes, 'Ready node')})"
+    )
     if not offered:
         return (
             Status.fail,
@@ -153,7 +159,8 @@ def _other_plugins(nodes: list[Node], missing: list[str], groups: list[PodGroup]
             "`kubectl describe node` lists what each node offers",
         )
     other = "; ".join(
-        f"{len(c)} offer {r} ({DEVICE_PLUGINS[r][0]}, up to {max(c)} per node)" for r, c in offered.items()
+        f"{r} is on {_count(c, 'Ready node')} ({DEVICE_PLUGINS[r][0]}, up to {max(c)} per node)"
+        for r, c in offered.items()
     )
     fits = " or ".join(f"--overlay {DEVICE_PLUGINS[r][1]}" for r in offered)
     return (
@@ -181,7 +188,7 @@ def check_accelerators(m: Manifest, s: Snapshot) -> CheckResult:
     each = ", ".join(
         f"{n.name}: " + "+".join(str(int(n.allocatable.get(r, 0))) for r in asked) for n in capable
     )
-    found = f"{len(capable)} Ready nodes offer {', '.join(asked)} ({each}); pods: {_pods(groups)}"
+    found = f"Ready nodes with {', '.join(asked)}: {len(capable)} ({each}); pods: {_pods(groups)}"
     if fit.fits:
         return _result(name, [(Status.ok, found, "")])
     return _result(
@@ -189,7 +196,7 @@ def check_accelerators(m: Manifest, s: Snapshot) -> CheckResult:
         [
             (
                 Status.fail,
-                f"{found}; too few: {'; '.join(fit.shortages)}",
+                f"{found}; too few: {'; '.join(map(str, fit.shortages))}",
                 "add nodes, or ask for fewer: pods per group (TRAINER_NODES, ROLLOUT_NODES) and devices "
                 "per pod (NPUS_PER_NODE) with a component (k8s/components/pool-sizes, a3-16npu)",
             )
@@ -222,7 +229,7 @@ def _placement_reasons(groups: list[PodGroup], nodes: list[Node]) -> list[str]:
 
 def check_node_label(m: Manifest, s: Snapshot) -> CheckResult:
     """The nodes that offer the devices carry the pods' nodeSelector labels, allow their
-    tolerations, and have the room (cpu, memory, devices) for every replica."""
+    tolerations, and have the room (cpu, memory) for every replica."""
     name = "node-label"
     groups = [g for g in m.pod_groups() if g.spec.get("nodeSelector") or g.device_limits()]
     if not groups:
@@ -231,20 +238,32 @@ def check_node_label(m: Manifest, s: Snapshot) -> CheckResult:
         return _unread(s, "nodes", name)
     nodes = _usable_nodes(s)
 
+    def admits_devices(g: PodGroup, n: Node) -> bool:
+        return all(n.allocatable.get(r, 0) > 0 for r in g.device_limits())
+
     def admits(g: PodGroup, n: Node) -> bool:
         return (
-            all(n.allocatable.get(r, 0) > 0 for r in g.device_limits())
+            admits_devices(g, n)
             and not missing_labels(n, g.spec.get("nodeSelector") or {})
             and not blocking_taints(n, g.spec.get("tolerations") or [])
         )
 
+    if not any(admits_devices(g, n) for g in groups for n in nodes):
+        note = "not checked: no Ready node offers the devices the pods ask for (see accelerators)"
+        return _result(name, [(Status.warn, note, "")])
     fit = first_fit(groups, nodes, admits)
     selectors = sorted({f"{k}={v}" for g in groups for k, v in (g.spec.get("nodeSelector") or {}).items()})
     found = f"nodeSelector {', '.join(selectors) or '(none)'}"
     if fit.fits:
         placed = ", ".join(f"{g} {n}" for g, n in fit.placed.items())
         return _result(name, [(Status.ok, f"{found}: every pod has a node ({placed})", "")])
-    reasons = list(dict.fromkeys([*_placement_reasons(groups, nodes), *fit.shortages]))
+    # Too few devices is the accelerators check's to say; here labels, taints, cpu and memory.
+    devices = {r for g in groups for r in g.device_limits()}
+    others = [str(sh) for sh in fit.shortages if sh.resource not in devices]
+    reasons = list(dict.fromkeys([*_placement_reasons(groups, nodes), *others]))
+    if not reasons:
+        note = f"{found}: the labels and taints admit the pods; their devices are too few (see accelerators)"
+        return _result(name, [(Status.warn, note, "")])
     label = selectors[0] if selectors else "<key>=<value>"
     return _result(
         name,
@@ -253,7 +272,8 @@ def check_node_label(m: Manifest, s: Snapshot) -> CheckResult:
                 Status.fail,
                 f"{found}: {'; '.join(reasons)}",
                 f"label the nodes (kubectl label node <node> {label}), or set the worker groups' "
-                "nodeSelector and tolerations to your nodes' (k8s/README.md, Node placement)",
+                "nodeSelector and tolerations to your nodes' (k8s/README.md, Node placement); "
+                "for cpu and memory, nodes with more, or smaller pods",
             )
         ],
     )
@@ -296,12 +316,6 @@ def quota_needs(m: Manifest, s: Snapshot) -> dict[str, Decimal]:
     return need
 
 
-def _amount(v: Decimal) -> str:
-    if v >= 2**30 and v % 2**30 == 0:
-        return f"{v // 2**30}Gi"
-    return f"{v.normalize():f}"
-
-
 def _quota_rows(m: Manifest, quota: dict, need: dict[str, Decimal]) -> list[Row]:
     qn, hard = quota["metadata"]["name"], quota.get("spec", {}).get("hard") or {}
     used = quota.get("status", {}).get("used") or {}
@@ -310,7 +324,9 @@ def _quota_rows(m: Manifest, quota: dict, need: dict[str, Decimal]) -> list[Row]
         if key not in need:
             continue
         left = parse_quantity(limit) - parse_quantity(used.get(key, "0"))
-        line = f"{qn} {key}: needs {_amount(need[key])}, {_amount(left)} left of {limit}"
+        line = (
+            f"{qn} {key}: needs {show_quantity(key, need[key])}, {show_quantity(key, left)} left of {limit}"
+        )
         rows.append((Status.fail if need[key] > left else Status.ok, line, ""))
         kind, _, res = key.partition(".") if "." in key else ("requests", "", key)
         for g in m.pod_groups() if res in ("cpu", "memory") else []:

@@ -123,6 +123,7 @@ def preflight_cmd(
     if json_out:
         typer.echo(report.to_json().decode())
     else:
-        # A terminal's own width; piped or captured, wide enough that a row stays one paragraph.
-        report.print_table(Console(width=None if sys.stdout.isatty() else 200))
+        # A terminal's (or $COLUMNS') width; piped or captured, wide enough for a row to read as one.
+        wide = sys.stdout.isatty() or "COLUMNS" in os.environ
+        report.print_table(Console(width=None if wide else 200))
     raise typer.Exit(report.exit_code)

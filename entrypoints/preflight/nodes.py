@@ -19,7 +19,7 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from verl_consistency.entrypoints.preflight.manifest import PodGroup
+from verl_consistency.entrypoints.preflight.manifest import PodGroup, show_quantity
 
 DEVICE_PLUGINS: dict[str, tuple[str, str]] = {
     "huawei.com/Ascend910": ("MindCluster's Ascend device plugin", "mindcluster"),
@@ -96,12 +96,25 @@ def blocking_taints(node: Node, tolerations: list[dict[str, Any]]) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Shortage:
+    """Why the next pod of a group found no node: ``resource`` short (None: no node admits it,
+    or no single node has room for all of its requests at once)."""
+
+    group: str
+    resource: str | None
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.group}: {self.text}"
+
+
+@dataclass(frozen=True)
 class Fit:
     """How many pods of each group fit, and the first shortage met for those that do not."""
 
     placed: dict[str, int]
     wanted: dict[str, int]
-    shortages: list[str]
+    shortages: list[Shortage]
 
     @property
     def fits(self) -> bool:
@@ -118,7 +131,7 @@ def first_fit(
     counting ``resources`` of the pods' requests (all of them when None); groups share nodes."""
     free = {n.name: dict(n.allocatable) for n in nodes}
     placed = {g.name: 0 for g in groups}
-    shortages: list[str] = []
+    shortages: list[Shortage] = []
     for g in groups:
         need = {k: v for k, v in g.amounts("requests").items() if resources is None or k in resources}
         mine = [n for n in nodes if admits(g, n)]
@@ -133,17 +146,12 @@ def first_fit(
     return Fit(placed, {g.name: g.replicas for g in groups}, shortages)
 
 
-def _shortage(g: PodGroup, need: dict[str, Decimal], nodes: list[Node], free: dict[str, dict]) -> str:
+def _shortage(g: PodGroup, need: dict[str, Decimal], nodes: list[Node], free: dict[str, dict]) -> Shortage:
     if not nodes:
-        return f"{g.name}: no node to place it on"
+        return Shortage(g.name, None, "no node admits it")
     for k, v in need.items():
         most = max((free[n.name].get(k, Decimal(0)) for n in nodes), default=Decimal(0))
         if most < v:
-            return f"{g.name}: a pod requests {k} {_show(v)}, the most left on a node is {_show(most)}"
-    return f"{g.name}: no single node has room for all of its requests"
-
-
-def _show(v: Decimal) -> str:
-    if v >= 2**30 and v % 2**30 == 0:
-        return f"{v // 2**30}Gi"
-    return f"{v.normalize():f}"
+            asked, left = show_quantity(k, v), show_quantity(k, most)
+            return Shortage(g.name, k, f"a pod requests {k} {asked}, the most left on a node is {left}")
+    return Shortage(g.name, None, "no single node has room for all of its requests at once")

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,13 @@ NAMESPACE = "vc"
 
 
 def _docs(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((FIXTURES / name).read_text()) if d]
+    """The fixture's documents, each caller its own copy (tests change them)."""
+    return copy.deepcopy(_parsed(name))
+
+
+@cache
+def _parsed(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.load_all((FIXTURES / name).read_text(), Loader=yaml.CSafeLoader) if d]
 
 
 def fixture_nodes() -> dict[str, dict[str, Any]]:
@@ -57,6 +64,11 @@ def fixture_cluster(kind: str) -> dict[str, Any]:
 
 def kuberay_crd(tag: str) -> dict[str, Any]:
     """KubeRay's RayJob CRD at ``tag`` (v1.0.0, v1.1.0, v1.2.2, ..., v1.7.0), trimmed."""
+    return copy.deepcopy(_crd(tag))
+
+
+@cache
+def _crd(tag: str) -> dict[str, Any]:
     raw = (FIXTURES / "crds" / f"rayjobs.ray.io.{tag}.json.zst").read_bytes()
     crd: dict[str, Any] = orjson.loads(zstandard.ZstdDecompressor().decompress(raw))
     return crd
@@ -213,7 +225,7 @@ class StandInApiServer:
 @contextmanager
 def serve(cluster: StandInCluster) -> Iterator[StandInApiServer]:
     server = StandInApiServer(cluster)
-    thread = threading.Thread(target=server.httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.httpd.serve_forever, args=(0.02,), daemon=True)
     thread.start()
     try:
         yield server
