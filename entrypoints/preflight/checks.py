@@ -97,12 +97,21 @@ def check_kuberay(m: Manifest, s: Snapshot) -> CheckResult:
         found += f"; operator image {', '.join(sorted(set(s.operator_images)))}"
     if implied.release is None:
         return _result(name, [(Status.fail, found, "upgrade: " + INSTALL_KUBERAY)])
-    operator = sorted({v for v in map(kf.release_from_image, s.operator_images) if v})
-    stale = [v for v in operator if not v.startswith(implied.release + ".")]
-    if stale and not implied.newest_known:
+    crd = kf.minor(implied.release)
+    stale = [
+        v
+        for v in _operator_releases(s)
+        if (kf.minor(v) < crd if implied.newest_known else kf.minor(v) != crd)
+    ]
+    if stale:
         note = f"{found}: the operator ({', '.join(stale)}) is not the CRD's release"
-        return _result(name, [(Status.warn, note, f"`helm upgrade` leaves the CRDs as they were: {CRDS_OF}")])
+        todo = f"install the operator and CRDs of one release (helm upgrade leaves the CRDs: {CRDS_OF})"
+        return _result(name, [(Status.warn, note, todo)])
     return CheckResult(check=name, status=Status.ok, found=found)
+
+
+def _operator_releases(s: Snapshot) -> list[str]:
+    return sorted({v for v in map(kf.release_from_image, s.operator_images) if v}, key=kf.minor)
 
 
 def check_rayjob_fields(m: Manifest, s: Snapshot) -> CheckResult:
@@ -115,16 +124,31 @@ def check_rayjob_fields(m: Manifest, s: Snapshot) -> CheckResult:
         return _result(name, [(Status.warn, "not checked: no readable RayJob CRD (see kuberay)", "")])
     release = kf.implied_release(schema).describe()
     unknown = kf.unknown_fields(m.rayjob, schema)
+    operators = _operator_releases(s)
+    ignored = kf.added_after(m.rayjob, operators[0]) if operators else []
+    if not unknown and not ignored:
+        found = f"every field of the RayJob is in the installed CRD ({release})"
+        return _result(name, [(Status.ok, found, "")])
     if not unknown:
+        shown = "; ".join(f"{p} (added in KubeRay {r})" for p, r in ignored)
         return _result(
-            name, [(Status.ok, f"every field of the RayJob is in the installed CRD ({release})", "")]
+            name,
+            [
+                (
+                    Status.fail,
+                    f"the CRD keeps them, but the operator ({operators[0]}) does not act on: {shown}",
+                    f"upgrade the operator to {max((r for _, r in ignored), key=kf.minor)} or later "
+                    "(helm upgrade kuberay-operator "
+                    "kuberay/kuberay-operator --version <release>), or use manifests without these fields",
+                )
+            ],
         )
     shown = "; ".join(
         f"{u.path} (added in KubeRay {u.added_in})" if u.added_in else f"{u.path} (no KubeRay release has it)"
         for u in unknown
     )
     added = [u.added_in for u in unknown if u.added_in]
-    needed = max(added, key=lambda v: tuple(map(int, v.split("."))), default=None)
+    needed = max(added, key=kf.minor, default=None)
     todo = f"upgrade KubeRay to {needed} or later, its CRDs too ({CRDS_OF}); or " if needed else ""
     return _result(
         name,

@@ -123,6 +123,31 @@ def implied_release(schema: dict[str, Any]) -> ImpliedRelease:
     return ImpliedRelease(found, found == RELEASES[-1])
 
 
+def minor(release: str) -> tuple[int, int]:
+    """``1.4.2`` or ``1.4`` → (1, 4)."""
+    major, minor_, *_ = (int(x) for x in release.split("."))
+    return major, minor_
+
+
+def added_after(rayjob: dict[str, Any], release: str) -> list[tuple[str, str]]:
+    """(path, release) of the RayJob's fields that a release after ``release`` added: an operator
+    of ``release`` does not act on them, whatever the CRD keeps."""
+    found: set[str] = set()
+    _paths(rayjob, "", found)
+    return sorted((p, ADDED_IN[p]) for p in found if p in ADDED_IN and minor(ADDED_IN[p]) > minor(release))
+
+
+def _paths(obj: Any, path: str, out: set[str]) -> None:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            sub = f"{path}.{k}" if path else k
+            out.add(sub)
+            _paths(v, sub, out)
+    elif isinstance(obj, list):
+        for item in obj:
+            _paths(item, f"{path}[]", out)
+
+
 def release_from_image(image: str) -> str | None:
     """``quay.io/kuberay/operator:v1.4.2`` → ``1.4.2`` (None for a digest or another tag)."""
     m = re.search(r":v?(\d+\.\d+(?:\.\d+)?)(?:[-+][\w.]+)?$", image)

@@ -236,6 +236,22 @@ def test_an_operator_newer_than_its_crd_is_a_warning(tmp_path: Path) -> None:
     assert "helm upgrade" in row["next"]
 
 
+def test_an_operator_older_than_its_crd_does_not_act_on_newer_fields(tmp_path: Path) -> None:
+    # A 1.7 CRD keeps per-group resources, but a 1.4 operator never reads them.
+    old = copy.deepcopy(fixture_cluster("Deployment"))
+    old["spec"]["template"]["spec"]["containers"][0]["image"] = "quay.io/kuberay/operator:v1.4.2"
+    manifest = variant(tmp_path, with_group_resources)
+    res, _ = run(StandInCluster(operators=[old]), tmp_path, "--manifest", str(manifest))
+    rep = report(res)
+    assert check(rep, "kuberay")["status"] == "warn"
+    assert "the operator (1.4.2) is not the CRD's release" in check(rep, "kuberay")["found"]
+    row = check(rep, "rayjob-fields")
+    assert row["status"] == "fail"
+    assert "the operator (1.4.2) does not act on" in row["found"]
+    assert "spec.rayClusterSpec.workerGroupSpecs[].resources (added in KubeRay 1.5)" in row["found"]
+    assert "upgrade the operator to 1.5 or later" in row["next"]
+
+
 @pytest.mark.parametrize(
     ("nodes", "resource", "overlay"),
     [
@@ -297,7 +313,9 @@ def test_too_little_memory_on_the_npu_nodes(tmp_path: Path) -> None:
     assert check(rep, "accelerators")["status"] == "ok"
     row = check(rep, "node-label")
     assert row["status"] == "fail"
-    assert "worker group trainer: a pod requests memory 256Gi, the most left on a node is 200Gi" in row["found"]
+    assert (
+        "worker group trainer: a pod requests memory 256Gi, the most left on a node is 200Gi" in row["found"]
+    )
 
 
 def test_too_few_npus_per_node_for_a3(tmp_path: Path) -> None:
