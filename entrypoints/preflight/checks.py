@@ -114,8 +114,34 @@ def _operator_releases(s: Snapshot) -> list[str]:
     return sorted({v for v in map(kf.release_from_image, s.operator_images) if v}, key=kf.minor)
 
 
+def _pruned(unknown: list[kf.UnknownField], release: str) -> Row:
+    shown = "; ".join(
+        f"{u.path} (added in KubeRay {u.added_in})" if u.added_in else f"{u.path} (no KubeRay release has it)"
+        for u in unknown
+    )
+    needed = max((u.added_in for u in unknown if u.added_in), key=kf.minor, default=None)
+    todo = f"upgrade KubeRay to {needed} or later, its CRDs too ({CRDS_OF}); or " if needed else ""
+    return (
+        Status.fail,
+        f"the installed CRD ({release}) would silently drop: {shown}",
+        todo + "use manifests without these fields (k8s/README.md)",
+    )
+
+
+def _ignored(fields: list[tuple[str, str]], operator: str) -> Row:
+    shown = "; ".join(f"{p} (added in KubeRay {r})" for p, r in fields)
+    needed = max((r for _, r in fields), key=kf.minor)
+    return (
+        Status.fail,
+        f"the CRD keeps these fields, but the operator ({operator}) does not act on them: {shown}",
+        f"upgrade the operator to {needed} or later (helm upgrade kuberay-operator kuberay/kuberay-operator "
+        "--version <release>), or use manifests without these fields",
+    )
+
+
 def check_rayjob_fields(m: Manifest, s: Snapshot) -> CheckResult:
-    """Every field of the RayJob is one the installed CRD keeps (an unknown one is pruned silently)."""
+    """Every field of the RayJob is one the installed CRD keeps (an unknown one is pruned
+    silently) and, where the operator's image tag shows its release, one that operator reads."""
     name = "rayjob-fields"
     if m.rayjob is None:
         return CheckResult(check=name, status=Status.ok, found="not needed: the manifest has no RayJob")
@@ -124,42 +150,13 @@ def check_rayjob_fields(m: Manifest, s: Snapshot) -> CheckResult:
         return _result(name, [(Status.warn, "not checked: no readable RayJob CRD (see kuberay)", "")])
     release = kf.implied_release(schema).describe()
     unknown = kf.unknown_fields(m.rayjob, schema)
+    if unknown:
+        return _result(name, [_pruned(unknown, release)])
     operators = _operator_releases(s)
     ignored = kf.added_after(m.rayjob, operators[0]) if operators else []
-    if not unknown and not ignored:
-        found = f"every field of the RayJob is in the installed CRD ({release})"
-        return _result(name, [(Status.ok, found, "")])
-    if not unknown:
-        shown = "; ".join(f"{p} (added in KubeRay {r})" for p, r in ignored)
-        return _result(
-            name,
-            [
-                (
-                    Status.fail,
-                    f"the CRD keeps them, but the operator ({operators[0]}) does not act on: {shown}",
-                    f"upgrade the operator to {max((r for _, r in ignored), key=kf.minor)} or later "
-                    "(helm upgrade kuberay-operator "
-                    "kuberay/kuberay-operator --version <release>), or use manifests without these fields",
-                )
-            ],
-        )
-    shown = "; ".join(
-        f"{u.path} (added in KubeRay {u.added_in})" if u.added_in else f"{u.path} (no KubeRay release has it)"
-        for u in unknown
-    )
-    added = [u.added_in for u in unknown if u.added_in]
-    needed = max(added, key=kf.minor, default=None)
-    todo = f"upgrade KubeRay to {needed} or later, its CRDs too ({CRDS_OF}); or " if needed else ""
-    return _result(
-        name,
-        [
-            (
-                Status.fail,
-                f"the installed CRD ({release}) would silently drop: {shown}",
-                todo + "use manifests without these fields (k8s/README.md)",
-            )
-        ],
-    )
+    if ignored:
+        return _result(name, [_ignored(ignored, operators[0])])
+    return _result(name, [(Status.ok, f"every field of the RayJob is in the installed CRD ({release})", "")])
 
 
 def _usable_nodes(s: Snapshot) -> list[Node]:

@@ -247,7 +247,7 @@ def test_an_operator_older_than_its_crd_does_not_act_on_newer_fields(tmp_path: P
     assert "the operator (1.4.2) is not the CRD's release" in check(rep, "kuberay")["found"]
     row = check(rep, "rayjob-fields")
     assert row["status"] == "fail"
-    assert "the operator (1.4.2) does not act on" in row["found"]
+    assert "the operator (1.4.2) does not act on them" in row["found"]
     assert "spec.rayClusterSpec.workerGroupSpecs[].resources (added in KubeRay 1.5)" in row["found"]
     assert "upgrade the operator to 1.5 or later" in row["next"]
 
