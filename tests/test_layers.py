@@ -1,6 +1,6 @@
 """The import graph follows the pipeline, and every ``VERL_CONSISTENCY_*`` name has one home.
 
-The layers (README, "Map"), from the bottom:
+The layers (entrypoints/README.md, "Map: every module, room by room"), from the bottom:
 
 - ``contracts`` (``patches/contracts/``, the pins reader among them): imported by every stage,
   imports no stage;

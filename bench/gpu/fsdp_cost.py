@@ -355,6 +355,30 @@ def run_schedule(b: Bench) -> None:
             one_pass(b, "off-after", mb, 0)
 
 
+def profile_passes(b: Bench, out: Path) -> None:
+    """``--profile``: after the timed passes, one more dumped pass at each micro batch above 1 under
+    cProfile; the tables (by own time and by cumulative time) go to ``out``. Where a dumped step's
+    host time goes: the profiler slows Python, so read shares, not seconds."""
+    import cProfile
+    import io
+    import pstats
+
+    text = io.StringIO()
+    for mb in b.args.micro_batches[1:]:
+        prof = cProfile.Profile()
+        prof.enable()
+        wall, _, _ = infer(b.engine, b.batch, mb, b.device, True)
+        prof.disable()
+        rep = Rep("profiled", mb, 0)
+        b.log_off = harvest(b.lay, b.work / "reps" / f"profiled-mb{mb}", b.log_off, b.ids, rep)
+        shutil.rmtree(b.work / "reps" / f"profiled-mb{mb}", ignore_errors=True)
+        print(f"[{b.elapsed():6.1f}s] profiled dumps mb{mb}: {wall:.3f} s under cProfile", flush=True)
+        text.write(f"# dumped pass at micro batch {mb} under cProfile: {wall:.3f} s, {rep.steps} steps\n")
+        for order, rows in (("tottime", 45), ("cumulative", 70)):
+            pstats.Stats(prof, stream=text).sort_stats(order).print_stats(rows)
+    out.write_text(text.getvalue())
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -446,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
         b, result["config"] = set_up(args, t_start)
         with stage("passes"):
             run_schedule(b)
+        if b.args.profile:
+            with stage("profile", "cProfile of one more dumped pass per micro batch"):
+                profile_passes(b, b.args.profile)
         result["summary"] = summarize(b, result["config"]["tokens"])
         result["reps"] = [asdict(r) for r in b.reps]
         result["warmups"] = [asdict(r) for r in b.warmups]

@@ -64,6 +64,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="auto",
         help="msprobe_lanes.DEFAULT_PATH: auto (one pass for all lanes, issue 32) or fanout (as before)",
     )
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        help="after the timed passes, profile one more dumped pass per micro batch above 1 (cProfile "
+        "tables to this file)",
+    )
     args = ap.parse_args(argv)
     try:
         args.micro_batches = [int(x) for x in args.micro_batches.split(",")]

@@ -294,9 +294,12 @@ if [ "$cmd" = cost ]; then
   # PROFILE=1: the same run under cProfile ($OUT/fsdp-cost.prof, and the top of it in fsdp-cost-profile.txt):
   # where a dumped step's host time goes (the profiler slows Python, so read shares, not seconds)
   prof=(); [ -n "${PROFILE:-}" ] && prof=(-m cProfile -o "$OUT/fsdp-cost.prof")
+  # PROFILE_PASSES=1: after the timed passes, one more dumped pass per micro batch above 1 under cProfile,
+  # alone ($OUT/fsdp-cost-passes-profile.txt): a dumped step's host time without set-up and micro batch 1
+  passes=(); [ -n "${PROFILE_PASSES:-}" ] && passes=(--profile "$OUT/fsdp-cost-passes-profile.txt")
   (cd "$REPO" && timeout -k 10 $(( left - 5 )) python3 "${prof[@]}" -m bench.gpu.fsdp_cost --device "${DEVICE:-cuda}" \
     --requests "${REQUESTS:-64}" --micro-batches "${MBS:-1,8,16}" --reps "${REPS:-3}" --work "$G/cost" \
-    --budget-s $(( left - 25 )) --out "$OUT/fsdp-cost.json" ${COST_ARGS:-}) >"$OUT/fsdp-cost-full.log" 2>&1
+    --budget-s $(( left - 25 )) --out "$OUT/fsdp-cost.json" "${passes[@]}" ${COST_ARGS:-}) >"$OUT/fsdp-cost-full.log" 2>&1
   rc=$?; echo "COST rc=$rc" | tee -a "$OUT/stages.txt"; stamp cost
   if [ -f "$OUT/fsdp-cost.prof" ]; then
     python3 -c 'import pstats, sys; s = pstats.Stats(sys.argv[1]); s.sort_stats("tottime").print_stats(45); s.sort_stats("cumulative").print_stats(60)' \

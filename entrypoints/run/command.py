@@ -247,7 +247,16 @@ _DataModeOpt = Annotated[
         "input,output,forward,backward (default: forward,output for tensor; all for statistics)."
     ),
 ]
-_PhaseOpt = Annotated[DumpPhase, typer.Option(envvar=DUMP_PHASE, help="Training phase to dump (DUMP_PHASE).")]
+_PhaseOpt = Annotated[
+    DumpPhase,
+    typer.Option(
+        envvar=DUMP_PHASE,
+        help="Training phase to dump (DUMP_PHASE). log_prob: the forward-only pass that recomputes "
+        "old log-probs, with the weights the rollout had (the default). update_actor: the actor "
+        "update's forward and backward (the optimizer still steps; fully-async needs one update per "
+        "weight sync). all: both.",
+    ),
+]
 _CaptureOpt = Annotated[
     str,
     typer.Option(

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from verl_consistency.contracts.records import lane_folder
+from verl_consistency.patches.hooks.call_stack import remembering
 from verl_consistency.patches.hooks.lane_json import LANE_RECORD, StepTemplate, save_text, stack_text
 from verl_consistency.patches.hooks.lane_stats import LaneStatQueue
 
@@ -98,6 +99,7 @@ class LaneStats:
         self.writers: list[Any] = []
         self.lanes: list[Lane] = []
         self.queue = LaneStatQueue([])
+        self._last: tuple[dict[str, Any], StepTemplate] | None = None
 
     # -- set-up --------------------------------------------------------------------------------
     def aim(self, config: Any, lanes: Sequence[Lane]) -> None:
@@ -121,6 +123,11 @@ class LaneStats:
             # itself, neither mid-forward (no host sync there) nor at exit
             self.collector.data_writer.write_json = _noop
             self.collector.data_writer.flush_data_periodically = _noop
+            # msprobe's stack capture, formatted once per call stack (call_stack.py)
+            from msprobe.core.common.const import Const
+            from msprobe.core.common.log import logger
+
+            self.collector.data_processor.analyze_api_call_stack = remembering(Const, logger.warning)
         self.collector.config = whole
         self.collector.data_processor.config = whole
         self.collector.data_writer.config = whole
@@ -226,7 +233,7 @@ class LaneStats:
         entries = self.queue.materialise()
         shapes = [entry.shapes for entry in entries]
         values = [entry.values or [[None] * 4] * len(self.lanes) for entry in entries]
-        step = StepTemplate(template.cache_data, _record_index) if template.cache_data else None
+        step = self._template(template.cache_data) if template.cache_data else None
         extra = getattr(self.collector.config, "extra_info", True)
         stack = stack_text(template.cache_stack) if extra and template.cache_stack else None
         construct = None
@@ -239,6 +246,22 @@ class LaneStats:
                 save_text(writer.stack_file_path, stack)
             if construct is not None:
                 save_text(writer.construct_file_path, construct)
+
+    def _template(self, cache_data: dict[str, Any]) -> StepTemplate:
+        """The step's template, the last step's again when this step's records are the same.
+
+        The micro batches of a pass walk the same modules in the same order, so their records
+        (queue indices included) differ only in what the queue holds; the template's encoding is
+        msprobe's pure-Python JSON encoder over every record, so it is made once per kind of step.
+        msprobe gives each step a new ``cache_data`` (``DataWriter.reset_cache``), so the last one
+        is kept as it was; equal dicts may differ in key order, which the text follows, so the
+        module names' and each module's keys' orders must match too."""
+        last = self._last
+        if last is not None and last[0] == cache_data and _same_order(last[0], cache_data):
+            return last[1]
+        step = StepTemplate(cache_data, _record_index)
+        self._last = (cache_data, step)
+        return step
 
     def __getattr__(self, name: str) -> Any:
         # only reached for names this class does not define
@@ -273,6 +296,14 @@ def _one_pass_kind(tensor: Any, handler: Any, config: Any) -> bool | None:
     if not tensor.is_floating_point():
         return False
     return tensor.dtype != torch.float64 and getattr(config, "precision", "low") != "high"
+
+
+def _same_order(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two equal step records list their modules, and each module its keys, in one order."""
+    data_a, data_b = a.get("data", {}), b.get("data", {})
+    if list(a) != list(b) or list(data_a) != list(data_b):
+        return False
+    return all(not isinstance(rec, dict) or list(rec) == list(data_b[name]) for name, rec in data_a.items())
 
 
 def _record_index(node: dict[str, Any]) -> int | None:

@@ -7,7 +7,7 @@
   wrote one msprobe statistics dump per micro batch (one request each) and the
   ``update_actor_log.jsonl`` lines that name them. ``FIXTURE`` (``fixtures/megatron-h200/``) is
   verl 0.8.0's, ``FIXTURE_NEXT`` (``fixtures/megatron-h200-next/``) verl 0.9.1's (the ``next`` pin
-  set). megatron-core cannot run on CPU (README, "NVIDIA GPUs"), so CI reads these files.
+  set). megatron-core cannot run on CPU (entrypoints/README.md, "NVIDIA GPUs"), so CI reads these files.
 * **Inference side — STAND-IN** (:mod:`bench.support.vllm_qwen2`) with vLLM's Qwen2 module names,
   loaded with ``weights.safetensors``: the engine's own weights as verl hands them to vLLM (mbridge's
   Megatron → HF export). Generated here on CPU in bf16, in a child process (msprobe's debugger is a

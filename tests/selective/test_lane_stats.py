@@ -287,3 +287,76 @@ def test_a_tensor_met_again_unchanged_is_reduced_once() -> None:
     assert entries[first].values == [pytest.approx(lane, rel=1e-6) for lane in want]
     assert entries[changed].values is not None
     assert entries[changed].values[0][:2] == [103.0, 100.0]
+
+
+def _stack_both(name: str) -> tuple[Any, Any]:
+    """msprobe's ``analyze_api_call_stack`` and ``call_stack.remembering``'s, each called at the same
+    depth (one frame below this function's callers), as msprobe's collector calls it."""
+    from msprobe.core.common.const import Const
+    from msprobe.core.common.log import logger
+    from msprobe.core.dump.data_dump.data_processor.base import BaseDataProcessor
+
+    from verl_consistency.patches.hooks.call_stack import remembering
+
+    ours = remembering(Const, logger.warning)
+
+    def collect(capture: Any) -> Any:  # stands where DataCollector.call_stack_collect stands
+        return capture(name)
+
+    def call_site(capture: Any) -> Any:
+        return collect(capture)
+
+    return call_site(BaseDataProcessor.analyze_api_call_stack), call_site(ours)
+
+
+@pytest.mark.parametrize("name", ["Module.model.layers.0.mlp.Qwen2MLP.forward.0", "Primitive.add.0"])
+def test_the_remembered_call_stack_is_msprobes(name: str) -> None:
+    theirs, ours = _stack_both(name)
+    assert ours == theirs
+    assert len(theirs) > 3
+    assert all(line.startswith("File ") for line in theirs)
+    assert not any("msprobe/core" in line for line in ours)
+
+
+def test_the_call_stack_is_remembered_per_stack_not_per_name() -> None:
+    """The second capture from the same site is the first's object (formatted once); one from
+    another line of the caller is a different stack, formatted anew and naming that line."""
+    from msprobe.core.common.const import Const
+    from msprobe.core.common.log import logger
+
+    from verl_consistency.patches.hooks.call_stack import remembering
+
+    capture = remembering(Const, logger.warning)
+
+    def site(depth: int = 4) -> Any:  # msprobe skips 5 frames: the capture and four callers
+        return site(depth - 1) if depth > 1 else capture("Module.a.forward.0")
+
+    def layer(again: bool) -> list[Any]:  # the first frame that the stack shows
+        return [site(), site()] if again else [site()]
+
+    first, second = layer(True)
+    assert first is second
+    (other,) = layer(False)
+    assert other != first
+    assert [line for line in other if line not in first]  # the caller's other line
+
+
+def test_a_step_like_the_last_reuses_its_template_and_a_reordered_one_does_not() -> None:
+    """``LaneStats._template``: the same records give the last step's template (encoded once); the
+    same records with two modules' keys in another order give a new one, whose text follows it."""
+    from verl_consistency.patches.hooks.lane_collector import LaneStats
+
+    def record(i: int) -> dict[str, Any]:
+        return {"type": "torch.Tensor", "dtype": "torch.float32", LANE_RECORD: i, "requires_grad": False}
+
+    def step(order: tuple[str, str]) -> dict[str, Any]:
+        module = {order[0]: [record(0)], order[1]: [record(1)]}
+        return {"task": "statistics", "level": "L0", "data": {"Module.a.forward.0": module}}
+
+    stats = LaneStats(original=None)
+    first = stats._template(step(("input_args", "output")))
+    assert stats._template(step(("input_args", "output"))) is first
+    swapped = stats._template(step(("output", "input_args")))
+    assert swapped is not first
+    text = swapped.render([[[2]], [[3]]], [[[1.0, 0.0, 0.5, 1.0]], [[2.0, 0.0, 1.0, 2.0]]], 0)
+    assert list(json.loads(text)["data"]["Module.a.forward.0"]) == ["output", "input_args"]
