@@ -37,8 +37,6 @@ DOCS = (
 
 PENDING_MERGE = {
     ("make", "manifests"),
-    ("make", "preflight"),
-    ("command", "preflight"),
     ("kubectl", "k8s/overlays/one-node"),
     ("path", "k8s/overlays/one-node"),
 }
@@ -135,6 +133,7 @@ OPTION_DOCS = {
     "wait-rayjob": ENTRYPOINTS,
     "msprobe-configs": ENTRYPOINTS,
     "postprocess": "postprocess/README.md",
+    "preflight": "k8s/README.md",
 }
 """Where each command's options are documented: its stage README."""
 
