@@ -32,8 +32,8 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import yaml_comments  # noqa: E402  (a sibling script, not a package)
-from yaml_comments import DocKey, Note, Notes  # noqa: E402
+import yaml_comments  # a sibling script (k8s/helpers is a folder of scripts, as docker/helpers)
+from yaml_comments import DocKey, Note, Notes
 
 K8S = Path(__file__).resolve().parents[1]
 IMAGE_NAME = "verl-consistency"
@@ -95,7 +95,7 @@ FLATS: dict[str, Flat] = {
 
 def image_entry(image: str) -> dict[str, str]:
     """The kustomize ``images:`` entry that renames every ``verl-consistency`` image to ``image``."""
-    name, at, digest = image.partition("@")
+    name, _, digest = image.partition("@")
     slash = name.rfind("/")
     colon = name.rfind(":")
     tag = name[colon + 1 :] if colon > slash else ""
@@ -214,7 +214,9 @@ def collect_notes(base: Path, docs: list[dict[str, Any]]) -> tuple[dict[DocKey, 
     lost: list[str] = []
     for doc in docs:
         key = _key(doc)
-        found[key] = {p: Note(list(n.above), list(n.eol)) for p, n in by_source.get(alias.get(key, key), {}).items()}
+        found[key] = {
+            p: Note(list(n.above), list(n.eol)) for p, n in by_source.get(alias.get(key, key), {}).items()
+        }
     for source in tree:
         for patch in source.kustomization.get("patches") or []:
             target = patch.get("target") or {}
@@ -233,19 +235,23 @@ def collect_notes(base: Path, docs: list[dict[str, Any]]) -> tuple[dict[DocKey, 
     return found, lost
 
 
-def pull_secret_notes(docs: list[dict[str, Any]], notes: dict[DocKey, Notes], pull_secret: str | None) -> None:
+def pull_secret_notes(
+    docs: list[dict[str, Any]], notes: dict[DocKey, Notes], pull_secret: str | None
+) -> None:
     """The image pull secret slot of every pod: the entry, or a commented one to fill in."""
     for doc in docs:
         for pointer in pod_specs(doc):
             spec = yaml_comments.pointer_path(doc, pointer)
             assert spec is not None
             if pull_secret:
-                path, text = (*spec, "imagePullSecrets"), (
-                    "# The image's pull Secret (make manifests PULL_SECRET=<name>)."
+                path, text = (
+                    (*spec, "imagePullSecrets"),
+                    ("# The image's pull Secret (make manifests PULL_SECRET=<name>)."),
                 )
             else:
-                path, text = (*spec, "containers"), (
-                    "# imagePullSecrets: [{name: <secret>}]  # make manifests PULL_SECRET=<secret>"
+                path, text = (
+                    (*spec, "containers"),
+                    ("# imagePullSecrets: [{name: <secret>}]  # make manifests PULL_SECRET=<secret>"),
                 )
             notes.setdefault(_key(doc), {}).setdefault(path, Note()).above.insert(0, text)
 
@@ -298,7 +304,9 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--image", required=True, help="<registry/name:tag> or <name@sha256:...>")
     parser.add_argument("--pull-secret", default=None, help="an image pull Secret for every pod")
     parser.add_argument("--kubectl", default=os.environ.get("KUBECTL", "kubectl"))

@@ -117,7 +117,9 @@ def regenerate(git_dir: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--kuberay-git", type=Path, required=True, help="a KubeRay git directory")
     args = parser.parse_args(argv)
     for line in regenerate(args.kuberay_git):

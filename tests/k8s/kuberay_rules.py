@@ -1,4 +1,4 @@
-"""Offline RayJob admission: a release's CRD schema (pruning, defaults, validation) + KubeRay's controller rules.
+"""Offline RayJob admission: a release's CRD schema (pruning, defaults, validation), the controller's rules.
 
 No API server runs here, so this does its two jobs the way the real path does:
 1. the API server prunes every field that the CRD's structural schema does not know (silently,
@@ -117,11 +117,22 @@ def apply_defaults(obj: Any, schema: dict[str, Any]) -> Any:
     return obj
 
 
+_VALIDATORS: dict[int, tuple[dict[str, Any], jsonschema.Draft7Validator]] = {}
+"""One validator per schema object (strict() copies a 200 KB schema; the tests reuse each)."""
+
+
+def _validator(schema: dict[str, Any]) -> jsonschema.Draft7Validator:
+    hit = _VALIDATORS.get(id(schema))
+    if hit is None or hit[0] is not schema:  # the schema is kept, so its id is not reused
+        hit = _VALIDATORS[id(schema)] = (schema, jsonschema.Draft7Validator(strict(schema)))
+    return hit[1]
+
+
 def schema_errors(rayjob: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     """What the API server refuses: ``rayjob`` with the defaults applied, validated against the
     strict schema (so an unknown field is an error here too, as with ``--validate=strict``)."""
     obj = apply_defaults(copy.deepcopy(rayjob), schema)
-    validator = jsonschema.Draft7Validator(strict(schema))
+    validator = _validator(schema)
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
 
 

@@ -58,6 +58,15 @@ def flags(group: dict[str, Any]) -> dict[str, str]:
     return dict(w[2:].split("=", 1) if "=" in w else (w[2:], "true") for w in words)
 
 
+def declared_resources(group: dict[str, Any]) -> dict[str, float]:
+    """The resources the group's ``rayStartParams.resources`` declares (a shell word holding JSON)."""
+    raw = (group.get("rayStartParams") or {}).get("resources")
+    if raw is None:
+        return {}
+    (word,) = shlex.split(raw)
+    return {k: float(v) for k, v in json.loads(word).items()}
+
+
 def node_resources(group: dict[str, Any]) -> tuple[float, dict[str, float]]:
     """(CPUs, custom and accelerator resources) that a pod of ``group`` offers to Ray."""
     got = flags(group)
