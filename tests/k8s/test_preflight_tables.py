@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.k8s.apiserver_standin import NAMESPACE, StandInCluster, fixture_storage_classes, kuberay_crd, serve
-from tests.k8s.conftest import FILES, K8S, REPO, crd_path, kubectl, render
+from tests.k8s.conftest import FILES, K8S, REPO, extra_crd, kubectl, render
 from verl_consistency.entrypoints.preflight import cluster, manifest, nodes
 from verl_consistency.entrypoints.preflight import kuberay_fields as kf
 from verl_consistency.entrypoints.preflight.checks import default_image, has_registry
@@ -61,8 +61,18 @@ def test_a_field_is_in_every_release_from_the_one_that_added_it(tag: str) -> Non
             assert kf.has_field(schema, path) == expected, f"{path} (added in {release}) in {tag}"
 
 
+def _full_crd() -> Path:
+    """The full v1.7.0 RayJob CRD: $VERL_CONSISTENCY_KUBERAY_CRD, else shared/kuberay beside the
+    checkout (or one level up, from a git worktree)."""
+    named = extra_crd()
+    if named is not None:
+        return named
+    candidates = [base / "shared" / "kuberay" / "ray.io_rayjobs.v1.7.0.yaml" for base in REPO.parents[:2]]
+    return next((c for c in candidates if c.is_file()), candidates[0])
+
+
 def test_the_trimmed_crd_prunes_what_the_full_one_prunes() -> None:
-    full_path = crd_path()
+    full_path = _full_crd()
     if not full_path.is_file():
         pytest.skip(f"the full KubeRay v1.7.0 CRD is not at {full_path}")
     full = kf.served_schema(yaml.load(full_path.read_text(), Loader=yaml.CSafeLoader))
