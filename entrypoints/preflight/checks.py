@@ -12,14 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from decimal import Decimal
-
-from kubernetes.utils.quantity import parse_quantity
+from typing import TYPE_CHECKING
 
 from verl_consistency.contracts import __version__, pins
 from verl_consistency.entrypoints.preflight import kuberay_fields as kf
 from verl_consistency.entrypoints.preflight import manifest as mf
-from verl_consistency.entrypoints.preflight.cluster import Snapshot
-from verl_consistency.entrypoints.preflight.manifest import Manifest, PodGroup, show_quantity
+from verl_consistency.entrypoints.preflight.manifest import Manifest, PodGroup, parse_quantity, show_quantity
 from verl_consistency.entrypoints.preflight.nodes import (
     DEVICE_PLUGINS,
     Node,
@@ -34,6 +32,9 @@ INSTALL_KUBERAY = "helm install kuberay-operator kuberay/kuberay-operator --vers
 CRDS_OF = (
     "kubectl apply --server-side -k 'github.com/ray-project/kuberay/ray-operator/config/crd?ref=v<version>'"
 )
+
+if TYPE_CHECKING:  # cluster imports the kubernetes client, which only preflight() loads
+    from verl_consistency.entrypoints.preflight.cluster import Snapshot
 
 
 def _result(check: str, rows: list[Row]) -> CheckResult:

@@ -21,7 +21,6 @@ import typer
 from rich.console import Console
 
 from verl_consistency.entrypoints.options import options_from
-from verl_consistency.entrypoints.preflight import cluster
 from verl_consistency.entrypoints.preflight import manifest as mf
 from verl_consistency.entrypoints.preflight.checks import run_all
 from verl_consistency.entrypoints.preflight.report import EXIT_UNREACHABLE, Report
@@ -57,6 +56,9 @@ def load_manifest(opts: PreflightOptions) -> mf.Manifest:
 
 
 def preflight(opts: PreflightOptions) -> Report:
+    # the kubernetes client is imported here, not with the CLI: every other command starts without it
+    from verl_consistency.entrypoints.preflight import cluster
+
     """Read the manifest and the cluster, run every check (raises ManifestError, Unreachable)."""
     m = load_manifest(opts)
     api, target = cluster.connect(opts.context, opts.kubeconfig, opts.namespace)
@@ -112,6 +114,8 @@ def preflight_cmd(
     not be reached or read, or a usage error.
     """
     opts = options_from(PreflightOptions, locals(), manifest=manifest_file)
+    from verl_consistency.entrypoints.preflight import cluster  # the kubernetes client: see preflight()
+
     try:
         report = preflight(opts)
     except mf.ManifestError as exc:

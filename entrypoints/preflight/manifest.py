@@ -22,12 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes.utils.quantity import parse_quantity
 
 K8S_DIR = Path("k8s")
 """Where the manifests live, relative to the repository root (the Makefile's directory)."""
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 """The checkout this module is in (an editable install), for runs outside the repository root."""
+
+
+def parse_quantity(quantity: Any) -> Any:
+    """The kubernetes client's ``parse_quantity`` (a Decimal), imported when first needed: the CLI
+    starts without the kubernetes client, which only ``preflight`` uses."""
+    from kubernetes.utils.quantity import parse_quantity as parse
+
+    return parse(quantity)
 
 
 class Mode(StrEnum):

@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from kubernetes.utils.quantity import parse_quantity
-
-from verl_consistency.entrypoints.preflight.manifest import PodGroup, show_quantity
+from verl_consistency.entrypoints.preflight.manifest import PodGroup, parse_quantity, show_quantity
 
 DEVICE_PLUGINS: dict[str, tuple[str, str]] = {
     "huawei.com/Ascend910": ("MindCluster's Ascend device plugin", "mindcluster"),

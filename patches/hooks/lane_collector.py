@@ -134,6 +134,7 @@ class LaneStats:
         handler = self.collector.data_processor.tensor_handler
         if hasattr(handler, "config"):
             handler.config = whole
+        resolve_type_checks(handler)
         self.collector.data_processor._analyze_tensor = self._analyze_tensor
         while len(self.writers) < len(lanes):
             self.writers.append(DataWriter())
@@ -267,6 +268,54 @@ class LaneStats:
         # only reached for names this class does not define
         collector = self.__dict__.get("collector")
         return getattr(collector if collector is not None else self.__dict__["original"], name)
+
+
+TYPE_CHECKS = {
+    "is_dtensor": ("has_dtensor", ("torch.distributed.tensor", "DTensor")),
+    "is_fake_tensor": ("has_fake_tensor", ("torch._subclasses.fake_tensor", "FakeTensor")),
+    "is_nested_tensor": ("has_nested_tensor", ("torch.nested._internal.nested_tensor", "NestedTensor")),
+    "is_async_collective_tensor": (
+        "has_async_collective_tensor",
+        ("torch.distributed._functional_collectives", "AsyncCollectiveTensor"),
+    ),
+}
+"""msprobe's tensor-kind tests on its ``TensorHandler``: method -> (its flag, the class it tests)."""
+
+
+def resolve_type_checks(handler: Any) -> None:
+    """msprobe's ``is_dtensor``, ``is_fake_tensor``, ``is_nested_tensor`` and
+    ``is_async_collective_tensor`` on this collector's handler, with their classes looked up once.
+
+    Why: each is ``self.has_x and isinstance(tensor, torch.distributed.tensor.DTensor)`` (or the
+    like), the dotted lookup made on every call, and msprobe asks three of them for every tensor of
+    every module call. On the H200 host (torch 2.11) ``is_dtensor`` alone was the largest own time in
+    a dumped log_prob pass (17 us a call under cProfile; bench/results/fsdp-onepass-profile2-h200-next.txt).
+    The answers are the same: the flag msprobe computed at start, then ``isinstance`` against the
+    same class. A method whose flag or class is missing is left as msprobe's."""
+    import importlib
+
+    for method, (flag, (module, name)) in TYPE_CHECKS.items():
+        if not hasattr(handler, method) or not hasattr(handler, flag):
+            continue
+        if not getattr(handler, flag):
+            setattr(handler, method, _never)
+            continue
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+        setattr(handler, method, _instance_test(cls))
+
+
+def _never(_tensor: Any) -> bool:
+    return False
+
+
+def _instance_test(cls: type) -> Any:
+    def test(tensor: Any) -> bool:
+        return isinstance(tensor, cls)
+
+    return test
 
 
 def _one_pass_kind(tensor: Any, handler: Any, config: Any) -> bool | None:

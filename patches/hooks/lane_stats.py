@@ -196,9 +196,16 @@ class LaneStatQueue:
         self, tensor: Any, stat: Callable[[Any], Sequence[Any]], cut: Callable[[Any, Any], Any]
     ) -> int:
         """msprobe's own path for one tensor: ``cut(tensor, slice_info)`` and ``stat(cut)`` per lane
-        (``slice_by_config`` and ``get_stat_info``); the values' ``.item()`` waits for the end."""
+        (``slice_by_config`` and ``get_stat_info``); the values' ``.item()`` waits for the end.
+        Where no lane's cut applies to the tensor's shape (a 0-d tensor, a flag), every lane takes it
+        whole: its statistics are computed once and shared."""
+        dims, _ = lane_boxes(tuple(tensor.shape), self.lanes)
         shapes, pending = [], []
-        for cuts in self.lanes:
+        for k, cuts in enumerate(self.lanes):
+            if not dims and k:
+                shapes.append(list(shapes[0]))
+                pending.append(pending[0])
+                continue
             part = cut(tensor, [c.as_msprobe() for c in cuts])
             shapes.append([int(n) for n in part.shape])
             pending.append(list(stat(part)))

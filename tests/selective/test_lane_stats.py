@@ -360,3 +360,25 @@ def test_a_step_like_the_last_reuses_its_template_and_a_reordered_one_does_not()
     assert swapped is not first
     text = swapped.render([[[2]], [[3]]], [[[1.0, 0.0, 0.5, 1.0]], [[2.0, 0.0, 1.0, 2.0]]], 0)
     assert list(json.loads(text)["data"]["Module.a.forward.0"]) == ["output", "input_args"]
+
+
+def test_the_resolved_type_checks_answer_as_msprobes() -> None:
+    """``lane_collector.resolve_type_checks``: msprobe's four tensor-kind tests, classes looked up
+    once, give msprobe's answers for a plain, a nested (jagged) and a fake tensor."""
+    from msprobe.core.dump.data_dump.data_processor.pytorch_processor import TensorHandler
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from verl_consistency.patches.hooks.lane_collector import TYPE_CHECKS, resolve_type_checks
+
+    theirs, ours = TensorHandler(None), TensorHandler(None)
+    resolve_type_checks(ours)
+    assert all(method in vars(ours) for method in TYPE_CHECKS)  # each replaced on the instance
+    with FakeTensorMode():
+        fake = torch.zeros(2, 3)
+    nested = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)], layout=torch.jagged)
+    for tensor in (torch.zeros(2, 3), nested, fake):
+        for method in TYPE_CHECKS:
+            assert getattr(ours, method)(tensor) == getattr(theirs, method)(tensor), (method, type(tensor))
+    assert ours.is_nested_tensor(nested)
+    assert ours.is_fake_tensor(fake)
+    assert not ours.is_dtensor(torch.zeros(1))
