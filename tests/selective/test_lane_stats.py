@@ -382,3 +382,25 @@ def test_the_resolved_type_checks_answer_as_msprobes() -> None:
     assert ours.is_nested_tensor(nested)
     assert ours.is_fake_tensor(fake)
     assert not ours.is_dtensor(torch.zeros(1))
+
+
+def test_a_tensor_no_lane_cuts_is_counted_once_for_every_lane() -> None:
+    """``add_per_lane``: a 0-d tensor (no cut applies) gets msprobe's statistics once, every lane
+    the same values; a tensor the cuts do apply to gets them per lane."""
+    from msprobe.core.common.utils import slice_by_config
+
+    queue = LaneStatQueue([[Cut(0, 4, 0, 2)], [Cut(0, 4, 2, 4)]])
+    calls: list[tuple[int, ...]] = []
+
+    def stat(part: Any) -> list[Any]:
+        calls.append(tuple(part.shape))
+        return [part.max(), part.min(), part.float().mean(), part.float().norm()]
+
+    scalar = queue.add_per_lane(torch.tensor(True), stat, slice_by_config)
+    assert calls == [()]
+    cut = queue.add_per_lane(torch.tensor([True, False, False, False]), stat, slice_by_config)
+    assert calls == [(), (2,), (2,)]
+    entries = queue.materialise()
+    assert entries[scalar].shapes == [[], []]
+    assert entries[scalar].values == [[True, True, 1.0, 1.0]] * 2
+    assert [v[0] for v in entries[cut].values or []] == [True, False]
