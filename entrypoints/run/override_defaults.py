@@ -75,7 +75,9 @@ DEFAULTS: tuple[Override, ...] = (
         kinds=ALL_KINDS,
         key="reward.custom_reward_function.path",
         value=FromRun(run="reward_fn"),
-        why="a rule-based reward for the generated prompt set (no reward model)",
+        why="a rule-based reward for the generated prompt set (no reward model): 1 for the right "
+        "answer, a partial credit below 0.5 otherwise that varies across a random model's responses, "
+        "so that GRPO's advantages and the gradient are not 0 (reward.py)",
     ),
     Override(
         kinds=ALL_KINDS,
