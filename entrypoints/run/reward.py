@@ -16,10 +16,14 @@ step: the weights never move, and a collection run compares step 0's weights ove
 ("distinct characters / 16" there), grad_norm was 2.7-3.9 at every step. So the right answer
 still earns the most (1.0), and every other response earns a partial credit below
 :data:`PARTIAL_MAX` that a random model's responses differ in, and that a real model climbs.
+How much they differ matters little: verl's GRPO divides each group's advantages by the group's
+standard deviation (``algorithm.norm_adv_by_std_in_grpo``, on by default), so any difference
+within a group is an advantage of full size; a tie is what must be rare.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -29,8 +33,10 @@ RIGHT = 1.0
 """The score of a response whose last integer is the answer."""
 PARTIAL_MAX = 0.5
 """Every wrong response scores below this, so no partial credit reaches a right answer."""
-VARIETY_CHARS = 32
-"""Distinct characters at which the variety term is full (a 16-token random response has ~20-60)."""
+VARIETY_CHARS = 512
+"""Distinct characters at which the variety term is full. On a log scale, so that it still varies
+for long responses: a random model's 128 tokens of a 150k-token vocabulary (Qwen2's) decode to
+a few hundred characters, mostly distinct; a cap of a few dozen would give them all the same."""
 
 # The weights of the partial credit's terms; they add up to 1, and PARTIAL_MAX scales the sum.
 _W_VARIETY = 0.4
@@ -57,11 +63,24 @@ def _closeness(guess: str, truth: str) -> float:
     return 1.0 / (1.0 + abs(got - want) / max(abs(want), 1))
 
 
+def _variety(text: str) -> float:
+    """In [0, 1]: half the distinct characters on a log scale, half their share of the characters.
+
+    Two random responses almost never tie on both, short or long: the count grows with the
+    length until :data:`VARIETY_CHARS`, the share keeps varying after it."""
+    if not text:
+        return 0.0
+    distinct = len(set(text))
+    count = min(1.0, math.log1p(distinct) / math.log1p(VARIETY_CHARS))
+    return 0.5 * count + 0.5 * distinct / len(text)
+
+
 def partial_credit(solution_str: str, ground_truth: str) -> float:
     """A wrong response's score, in [0, PARTIAL_MAX): variety, a number, an integer last line, closeness.
 
-    * variety: distinct characters, up to :data:`VARIETY_CHARS`. The term that a random model's
-      responses differ in (they rarely hold a number), so that GRPO's advantages are not all 0;
+    * variety: distinct characters, on a log scale up to :data:`VARIETY_CHARS`. The term that a
+      random model's responses differ in (they rarely hold a number), so that GRPO's advantages
+      are not all 0; a real model's sentences all earn much the same of it;
     * a number anywhere, and a last line that is a single integer (the asked-for format);
     * closeness of the last integer to the answer.
     """
@@ -70,7 +89,7 @@ def partial_credit(solution_str: str, ground_truth: str) -> float:
     lines = [line.strip() for line in text.strip().splitlines()]
     last_line_integer = bool(lines) and re.fullmatch(r"-?\d+", lines[-1]) is not None
     terms = (
-        _W_VARIETY * min(len(set(text)), VARIETY_CHARS) / VARIETY_CHARS
+        _W_VARIETY * _variety(text)
         + _W_NUMBER * bool(numbers)
         + _W_LAST_LINE * last_line_integer
         + _W_CLOSE * (_closeness(numbers[-1], ground_truth) if numbers else 0.0)
