@@ -17,6 +17,7 @@ from verl_consistency.entrypoints.demo import command as demo
 from verl_consistency.entrypoints.kuberay.rayjob_wait import wait_rayjob_cmd
 from verl_consistency.entrypoints.load.command import load_cmd
 from verl_consistency.entrypoints.msprobe import defaults as msprobe_defaults
+from verl_consistency.entrypoints.preflight.command import preflight_cmd
 from verl_consistency.entrypoints.run import command as run_cmd
 from verl_consistency.patches.cli import app as patches_app
 from verl_consistency.postprocess import cli as postprocess_cli
@@ -94,6 +95,7 @@ app.command("wait-rayjob")(wait_rayjob_cmd)
 app.command("demo")(demo.demo_cmd)
 app.command("check")(check.check_cmd)
 app.command("load")(load_cmd)
+app.command("preflight")(preflight_cmd)
 
 
 def main() -> int:

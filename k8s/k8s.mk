@@ -3,11 +3,29 @@
 KUBECTL ?= kubectl
 # Where downloaded bundles land.
 BUNDLE_DIR ?= out/bundles
+# An image pull Secret for every pod of the plain files (`make manifests PULL_SECRET=regcred`).
+PULL_SECRET ?=
+# The plain files' renderer (k8s/helpers/render.py) needs PyYAML only: a small tool venv, so
+# that `make manifests` takes seconds on a machine without the project's .venv.
+K8S_VENV := $(CACHE)/k8s-venv
+K8S_PY := $(K8S_VENV)/bin/python
+$(K8S_PY):
+	$(PYTHON) -m venv $(K8S_VENV)
+	$(K8S_VENV)/bin/pip install -q pyyaml
 
 .PHONY: download-bundle
-download-bundle: ## Copy bundle-$(RUN).tar.zst from the dump volume to $(BUNDLE_DIR) (RUN=<run id> [NAMESPACE=...]).
-	@test -n "$(RUN)" || { echo "usage: make download-bundle RUN=<run id> [NAMESPACE=<ns>] [BUNDLE_DIR=out/bundles]" >&2; exit 2; }
-	@KUBECTL="$(KUBECTL)" NAMESPACE="$(NAMESPACE)" k8s/download-bundle.sh "$(RUN)" "$(BUNDLE_DIR)"
+download-bundle: ## Copy bundle-$(RUN).tar.zst from the dump volume to $(BUNDLE_DIR) (RUN=<run id> [NAMESPACE=...] [IMAGE=...]).
+	@test -n "$(RUN)" || { echo "usage: make download-bundle RUN=<run id> [NAMESPACE=<ns>] [BUNDLE_DIR=out/bundles] [IMAGE=<reader image>]" >&2; exit 2; }
+	@KUBECTL="$(KUBECTL)" NAMESPACE="$(NAMESPACE)" \
+		$(if $(filter command line,$(origin IMAGE)),READER_IMAGE="$(IMAGE)") \
+		k8s/download-bundle.sh "$(RUN)" "$(BUNDLE_DIR)"
+
+.PHONY: manifests
+manifests: $(K8S_PY) ## Write the plain files k8s/*.yaml from k8s/base/*: IMAGE=<registry/name:tag> on every pod (default: `make -s image-name`), [PULL_SECRET=<name>].
+	@test "$(PINS)" = current || { echo "make manifests: the plain files are the current pin set's;" \
+		"for PINS=$(PINS) apply its overlay (kubectl apply -k k8s/overlays/next) with your image" >&2; exit 2; }
+	@$(K8S_PY) k8s/helpers/render.py --image "$(IMAGE)" --kubectl "$(KUBECTL)" \
+		$(if $(PULL_SECRET),--pull-secret "$(PULL_SECRET)")
 
 .PHONY: upload-prompts
 upload-prompts: ## Put a prompts file on the dump volume at /dump/inputs/<name>, for CAPTURE=prompts:/dump/inputs/<name> (FILE=<file> [NAME=<name>] [NAMESPACE=...]).
@@ -15,13 +33,9 @@ upload-prompts: ## Put a prompts file on the dump volume at /dump/inputs/<name>,
 	@KUBECTL="$(KUBECTL)" NAMESPACE="$(NAMESPACE)" IMAGE="$(IMAGE)" k8s/upload-prompts.sh "$(FILE)" $(NAME)
 
 .PHONY: k8s-render
-k8s-render: ## Write k8s/{fully-async,hybrid}-rayjob.yaml, k8s/check-job.yaml and k8s/model-loader-job.yaml from k8s/base/<name>; OVERLAY=<name> prints k8s/overlays/<name> instead.
+k8s-render: ## `make manifests` (the same knobs); OVERLAY=<name> prints what k8s/overlays/<name> renders instead.
 ifdef OVERLAY
 	@$(KUBECTL) kustomize k8s/overlays/$(OVERLAY)
 else
-	@set -e; for name in fully-async:fully-async-rayjob hybrid:hybrid-rayjob check:check-job model-loader:model-loader-job; do \
-	  base=$${name%%:*}; file=k8s/$${name#*:}.yaml; \
-	  KUBECTL="$(KUBECTL)" k8s/render.sh $$base > k8s/.$${name#*:}.yaml.tmp; \
-	  mv k8s/.$${name#*:}.yaml.tmp $$file; echo "wrote $$file"; \
-	done
+	@$(MAKE) --no-print-directory manifests
 endif

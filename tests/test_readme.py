@@ -35,38 +35,14 @@ DOCS = (
 )
 """README.md, each stage's README and the READMEs beside the code they describe."""
 
-PENDING_MERGE = {
-    ("make", "manifests"),
-    ("make", "preflight"),
-    ("command", "preflight"),
-    ("kubectl", "k8s/overlays/one-node"),
-    ("path", "k8s/overlays/one-node"),
-}
-"""TEMPORARY. Names the cluster path uses that other branches of issue 34 add (k8s, userjob,
-preflight). Each is an expected failure (strict: once it resolves, its test fails until it is
-removed here). Empty this set when those branches are merged."""
-
 GROUPS = frozenset(name for name, cmd in COMMANDS.items() if hasattr(cmd, "commands"))
 REFS = [ref for doc in DOCS for ref in doc_refs.refs(REPO, doc, GROUPS)]
 
 
-def _param(ref: doc_refs.Ref) -> object:
-    if (ref.kind, ref.name) in PENDING_MERGE:
-        mark = pytest.mark.xfail(strict=True, reason="added by another branch of issue 34 (PENDING_MERGE)")
-        return pytest.param(ref, id=ref.id, marks=mark)
-    return pytest.param(ref, id=ref.id)
-
-
-@pytest.mark.parametrize("ref", [_param(r) for r in REFS])
+@pytest.mark.parametrize("ref", [pytest.param(r, id=r.id) for r in REFS])
 def test_every_name_a_readme_uses_exists(repo, ref):
     why = doc_refs.problem(repo, ref, app)
     assert why is None, f"{ref.doc}:{ref.line}: {why}"
-
-
-def test_every_pending_name_is_still_used():
-    """A name left in PENDING_MERGE that no README uses any more is stale: remove it."""
-    used = {(r.kind, r.name) for r in REFS}
-    assert not PENDING_MERGE - used, f"PENDING_MERGE names no README uses: {sorted(PENDING_MERGE - used)}"
 
 
 BROKEN = """# Top
@@ -135,6 +111,7 @@ OPTION_DOCS = {
     "wait-rayjob": ENTRYPOINTS,
     "msprobe-configs": ENTRYPOINTS,
     "postprocess": "postprocess/README.md",
+    "preflight": "k8s/README.md",
 }
 """Where each command's options are documented: its stage README."""
 

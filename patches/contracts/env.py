@@ -72,7 +72,8 @@ pin set's heavy artefacts at a time. A CI machine ran out of disk with both sets
 images at once (about 25 GB); leave it unset where the venvs and images should stay."""
 
 KUBERAY_CRD = "VERL_CONSISTENCY_KUBERAY_CRD"
-"""The KubeRay RayJob CRD the k8s tests validate against (default: found beside the checkout)."""
+"""A KubeRay RayJob CRD (ray.io_rayjobs.yaml) the k8s tests validate against besides the releases
+1.1.0 to 1.7.0 that tests/k8s/crds/ holds, e.g. a newer release's (unset: those only)."""
 
 
 class DumpPhase(StrEnum):

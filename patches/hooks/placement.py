@@ -150,6 +150,7 @@ def wrap(original: Callable[..., Any], mapping: Mapping[str, str]) -> Callable[.
                 "verl-consistency: placement group %r pinned to nodes with resource %r", name, resource
             )
             _warn_if_absent(resource, name)
+            _check_capacity(resource, name, bundles)
         return original(bundles, strategy, name, *args, **kwargs)
 
     setattr(placement_group, _WRAPPED_FLAG, True)
@@ -164,12 +165,57 @@ def _warn_if_absent(resource: str, name: str) -> None:
         if ray.is_initialized() and resource not in ray.cluster_resources():
             logger.warning(
                 "verl-consistency: no Ray node offers resource %r, so placement group %r waits until one "
-                "joins. Check that the worker group declares it (RayJob workerGroupSpecs[].resources).",
+                "joins. Check that the worker group declares it (RayJob "
+                "workerGroupSpecs[].rayStartParams.resources).",
                 resource,
                 name,
             )
     except Exception:  # a diagnostic must never break scheduling
         logger.debug("could not read cluster resources", exc_info=True)
+
+
+DEVICES = ("NPU", "GPU")
+"""The accelerators whose total a pinned pool may not exceed on the nodes of its group."""
+
+_ASKED: dict[str, dict[str, float]] = {}
+"""Per custom resource, the accelerators that this process's pinned placement groups ask for."""
+
+
+def capacity_shortfall(
+    resource: str, asked: Mapping[str, float], nodes: Sequence[Mapping[str, Any]]
+) -> str | None:
+    """Why the pools pinned to ``resource`` can never all be placed, or None.
+
+    ``asked``: the accelerators those pools ask for in total; ``nodes``: ``ray.nodes()``. A RayJob
+    whose run settings (TRAINER_NODES, ROLLOUT_NODES, NPUS_PER_NODE) were changed without its
+    worker groups (replicas, NPU limits) asks for more than its group offers: its placement
+    groups would wait, silently, until the RayJob's deadline. This says so instead."""
+    group = [n for n in nodes if n.get("Alive") and (n.get("Resources") or {}).get(resource)]
+    for device in DEVICES:
+        want = asked.get(device, 0.0)
+        have = sum(float((n.get("Resources") or {}).get(device, 0.0)) for n in group)
+        if want > have:
+            return (
+                f"the placement groups pinned to {resource!r} ask for {want:g} {device} in total, but the "
+                f"{len(group)} Ray node(s) that offer {resource!r} have {have:g}. The run's sizes "
+                "(TRAINER_NODES, ROLLOUT_NODES, NPUS_PER_NODE) and the RayJob's worker groups (replicas, "
+                "NPU limits, rayStartParams) disagree: change them together, with a kustomize component "
+                "(k8s/components/pool-sizes), not in a rendered file alone. The rest waits until then."
+            )
+    return None
+
+
+def _check_capacity(resource: str, name: str, bundles: Sequence[Mapping[str, float]]) -> None:
+    asked = _ASKED.setdefault(resource, {})
+    for device in DEVICES:
+        asked[device] = asked.get(device, 0.0) + sum(float(b.get(device, 0.0)) for b in bundles)
+    try:
+        import ray
+
+        if ray.is_initialized() and (why := capacity_shortfall(resource, asked, ray.nodes())):
+            logger.error("verl-consistency: placement group %r: %s", name, why)
+    except Exception:  # a diagnostic must never break scheduling
+        logger.debug("could not read the cluster's nodes", exc_info=True)
 
 
 def install(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -14,10 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.k8s import kuberay_crds
+from verl_consistency.contracts.env import KUBERAY_CRD
+
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
 MODES = ("fully-async", "hybrid")
-# The plain files that `make k8s-render` writes from k8s/base/<mode> (k8s/render.sh).
+# The plain files that `make manifests` writes from k8s/base/<mode> (k8s/helpers/render.py).
 FILES = {f"file:{mode}": K8S / f"{mode}-rayjob.yaml" for mode in MODES}
 # The one-pod consistency check (a batch/v1 Job, no RayJob): its plain file and its base.
 # test_check_job.py covers them; the RayJob checks below do not apply.
@@ -25,10 +28,12 @@ CHECK_FILE = K8S / "check-job.yaml"
 CHECK_SOURCES = ["file:check", "kustomize:base/check"]
 # The model loader (a batch/v1 Job, the one writer of the model volume): test_model_loader.py.
 LOADER_FILE = K8S / "model-loader-job.yaml"
-# Every plain file `make k8s-render` writes (kubectl's output: not linted, compared instead).
-RENDERED = [*FILES.values(), CHECK_FILE, LOADER_FILE]
-# Bases that are not a collection run by themselves: the shared parts, the check, the loader.
-NOT_RUNS = {K8S / "base" / name for name in ("common", "volumes", "check", "model-loader")}
+# The bundle reader pod that `make download-bundle` applies (rendered from k8s/base/reader).
+READER_FILE = K8S / "bundle-reader.yaml"
+# Every plain file `make manifests` writes (kubectl's output: not linted, compared instead).
+RENDERED = [*FILES.values(), CHECK_FILE, LOADER_FILE, READER_FILE]
+# Bases that are not a collection run by themselves: the shared parts, the check, the loader, the reader.
+NOT_RUNS = {K8S / "base" / name for name in ("common", "volumes", "check", "model-loader", "reader")}
 KUSTOMIZATIONS = sorted(
     p.parent
     for p in K8S.glob("*/*/kustomization.yaml")
@@ -115,25 +120,26 @@ def run_settings(docs: list[dict[str, Any]]) -> dict[str, str]:
     return {k: str(v) for k, v in cm["data"].items()}
 
 
-def crd_path() -> Path:
-    # shared/ lies beside the checkout (CI, the main checkout), or one level up (a git worktree).
-    candidates = [base / "shared" / "kuberay" / "ray.io_rayjobs.v1.7.0.yaml" for base in REPO.parents[:2]]
-    default = next((c for c in candidates if c.is_file()), candidates[0])
-    path = Path(os.environ.get("VERL_CONSISTENCY_KUBERAY_CRD", str(default)))
-    if not path.is_absolute():
-        path = REPO / path
+def extra_crd() -> Path | None:
+    """A full RayJob CRD to validate against besides the stored releases (e.g. a newer KubeRay):
+    $VERL_CONSISTENCY_KUBERAY_CRD, when set."""
+    raw = os.environ.get(KUBERAY_CRD)
+    if not raw:
+        return None
+    path = Path(raw) if Path(raw).is_absolute() else REPO / raw
+    if not path.is_file():
+        pytest.fail(f"{KUBERAY_CRD}={raw}: no such file (a ray.io_rayjobs.yaml of a KubeRay release)")
     return path
 
 
-@pytest.fixture(scope="session")
-def crd() -> dict[str, Any]:
-    path = crd_path()
-    if not path.is_file():
-        pytest.skip(
-            f"KubeRay RayJob CRD not found at {path}. Get ray-operator/config/crd/bases/ray.io_rayjobs.yaml "
-            "from KubeRay tag v1.7.0 and set VERL_CONSISTENCY_KUBERAY_CRD=<path to it>."
-        )
-    return yaml.safe_load(path.read_text())
+@cache
+def release_schemas() -> dict[str, dict[str, Any]]:
+    """The RayJob schema of each KubeRay release the manifests support (tests/k8s/crds/), plus
+    the CRD that $VERL_CONSISTENCY_KUBERAY_CRD names, if any."""
+    schemas = {release: kuberay_crds.load_schema(release) for release in kuberay_crds.RELEASES}
+    if (path := extra_crd()) is not None:
+        schemas[f"file:{path.name}"] = kuberay_crds.served_schema(yaml.safe_load(path.read_text()))
+    return schemas
 
 
 @pytest.fixture(params=SOURCES)

@@ -1,9 +1,11 @@
-"""Offline RayJob admission: the v1.7.0 CRD schema (strict, defaults applied) + KubeRay's controller rules.
+"""Offline RayJob admission: a release's CRD schema (pruning, defaults, validation), the controller's rules.
 
 No API server runs here, so this does its two jobs the way the real path does:
-1. the API server applies the schema's ``default`` values (structural defaulting), prunes or
-   (with strict field validation) rejects unknown fields, then validates the openAPIV3Schema;
-2. the KubeRay controller then rejects, after admission, what the schema allows
+1. the API server prunes every field that the CRD's structural schema does not know (silently,
+   unless the client asks for strict field validation: :func:`pruned_fields` lists them), applies
+   the schema's ``default`` values (structural defaulting), then validates the openAPIV3Schema
+   (:func:`schema_errors`). The schemas of KubeRay 1.1.0 to 1.7.0 are in kuberay_crds.py;
+2. the KubeRay v1.7.0 controller then rejects, after admission, what the schema allows
    (``ray-operator/controllers/ray/utils/validation.go``: ValidateRayJobMetadata/Spec,
    validateRayGroupResources, validateRayGroupLabels, validateDeletionConfiguration; the
    SidecarMode and runtimeEnvYAML rules of ValidateRayJobSpec).
@@ -23,11 +25,52 @@ DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 RAY_START_RESOURCE_KEYS = ("num-cpus", "num-gpus", "memory", "resources")
 
 
-def crd_schema(crd: dict[str, Any], version: str = "v1") -> dict[str, Any]:
-    for v in crd["spec"]["versions"]:
-        if v["name"] == version:
-            return v["schema"]["openAPIV3Schema"]
-    raise KeyError(f"CRD has no version {version}")
+ROOT_KEEPS = {"apiVersion", "kind", "metadata"}
+"""What the API server keeps at a custom resource's root whatever the schema says (metadata is
+pruned to ObjectMeta by its own rules; ours holds only name and labels)."""
+
+
+def prune(obj: Any, schema: dict[str, Any], path: str = "") -> tuple[Any, list[str]]:
+    """(what an API server serving ``schema`` stores of ``obj``, the paths of the fields it drops).
+
+    Structural pruning (k8s.io/apiextensions-apiserver pkg/apiserver/schema/pruning): in an
+    object, a key is kept if ``properties`` names it, if ``additionalProperties`` gives the schema
+    of every key, or if ``x-kubernetes-preserve-unknown-fields`` is set; everything else goes,
+    without an error. The root (and an embedded resource) keeps apiVersion, kind and metadata.
+    """
+    dropped: list[str] = []
+    if isinstance(obj, dict):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        preserve = bool(schema.get("x-kubernetes-preserve-unknown-fields"))
+        keeps = ROOT_KEEPS if not path or schema.get("x-kubernetes-embedded-resource") else set()
+        kept: dict[str, Any] = {}
+        for key, value in obj.items():
+            here = f"{path}.{key}" if path else str(key)
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if key in keeps:
+                kept[key] = copy.deepcopy(value)
+            elif sub is not None:
+                kept[key], more = prune(value, sub, here)
+                dropped += more
+            elif preserve or extra is True:
+                kept[key] = copy.deepcopy(value)
+            else:
+                dropped.append(here)
+        return kept, dropped
+    if isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        items = []
+        for i, item in enumerate(obj):
+            kept_item, more = prune(item, schema["items"], f"{path}[{i}]")
+            items.append(kept_item)
+            dropped += more
+        return items, dropped
+    return copy.deepcopy(obj), dropped
+
+
+def pruned_fields(obj: Any, schema: dict[str, Any]) -> list[str]:
+    """The fields an API server serving ``schema`` drops from ``obj``, silently (see :func:`prune`)."""
+    return prune(obj, schema)[1]
 
 
 def strict(schema: dict[str, Any]) -> dict[str, Any]:
@@ -74,10 +117,22 @@ def apply_defaults(obj: Any, schema: dict[str, Any]) -> Any:
     return obj
 
 
-def schema_errors(rayjob: dict[str, Any], crd: dict[str, Any]) -> list[str]:
-    schema = crd_schema(crd)
+_VALIDATORS: dict[int, tuple[dict[str, Any], jsonschema.Draft7Validator]] = {}
+"""One validator per schema object (strict() copies a 200 KB schema; the tests reuse each)."""
+
+
+def _validator(schema: dict[str, Any]) -> jsonschema.Draft7Validator:
+    hit = _VALIDATORS.get(id(schema))
+    if hit is None or hit[0] is not schema:  # the schema is kept, so its id is not reused
+        hit = _VALIDATORS[id(schema)] = (schema, jsonschema.Draft7Validator(strict(schema)))
+    return hit[1]
+
+
+def schema_errors(rayjob: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    """What the API server refuses: ``rayjob`` with the defaults applied, validated against the
+    strict schema (so an unknown field is an error here too, as with ``--validate=strict``)."""
     obj = apply_defaults(copy.deepcopy(rayjob), schema)
-    validator = jsonschema.Draft7Validator(strict(schema))
+    validator = _validator(schema)
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
 
 

@@ -53,7 +53,7 @@ class LoopbackCluster:
     workers: list[NodeSpec]
     temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rvc", dir="/tmp")))
     gcs_port: int = 0
-    # The head's custom resources (zero amounts are left out: Ray does not list them).
+    # The head's custom resources, as its pod declares them (an NPU run's head: {"NPU": 0}).
     head_resources: dict[str, float] = field(default_factory=dict)
     # The dashboard with its job API on 127.0.0.1:dashboard_port (0 until started).
     dashboard: bool = False
@@ -108,13 +108,12 @@ class LoopbackCluster:
             ]
         else:
             dashboard = ["--include-dashboard=false"]
-        head_resources = {k: v for k, v in self.head_resources.items() if v}
         self._start(
             [
                 "--head",
                 f"--port={self.gcs_port}",
                 f"--num-cpus={self.head_cpus}",
-                *([f"--resources={json.dumps(head_resources)}"] if head_resources else []),
+                *([f"--resources={json.dumps(self.head_resources)}"] if self.head_resources else []),
                 *dashboard,
                 f"--ray-client-server-port={free_port()}",
                 f"--temp-dir={self.temp_dir}",

@@ -1,8 +1,9 @@
 """k8s/check-job.yaml: the one-pod `verl-consistency check` Job (no RayJob), from k8s/base/check.
 
-It renders; the plain file is what `make k8s-render` writes; the built-in kinds validate
-strictly; it reuses what the RayJobs do (the same two volumes, the image, the NPU resource,
-node selector and toleration, the Ascend host mounts) and is locked down like them (no token,
+It renders (test_render.py checks that the plain file is what `make manifests` writes); the
+built-in kinds validate strictly; it reuses what the RayJobs do (the same two volumes, the image,
+the NPU resource, node selector and toleration, the Ascend host mounts) and is locked down like
+them (no token,
 no secrets, capabilities dropped, requests = limits, one attempt); and its args, expanded as the
 kubelet expands $(VAR) from the ConfigMap, are a valid `verl-consistency check` invocation
 (tests/fixtures/check_interface.py: the registered command when it exists, issue 22's interface
@@ -22,7 +23,7 @@ import kubernetes_validate
 import pytest
 
 from tests.fixtures import check_interface
-from tests.k8s.conftest import CHECK_FILE, CHECK_SOURCES, FILES, K8S, kubectl, of_kind, render
+from tests.k8s.conftest import CHECK_FILE, CHECK_SOURCES, FILES, K8S, of_kind, render
 from verl_consistency.contracts.layout import check_run_id
 
 KUBE_VERSION = "1.31.0"
@@ -69,17 +70,6 @@ def test_renders_the_check_and_its_volumes_only(docs: list[dict[str, Any]]) -> N
         ["ConfigMap", "NetworkPolicy", "Job", "PersistentVolumeClaim", "PersistentVolumeClaim"]
     )
     assert not of_kind(docs, "RayJob")  # no KubeRay needed
-
-
-def test_plain_file_is_current() -> None:
-    res = subprocess.run(
-        [str(K8S / "render.sh"), "check"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "KUBECTL": kubectl()},
-    )
-    assert res.returncode == 0, res.stderr
-    assert CHECK_FILE.read_text() == res.stdout, "k8s/check-job.yaml is stale: run `make k8s-render`"
 
 
 def test_builtin_kinds_validate_strictly(docs: list[dict[str, Any]]) -> None:

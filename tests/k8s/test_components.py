@@ -3,15 +3,16 @@
 Each pair of k8s/components is composed on each mode's base in a throw-away overlay (as a user's
 own overlay would list them), rendered once (conftest.render caches it), and run through the same
 checks as every shipped source in test_manifests.py: the whole run is there, built-in kinds
-validate strictly, the RayJob passes KubeRay v1.7.0's CRD schema and controller rules, settings,
+validate strictly, the RayJob passes the CRD of every KubeRay release from 1.1.0 to 1.7.0 (nothing
+pruned, the pools still split) and KubeRay 1.7's controller rules, settings,
 worker groups and entrypoint agree on the pool sizes, pod templates are locked down, and the NPU
 resource name is the plugin's. test_checkov.py runs checkov over the same renderings.
 
 Some pairs are refused on purpose, and the tests check that they are refused (in both orders,
 with the reason in kustomize's error), not skipped: the npu-* components and nvidia exclude each
 other (a cluster's worker groups use one device plugin), a3-16npu and nvidia exclude each other
-(an Atlas A3 is an Ascend machine), and pool-sizes is for fully-async (hybrid has no rollout
-group).
+(an Atlas A3 is an Ascend machine), a3-16npu and one-node exclude each other (16 NPUs per pod
+or 4), and pool-sizes and one-node are for fully-async (hybrid has no rollout group).
 """
 
 from __future__ import annotations
@@ -31,15 +32,25 @@ from tests.k8s.conftest import COMPONENTS, K8S, MODES, compose, kustomize, of_ki
 MOVED = "Unable to remove nonexistent key: huawei.com/Ascend910"  # the device limit was moved already
 ACCELERATOR = "testing value /metadata/labels/verl-consistency~1accelerator failed"  # two accelerators
 # nvidia is built for the current set: it checks the pin-set label, next checks the head's NPU
-PIN_SET = ("testing value /metadata/labels/verl-consistency~1pin-set failed", "headGroupSpec/resources/NPU")
+PIN_SET = (
+    "testing value /metadata/labels/verl-consistency~1pin-set failed",
+    "headGroupSpec/rayStartParams/resources",
+)
+NPUS_PER_NODE = "testing value /data/NPUS_PER_NODE failed"  # a3-16npu's 16 or one-node's 4
 EXCLUSIVE = {
     frozenset({"next", "nvidia"}): PIN_SET,
+    frozenset({"a3-16npu", "one-node"}): NPUS_PER_NODE,
     frozenset({"npu-cce", "npu-hami"}): MOVED,
     frozenset({"npu-cce", "nvidia"}): MOVED,
     frozenset({"npu-hami", "nvidia"}): MOVED,
     frozenset({"a3-16npu", "nvidia"}): ACCELERATOR,
 }
-FULLY_ASYNC_ONLY = {"pool-sizes"}
+# Each with the words of kustomize's error on hybrid: pool-sizes finds no rollout group to size,
+# one-node checks the mode label.
+FULLY_ASYNC_ONLY = {
+    "pool-sizes": "groupName=rollout",
+    "one-node": "testing value /metadata/labels/verl-consistency~1mode failed",
+}
 NPU_NAMES = {
     "npu-cce": "huawei.com/ascend-1980",
     "npu-hami": "huawei.com/Ascend910B3",
@@ -50,7 +61,7 @@ NPU_NAMES = {
 def allowed(mode: str, combo: tuple[str, ...]) -> bool:
     if frozenset(combo) in EXCLUSIVE:
         return False
-    return mode == "fully-async" or not FULLY_ASYNC_ONLY & set(combo)
+    return mode == "fully-async" or not FULLY_ASYNC_ONLY.keys() & set(combo)
 
 
 PAIRS = [(m, c) for m in MODES for c in itertools.combinations(COMPONENTS, 2) if allowed(m, c)]
@@ -59,20 +70,22 @@ COMBOS = [f"compose:{m}:{'+'.join(c)}" for m, c in PAIRS]
 
 
 def test_there_are_components_to_combine() -> None:
-    assert {"a3-16npu", "pool-sizes", "volcano", "npu-cce", "npu-hami", "nvidia"} <= set(COMPONENTS)
-    assert len(PAIRS) >= 17  # 11 on fully-async, 6 on hybrid
+    assert {"a3-16npu", "pool-sizes", "volcano", "npu-cce", "npu-hami", "nvidia", "one-node"} <= set(
+        COMPONENTS
+    )
+    assert len(PAIRS) >= 25  # 18 on fully-async, 10 on hybrid
     assert any("nvidia" in c for _, c in PAIRS if _ == "hybrid")
 
 
 @pytest.mark.parametrize("combo", COMBOS)
-def test_pair_builds_and_passes_the_checks(combo: str, crd: dict[str, Any]) -> None:
+def test_pair_builds_and_passes_the_checks(combo: str) -> None:
     _, mode, names = combo.split(":", 2)
     components = names.split("+")
     docs = render(combo)[1]
     (job,) = of_kind(docs, "RayJob")
     checks.check_whole_run(docs)
     checks.check_builtin_kinds(docs)
-    checks.check_rayjob_admission(job, crd)
+    checks.check_rayjob_admission(job)
     checks.check_pool_sizes(docs)
     checks.check_lifecycle_and_run_settings(docs)
     checks.check_pod_templates(docs)
@@ -81,11 +94,15 @@ def test_pair_builds_and_passes_the_checks(combo: str, crd: dict[str, Any]) -> N
     checks.check_images(docs)
     # Each component did its part, whatever the other one did.
     settings = run_settings(docs)
-    assert settings["NPUS_PER_NODE"] == ("16" if "a3-16npu" in components else "8")
+    assert settings["NPUS_PER_NODE"] == (
+        "16" if "a3-16npu" in components else "4" if "one-node" in components else "8"
+    )
     assert settings["TRAINER_NODES"] == ("2" if "pool-sizes" in components else "1")
     images = {c["image"] for pod in checks.pod_specs(job, of_kind(docs, "Job")[0]) for c in pod["containers"]}
-    tag = "-a3" if "a3-16npu" in components else "-cuda" if "nvidia" in components else ""
-    assert images == {f"verl-consistency:0.1.0{tag}"}
+    accelerator = (
+        "ascend-a3" if "a3-16npu" in components else "nvidia" if "nvidia" in components else "ascend-a2"
+    )
+    assert images == {checks.IMAGES[accelerator]}
     labels = job["metadata"]["labels"]
     assert (labels.get("ray.io/scheduler-name") == "volcano") == ("volcano" in components)
     assert labels["verl-consistency/mode"] == mode
@@ -104,12 +121,13 @@ def test_refused_pairs_fail_to_build_with_the_reason(mode: str, combo: tuple[str
     for order in (combo, combo[::-1]):
         res = compose(mode, order)
         assert res.returncode != 0, f"{mode}: {' + '.join(order)} built, but it should be refused"
-        if set(combo) & FULLY_ASYNC_ONLY and mode != "fully-async":
-            assert "groupName=rollout" in res.stderr
-        else:
-            reasons = EXCLUSIVE[frozenset(combo)]
-            reasons = (reasons,) if isinstance(reasons, str) else reasons
-            assert any(r in res.stderr for r in reasons), res.stderr
+        # Either reason may come first: kustomize stops at the first failing component.
+        exclusive = EXCLUSIVE.get(frozenset(combo), ())
+        reasons = [exclusive] if isinstance(exclusive, str) else list(exclusive)
+        if mode != "fully-async":
+            reasons += [FULLY_ASYNC_ONLY[c] for c in combo if c in FULLY_ASYNC_ONLY]
+        assert reasons, combo
+        assert any(r in res.stderr for r in reasons), res.stderr
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -26,6 +26,8 @@ args = sys.argv[1:]
 with open(os.environ["KUBECTL_LOG"], "a") as f:
     f.write(json.dumps({"args": args, "stdin": sys.stdin.read() if "apply" in args else ""}) + "\n")
 present = os.environ.get("PRESENT", "").split(",")
+if "wait" in args and os.environ.get("NOT_READY"):
+    sys.exit(1)  # e.g. an image the node cannot pull
 if "exec" in args:
     path = args[-1]
     sys.exit(0 if ("test" in args and path in present) or "ls" in args else 1)
@@ -46,14 +48,16 @@ def kubectl(tmp_path: Path) -> Path:
 
 
 def make(
-    tmp_path: Path, kubectl: Path, *args: str, present: str = ""
+    tmp_path: Path, kubectl: Path, *args: str, present: str = "", env: dict[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess[str], list]:
     log = tmp_path / "kubectl.log"
+    log.unlink(missing_ok=True)
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k not in ("IMAGE", "READER_IMAGE")},
         "PATH": f"{kubectl.parent}:{os.environ['PATH']}",
         "KUBECTL_LOG": str(log),
         "PRESENT": present,
+        **(env or {}),
     }
     res = subprocess.run(
         ["make", "--no-print-directory", "download-bundle", *args],
@@ -134,3 +138,38 @@ def test_a_checks_bundle_downloads_the_same_way(tmp_path: Path, kubectl: Path) -
     res, _ = make(tmp_path, kubectl, f"RUN={run_id}", f"BUNDLE_DIR={tmp_path / 'none'}")
     assert res.returncode != 0
     assert "kubectl logs job/verl-consistency-check)" in res.stderr
+
+
+def applied_pod(calls: list) -> dict:
+    (pod,) = [d for d in yaml.safe_load_all(calls[0]["stdin"]) if d]
+    return pod
+
+
+def test_the_reader_runs_the_bundle_s_own_image(tmp_path: Path, kubectl: Path) -> None:
+    """Not busybox: the image the plain files run (an air-gapped cluster has it), or IMAGE=."""
+    docs = yaml.safe_load_all((REPO / "k8s" / "fully-async-rayjob.yaml").read_text())
+    (job,) = [d for d in docs if d and d["kind"] == "RayJob"]
+    head_image = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+    present = "/dump/bundles/bundle-r1.tar.zst"
+    res, calls = make(tmp_path, kubectl, "RUN=r1", f"BUNDLE_DIR={tmp_path / 'a'}", present=present)
+    assert res.returncode == 0, res.stderr
+    (reader,) = applied_pod(calls)["spec"]["containers"]
+    assert reader["image"] == head_image
+    assert reader["command"] == ["sleep", "3600"]  # not the image's ENTRYPOINT
+    mine = "registry.example.com/ml/verl-consistency:0.1.0-site"
+    res, calls = make(
+        tmp_path, kubectl, "RUN=r1", f"BUNDLE_DIR={tmp_path / 'b'}", f"IMAGE={mine}", present=present
+    )
+    assert res.returncode == 0, res.stderr
+    pod = applied_pod(calls)
+    assert [c["image"] for c in pod["spec"]["containers"]] == [mine]
+    kubernetes_validate.validate(pod, "1.31.0", strict=True)
+
+
+def test_a_reader_that_never_gets_ready_says_why(tmp_path: Path, kubectl: Path) -> None:
+    res, calls = make(tmp_path, kubectl, "RUN=r1", f"BUNDLE_DIR={tmp_path / 'b'}", env={"NOT_READY": "1"})
+    assert res.returncode != 0
+    assert "did not become ready" in res.stderr
+    assert "make download-bundle RUN=r1 IMAGE=<registry/name:tag>" in res.stderr
+    assert calls[-1]["args"][0] == "delete"
+    assert "cp" not in [c["args"][0] for c in calls]

@@ -1,33 +1,35 @@
-"""The k8s manifests: render, lint, validate (built-in kinds and the real KubeRay CRD), and agree.
+"""The k8s manifests: render, lint, validate (built-in kinds and the real KubeRay CRDs), and agree.
 
 Every check runs on every source: the two plain files and every kustomize base and overlay.
 The checks are plain functions of the rendered documents, so test_components.py runs the same
-ones on every pairwise combination of the components.
+ones on every pairwise combination of the components. The RayJob is admitted by the CRD of every
+KubeRay release from 1.1.0 to 1.7.0 (tests/k8s/crds/), with nothing pruned and the pools still
+split (test_kuberay_releases.py shows what the old form lost on each).
 """
 
 from __future__ import annotations
 
 import copy
-import os
 import re
 import subprocess
 import sys
+import tomllib
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
 
-from tests.k8s import kuberay_rules
+from tests.k8s import kuberay_rules, ray_start
 from tests.k8s.conftest import (
     FILES,
     K8S,
-    MODES,
     RENDERED,
+    REPO,
     SOURCES,
     expand_entrypoint,
-    kubectl,
     of_kind,
+    release_schemas,
     render,
     run_settings,
 )
@@ -39,15 +41,24 @@ NPU_RESOURCE_NAMES = {"huawei.com/Ascend910", "huawei.com/Ascend910B3", "huawei.
 GPU_RESOURCE = "nvidia.com/gpu"
 # Every device limit a worker group may carry (k8s/components/npu-*, nvidia).
 DEVICE_RESOURCE_NAMES = NPU_RESOURCE_NAMES | {GPU_RESOURCE}
-# The image tag of each value of the RayJob's verl-consistency/accelerator label: the A2 build,
-# the A3 build (k8s/components/a3-16npu), and `make image-cuda`'s (k8s/components/nvidia).
-IMAGES = {
-    "ascend-a2": "verl-consistency:0.1.0",
-    "ascend-a3": "verl-consistency:0.1.0-a3",
-    "nvidia": "verl-consistency:0.1.0-cuda",
-}
-_NEXT = pins.load(set_name="next").upstream
-NEXT_TAG = f"verl{_NEXT.verl}-vllm-ascend{_NEXT.vllm_ascend}"
+_VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
+def image_names(set_name: str) -> dict[str, str]:
+    """What docker/image.mk builds for each value of the RayJob's verl-consistency/accelerator
+    label: `make image` (IMAGE, what `make -s image-name` prints), `make image-a3` and
+    `make image-cuda`, from the pin set's versions."""
+    up = pins.load(set_name=set_name).upstream
+    ascend = f"verl-consistency:{_VERSION}-verl{up.verl}-vllm-ascend{up.vllm_ascend}"
+    return {
+        "ascend-a2": ascend,
+        "ascend-a3": f"{ascend}-a3",
+        "nvidia": f"verl-consistency:{_VERSION}-verl{up.verl}-vllm{up.vllm}-cuda",
+    }
+
+
+IMAGES = image_names("current")
+NEXT_IMAGES = image_names("next")
 KUBE_VERSION = "1.31.0"
 
 
@@ -90,21 +101,6 @@ def check_whole_run(docs: list[dict[str, Any]]) -> None:
     )
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_plain_files_are_current(mode: str) -> None:
-    """k8s/<mode>-rayjob.yaml is what `make k8s-render` writes from k8s/base/<mode> now."""
-    res = subprocess.run(
-        [str(K8S / "render.sh"), mode],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "KUBECTL": kubectl()},
-    )
-    assert res.returncode == 0, res.stderr
-    assert FILES[f"file:{mode}"].read_text() == res.stdout, (
-        f"k8s/{mode}-rayjob.yaml is not what k8s/base/{mode} renders: run `make k8s-render`"
-    )
-
-
 def test_yamllint() -> None:
     config = "{extends: default, rules: {line-length: {max: 130}, comments: {min-spaces-from-content: 1}}}"
     # The rendered plain files are kubectl's output (its own list indentation): not linted.
@@ -126,13 +122,41 @@ def check_builtin_kinds(docs: list[dict[str, Any]]) -> None:
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
 
 
-def test_rayjob_passes_crd_schema_and_controller_rules(source: str, crd: dict[str, Any]) -> None:
-    check_rayjob_admission(rayjob(source), crd)
+@pytest.mark.parametrize("release", list(release_schemas()))
+def test_rayjob_is_admitted_by_every_kuberay_release(source: str, release: str) -> None:
+    check_rayjob_admission(rayjob(source), releases=[release])
 
 
-def check_rayjob_admission(job: dict[str, Any], crd: dict[str, Any]) -> None:
-    assert kuberay_rules.schema_errors(job, crd) == []
+def check_rayjob_admission(job: dict[str, Any], releases: list[str] | None = None) -> None:
+    """Admitted as it is by each release (nothing pruned, the schema passes with the API
+    server's defaults), the pools still split in what it stores, and KubeRay 1.7's controller
+    rules hold."""
+    for release in releases or list(release_schemas()):
+        schema = release_schemas()[release]
+        stored, pruned = kuberay_rules.prune(job, schema)
+        assert pruned == [], f"KubeRay {release} drops {pruned}"
+        assert kuberay_rules.schema_errors(job, schema) == [], release
+        check_pool_split(stored)
     assert kuberay_rules.controller_errors(job) == []
+
+
+def check_pool_split(job: dict[str, Any]) -> None:
+    """What each worker pod offers Ray (its `ray start` flags, as KubeRay builds them): the
+    group's NPUs (GPUs with nvidia) as many as its device limit, and in fully-async each group
+    its own placement tag, never the other's. The head offers neither."""
+    gs = groups(job)
+    fully_async = mode_of(job) == "fully-async"
+    tags = {"trainer": placement.TRAINER_RESOURCE, "rollout": placement.ROLLOUT_RESOURCE}
+    for name, g in gs.items():
+        _, offers = ray_start.node_resources(g)
+        device, count = npu_limit(g)
+        assert offers.get("GPU" if device == GPU_RESOURCE else "NPU") == count, (name, offers)
+        assert offers.get("NPU" if device == GPU_RESOURCE else "GPU") is None, (name, offers)
+        offered = {t for t in tags.values() if t in offers}
+        assert offered == ({tags[name]} if fully_async else set()), (name, offers)
+    head_cpus, head = ray_start.node_resources(job["spec"]["rayClusterSpec"]["headGroupSpec"])
+    assert head_cpus == 0
+    assert not {k for k, v in head.items() if v}, head
 
 
 @pytest.mark.parametrize(
@@ -140,7 +164,7 @@ def check_rayjob_admission(job: dict[str, Any], crd: dict[str, Any]) -> None:
     [
         (lambda j: groups(j)["trainer"].__setitem__("rayStartParams", {"num-cpus": 8}), "not a string"),
         (lambda j: groups(j)["trainer"].__setitem__("rayStartParams", {"labels": "a=b"}), "labels"),
-        (lambda j: groups(j)["rollout"].__setitem__("rayStartParams", {"resources": '"{}"'}), "both"),
+        (lambda j: groups(j)["rollout"].__setitem__("resources", {"CPU": "1"}), "both"),
         (
             lambda j: groups(j)["rollout"].update(minReplicas=3, maxReplicas=2),
             "minReplicas 3 > maxReplicas 2",
@@ -157,21 +181,23 @@ def check_rayjob_admission(job: dict[str, Any], crd: dict[str, Any]) -> None:
         (lambda j: j["spec"].__setitem__("runtimeEnvYAML", "a: [b"), "not valid YAML"),
     ],
 )
-def test_controller_rules_catch_what_the_schema_allows(mutate: Any, expect: str, crd: dict[str, Any]) -> None:
+def test_controller_rules_catch_what_the_schema_allows(mutate: Any, expect: str) -> None:
     job = copy.deepcopy(rayjob("file:fully-async"))
     mutate(job)
     assert any(expect in e for e in kuberay_rules.controller_errors(job))
 
 
-def test_schema_is_strict_and_defaults_are_applied(crd: dict[str, Any]) -> None:
+@pytest.mark.parametrize("release", list(release_schemas()))
+def test_schema_is_strict_and_defaults_are_applied(release: str) -> None:
+    schema = release_schemas()[release]
     job = copy.deepcopy(rayjob("file:fully-async"))
     job["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParam"] = {}  # a typo
-    assert any("rayStartParam" in e for e in kuberay_rules.schema_errors(job, crd))
+    assert any("rayStartParam" in e for e in kuberay_rules.schema_errors(job, schema))
+    assert kuberay_rules.pruned_fields(job, schema) == ["spec.rayClusterSpec.headGroupSpec.rayStartParam"]
     job = copy.deepcopy(rayjob("file:fully-async"))
     for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
         del g["minReplicas"], g["maxReplicas"]  # required by the schema, but defaulted first
-    assert kuberay_rules.schema_errors(job, crd) == []
-    schema = kuberay_rules.crd_schema(crd)
+    assert kuberay_rules.schema_errors(job, schema) == []
     raw = jsonschema_errors_without_defaults(job, schema)
     assert any("maxReplicas" in e for e in raw)
 
@@ -212,12 +238,15 @@ def check_pool_sizes(docs: list[dict[str, Any]]) -> None:
         key = pool_key(pool, settings)
         assert int(ov[f"{key}.nnodes"]) == nodes == g["replicas"] == g["minReplicas"] == g["maxReplicas"]
         assert int(ov[f"{key}.n_gpus_per_node"]) == npus == limit
+        declared = ray_start.declared_resources(g)
         if name == GPU_RESOURCE:
             # KubeRay derives Ray's GPU from the limit (num-gpus); a declared one would be a second
             # source of truth, and an NPU resource a lie.
-            assert not {"NPU", "GPU"} & g["resources"].keys()
+            assert not {"NPU", "GPU"} & declared.keys()
+            assert "num-gpus" not in g["rayStartParams"]
         else:
-            assert int(g["resources"]["NPU"]) == npus  # KubeRay does not map Ascend limits
+            assert declared["NPU"] == npus  # KubeRay does not map Ascend limits
+        assert "resources" not in g, "per-group `resources` is KubeRay 1.5+: rayStartParams.resources"
     argv = expand_entrypoint(job["spec"]["entrypoint"], settings)
     if devices == {GPU_RESOURCE}:
         # `run --device cuda` adds trainer.device=cuda itself; the head must not be told npu.
@@ -257,7 +286,9 @@ def check_npu_resource_name(job: dict[str, Any], expected: str) -> None:
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]
     head_limits = head["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert not DEVICE_RESOURCE_NAMES & head_limits.keys()
-    assert head["resources"] == ({"CPU": "0"} if gpu else {"CPU": "0", "NPU": "0"})
+    # No Ray CPUs on the head; an NPU run also declares NPU 0 there (nvidia: no GPU limit, no GPU).
+    assert head["rayStartParams"]["num-cpus"] == "0"
+    assert ray_start.node_resources(head)[1] == ({} if gpu else {"NPU": 0.0})
 
 
 def test_images_are_the_accelerators_build(source: str) -> None:
@@ -274,7 +305,7 @@ def check_images(docs: list[dict[str, Any]]) -> None:
     images = {c["image"] for pod in pods for c in [*pod.get("initContainers", []), *pod["containers"]]}
     if job["metadata"]["labels"]["verl-consistency/pin-set"] == "next" and images != {IMAGES[accelerator]}:
         # an overlay of the next set names that set's build: `make image-name PINS=next`
-        assert images == {IMAGES[accelerator].replace(":0.1.0", f":0.1.0-{NEXT_TAG}")}, accelerator
+        assert images == {NEXT_IMAGES[accelerator]}, accelerator
     else:
         assert images == {IMAGES[accelerator]}, accelerator
 
@@ -286,17 +317,13 @@ def test_fully_async_installs_the_placement_hook_and_tags_each_group(source: str
     hook = runtime_env["worker_process_setup_hook"]
     module, _, func = hook.rpartition(".")
     assert getattr(__import__(module, fromlist=[func]), func) is placement.install
-    gs = groups(job)
-    assert (
-        placement.resource_for("trainer_poolverl_group_8:0", placement.DEFAULT_POOL_RESOURCES)
-        in gs["trainer"]["resources"]
-    )
-    assert (
-        placement.resource_for("rollout_pool_0verl_group_8:0", placement.DEFAULT_POOL_RESOURCES)
-        in gs["rollout"]["resources"]
-    )
-    assert placement.TRAINER_RESOURCE not in gs["rollout"]["resources"]
-    assert placement.ROLLOUT_RESOURCE not in gs["trainer"]["resources"]
+    offers = {name: ray_start.node_resources(g)[1] for name, g in groups(job).items()}
+    trainer_tag = placement.resource_for("trainer_poolverl_group_8:0", placement.DEFAULT_POOL_RESOURCES)
+    rollout_tag = placement.resource_for("rollout_pool_0verl_group_8:0", placement.DEFAULT_POOL_RESOURCES)
+    assert trainer_tag in offers["trainer"]
+    assert rollout_tag in offers["rollout"]
+    assert trainer_tag not in offers["rollout"]
+    assert rollout_tag not in offers["trainer"]
 
 
 def test_lifecycle_and_run_settings(source: str) -> None:
@@ -308,7 +335,9 @@ def check_lifecycle_and_run_settings(docs: list[dict[str, Any]]) -> None:
     spec = job["spec"]
     assert spec["shutdownAfterJobFinishes"] is True
     assert spec["ttlSecondsAfterFinished"] > 0
-    assert spec["backoffLimit"] == 0
+    # Never retried: KubeRay 1.1 does not retry, 1.2+ default backoffLimit to 0
+    # (test_kuberay_releases.py), and 1.1 would drop the field.
+    assert "backoffLimit" not in spec
     assert spec["activeDeadlineSeconds"] > 0
     (post,) = of_kind(docs, "Job")
     assert post["spec"]["backoffLimit"] == 0

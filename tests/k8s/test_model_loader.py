@@ -30,7 +30,6 @@ from tests.k8s.conftest import (
     K8S,
     LOADER_FILE,
     SOURCES,
-    kubectl,
     kustomize,
     of_kind,
     render,
@@ -73,17 +72,6 @@ def parts(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, str], d
     (cm,) = of_kind(docs, "ConfigMap")
     (container,) = job["spec"]["template"]["spec"]["containers"]
     return job, cm["data"], container
-
-
-def test_plain_file_is_current() -> None:
-    res = subprocess.run(
-        [str(K8S / "render.sh"), "model-loader"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "KUBECTL": kubectl()},
-    )
-    assert res.returncode == 0, res.stderr
-    assert LOADER_FILE.read_text() == res.stdout, "k8s/model-loader-job.yaml is stale: run `make k8s-render`"
 
 
 @pytest.mark.parametrize("source", LOADER)

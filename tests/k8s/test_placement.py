@@ -1,8 +1,9 @@
 """Pool pinning, proven on a real multi-node Ray 2.48 cluster on loopback, on both pin sets.
 
 The cluster mirrors the fully-async RayJob: a head with no NPUs, a `trainer` node and a
-`rollout` node that declare the Ray resources of their worker group in
-k8s/fully-async-rayjob.yaml (NPU counts scaled down; the trainer node deliberately has more
+`rollout` node that offer what their worker group's `ray start` flags in
+k8s/fully-async-rayjob.yaml give them (its ``rayStartParams.resources`` through the shell, as
+KubeRay passes it: ray_start.py; NPU counts scaled down; the trainer node deliberately has more
 room). The runtime env is the RayJob's own ``runtimeEnvYAML``, handed to the driver the way
 Ray's job supervisor does, and merged with verl's own ``ray.init`` runtime env. The pools are
 created by the installed verl's own code (placement_driver.py picks it by verl's version):
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.k8s import ray_start
 from tests.k8s.conftest import K8S
 from tests.k8s.placement_driver import read_result
 from tests.k8s.raycluster import LoopbackCluster, NodeSpec
@@ -49,8 +51,10 @@ def manifest_rayjob() -> dict[str, Any]:
 
 
 def node_resources(group: dict[str, Any]) -> dict[str, float]:
-    """The group's Ray resources from the manifest, with the NPU count scaled down."""
-    res = {k: float(v) for k, v in group["resources"].items()}
+    """What a pod of the group offers Ray (its `ray start` flags from the manifest's
+    rayStartParams, through the shell's quoting: ray_start.py), with the NPU count scaled down."""
+    res = ray_start.node_resources(group)[1]
+    assert res["NPU"] > 0, f"the {group['groupName']} group offers no NPU: {res}"
     res["NPU"] = float(NPUS[group["groupName"]])
     return res
 

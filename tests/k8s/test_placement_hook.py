@@ -108,3 +108,43 @@ def test_verl_binds_the_wrapped_function_when_imported_after_the_hook() -> None:
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def _node(alive: bool = True, **resources: float) -> dict[str, Any]:
+    """A stand-in for one entry of ``ray.nodes()`` (its Alive and Resources keys)."""
+    return {"Alive": alive, "Resources": resources}
+
+
+def test_a_pool_larger_than_its_group_is_named_with_the_sizes_to_fix() -> None:
+    tag = placement.TRAINER_RESOURCE
+    nodes = [
+        _node(NPU=8, **{tag: 1000}),
+        _node(NPU=8, **{placement.ROLLOUT_RESOURCE: 1000}),  # another group's NPUs do not count
+        _node(alive=False, NPU=8, **{tag: 1000}),  # nor a dead node's
+        _node(NPU=0),  # the head
+    ]
+    assert placement.capacity_shortfall(tag, {"NPU": 8}, nodes) is None
+    why = placement.capacity_shortfall(tag, {"NPU": 16}, nodes)
+    assert why is not None
+    assert "ask for 16 NPU in total" in why
+    assert "1 Ray node(s) that offer 'verl_consistency_trainer' have 8" in why
+    assert "TRAINER_NODES, ROLLOUT_NODES, NPUS_PER_NODE" in why
+    assert placement.capacity_shortfall(tag, {"GPU": 1}, nodes) is not None  # GPUs count the same way
+
+
+def test_the_wrapper_adds_up_what_one_process_pins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl makes one placement group per node of a pool: the shortfall shows on their sum."""
+    import ray
+
+    monkeypatch.setattr(placement, "_ASKED", {})
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "nodes", lambda: [_node(NPU=8, **{placement.TRAINER_RESOURCE: 1000})])
+    errors: list[str] = []
+    monkeypatch.setattr(placement.logger, "error", lambda msg, *a: errors.append(msg % a))
+    pg = placement.wrap(lambda bundles, strategy="PACK", name="": name, placement.DEFAULT_POOL_RESOURCES)
+    pg([{"CPU": 3, "NPU": 1}] * 8, "STRICT_PACK", "trainer_poolverl_group_8_8:0")
+    assert errors == []
+    pg([{"CPU": 3, "NPU": 1}] * 8, "STRICT_PACK", "trainer_poolverl_group_8_8:1")
+    assert len(errors) == 1
+    assert "'trainer_poolverl_group_8_8:1'" in errors[0]
+    assert "ask for 16 NPU in total" in errors[0]

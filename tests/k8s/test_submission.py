@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s import kuberay_submit
+from tests.k8s import kuberay_submit, ray_start
 from tests.k8s.conftest import FILES, expand_entrypoint, of_kind, render
 from tests.k8s.raycluster import LoopbackCluster, NodeSpec
 from verl_consistency.contracts import pins
@@ -106,14 +106,15 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     )
     job, _ = manifest("file:fully-async")
     cluster_spec = job["spec"]["rayClusterSpec"]
-    head_res = {k: float(v) for k, v in cluster_spec["headGroupSpec"]["resources"].items()}
+    # Each node offers what its pod's `ray start` flags say (ray_start.py: rayStartParams and the
+    # CPU limit, as KubeRay passes them, through the shell's quoting).
+    head_cpus, head_res = ray_start.node_resources(cluster_spec["headGroupSpec"])
     workers = []
     for group in cluster_spec["workerGroupSpecs"]:
-        cpus = int(group["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"])
-        res = {k: float(v) for k, v in group["resources"].items()}
-        workers += [NodeSpec(f"{group['groupName']}-{i}", cpus, res) for i in range(group["replicas"])]
+        cpus, res = ray_start.node_resources(group)
+        workers += [NodeSpec(f"{group['groupName']}-{i}", int(cpus), res) for i in range(group["replicas"])]
     cluster = LoopbackCluster(
-        head_cpus=int(head_res.pop("CPU")),
+        head_cpus=int(head_cpus),
         head_resources=head_res,
         workers=workers,
         dashboard=True,
