@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -37,10 +36,10 @@ from verl_consistency.entrypoints.run import dataset
 from verl_consistency.entrypoints.run.overrides import Mode, RunKind, Table
 from verl_consistency.entrypoints.run.plan import RunPlan, build_plan
 from verl_consistency.entrypoints.run.plan_options import DEFAULT_MODEL, Device, PlanError, PlanOptions
+from verl_consistency.entrypoints.run.step_metrics import StepLog
 from verl_consistency.patches.hooks import placement
 
 EXIT_REFUSED = 2
-_STEP_LINE = re.compile(r"\bstep:(\d+)\b")
 
 console = Console(stderr=True)
 
@@ -127,8 +126,9 @@ def count_dump_steps(side_dir: Path) -> int:
 def execute(plan: RunPlan, manifest: RunManifest) -> int:
     """Run verl, pass its output on, show progress, forward SIGINT/SIGTERM; return its exit code.
 
-    verl's stdout (where its console logger prints ``step:N``) is read line by line for the
-    status line and written to our stdout unchanged; its stderr is not touched.
+    verl's stdout (where its console logger prints ``step:N - key:value ...``) is read line by
+    line for the status line and the per-step metrics (:mod:`.step_metrics`, into ``run.json``'s
+    ``steps``), and written to our stdout unchanged; its stderr is not touched.
     """
     lay = plan.layout
     started = time.monotonic()
@@ -145,7 +145,8 @@ def execute(plan: RunPlan, manifest: RunManifest) -> int:
         proc.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    state = {"step": "-", "last": 0.0}
+    state = {"step": "-"}
+    steps = StepLog()
     done = threading.Event()
 
     def status_text() -> str:
@@ -167,9 +168,8 @@ def execute(plan: RunPlan, manifest: RunManifest) -> int:
             ticker.start()
             assert proc.stdout is not None
             for line in proc.stdout:
-                m = _STEP_LINE.search(line)
-                if m:
-                    state["step"] = m.group(1)
+                if steps.feed(line):
+                    state["step"] = str(steps.last_step)
                 sys.stdout.write(line)
                 sys.stdout.flush()
             code = proc.wait()
@@ -179,7 +179,9 @@ def execute(plan: RunPlan, manifest: RunManifest) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
-    final = manifest.model_copy(update={"finished_at": now_utc(), "exit_code": code})
+    final = manifest.model_copy(
+        update={"finished_at": now_utc(), "exit_code": code, "steps": steps.records()}
+    )
     final.write(lay.run_manifest)
     elapsed = int(time.monotonic() - started)
     counts = (

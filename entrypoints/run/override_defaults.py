@@ -16,24 +16,39 @@ from verl_consistency.entrypoints.run.override_schema import (
     ONLY_CURRENT,
     ONLY_NEXT,
     SHARED_POOL_MODES,
+    TOKEN_LEVEL_ONLY,
     FromRun,
     Override,
 )
 
 _GRPO_N = "GRPO needs more than one response per prompt"
+_MICRO_BATCH = (
+    "a value verl accepts with any mini batch; set your job's own: each request of an FSDP "
+    "micro batch is dumped in a lane of its own (hooks/msprobe_lanes.py). Every run kind sets it: "
+)
 
 DEFAULTS: tuple[Override, ...] = (
     Override(
+        kinds=ALL_KINDS,
         key="actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
         value=1,
-        why="a value verl accepts with any mini batch; set your job's own: each request of an FSDP "
-        "micro batch is dumped in a lane of its own (hooks/msprobe_lanes.py)",
+        why=_MICRO_BATCH + "verl's validate_config raises 'Please set at least one of "
+        "'actor_rollout_ref.rollout.log_prob_micro_batch_size' or ...' without it",
     ),
     Override(
+        kinds=ALL_KINDS,
         key="actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
         value=1,
-        why="a value verl accepts with any mini batch; set your job's own: each request of an FSDP "
-        "micro batch is dumped in a lane of its own (hooks/msprobe_lanes.py)",
+        why=_MICRO_BATCH + "verl's FSDPActorConfig asserts 'Please set at least one of "
+        "'actor.ppo_micro_batch_size' or ...' without it",
+    ),
+    Override(
+        kinds=TOKEN_LEVEL_ONLY,
+        key="actor_rollout_ref.rollout.name",
+        value="vllm",
+        why="verl's rollout config has no default name (???: 'Missing mandatory value: "
+        "actor_rollout_ref.rollout.name' when the workers start); a collection run requires vllm, "
+        "a token-level run may use another engine that returns log-probs",
     ),
     Override(
         kinds=ALL_KINDS,
@@ -60,7 +75,9 @@ DEFAULTS: tuple[Override, ...] = (
         kinds=ALL_KINDS,
         key="reward.custom_reward_function.path",
         value=FromRun(run="reward_fn"),
-        why="a rule-based reward for the generated prompt set (no reward model)",
+        why="a rule-based reward for the generated prompt set (no reward model): 1 for the right "
+        "answer, a partial credit below 0.5 otherwise that varies across a random model's responses, "
+        "so that GRPO's advantages and the gradient are not 0 (reward.py)",
     ),
     Override(
         kinds=ALL_KINDS,

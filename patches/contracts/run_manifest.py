@@ -51,6 +51,35 @@ class MsprobeConfigs(BaseModel):
     actor: dict[str, Any]
 
 
+class StepMetrics(BaseModel):
+    """One training step as verl's console logger reported it: did the weights move, and how far apart
+    were vLLM and the trainer. ``entrypoints/run/step_metrics.py`` reads it from the driver's output.
+
+    None: verl did not log the metric at that step (another verl, another mode), or logged a
+    value that is not finite (named in ``not_finite``: a NaN ``rollout_probs_diff_mean`` is what
+    one-token responses give, a NaN grad norm a broken step).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int
+    """verl's global step (``step:N`` of the console line; the weight version in fully async)."""
+    grad_norm: float | None = None
+    """``actor/grad_norm``: 0 at every step means that the weights never moved."""
+    reward_mean: float | None = None
+    """``critic/score/mean``, else ``critic/rewards/mean``."""
+    rollout_probs_diff_mean: float | None = None
+    """``training/rollout_probs_diff_mean``: verl's mean abs(p_vLLM - p_trainer) over response tokens."""
+    rollout_corr_kl: float | None = None
+    """``rollout_corr/kl``: verl's KL between vLLM's and the trainer's token distributions."""
+    rollout_corr_log_ppl_abs_diff: float | None = None
+    """``rollout_corr/log_ppl_abs_diff``."""
+    step_time_s: float | None = None
+    """``timing_s/step``: the step's wall time in seconds."""
+    not_finite: list[str] = Field(default_factory=list)
+    """The fields above whose logged value was NaN or infinite (stored as None: JSON has neither)."""
+
+
 class RunManifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -85,6 +114,10 @@ class RunManifest(BaseModel):
     started_at: str = Field(default_factory=now_utc)
     finished_at: str | None = None
     exit_code: int | None = None
+    steps: list[StepMetrics] = Field(default_factory=list)
+    """verl's per-step metrics, in step order, from its console output (``trainer.logger`` with
+    ``console``, the run's default). Empty in a manifest written before verl's first step, or by a
+    version before this field."""
 
     def write(self, path: Path) -> None:
         """Atomically (temp + rename): a reader never sees half a manifest."""

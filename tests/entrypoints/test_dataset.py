@@ -89,5 +89,6 @@ def test_reward_loads_like_verl_loads_it(tmp_path: Path) -> None:
     truth = row["reward_model"]["ground_truth"]
     kwargs = {"data_source": row["data_source"], "ground_truth": truth, "extra_info": row["extra_info"]}
     assert score(solution_str=f"12 + 30 ...\n{truth}", **kwargs) == 1.0
-    assert score(solution_str="I do not know", **kwargs) == 0.0
-    assert score(solution_str=f"{int(truth) + 1}", **kwargs) == 0.0
+    # a wrong answer earns only the partial credit (test_reward.py), below any right one
+    assert score(solution_str="I do not know", **kwargs) < 0.5
+    assert score(solution_str=f"{int(truth) + 1}", **kwargs) < 0.5

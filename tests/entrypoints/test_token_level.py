@@ -62,9 +62,12 @@ def test_token_level_composes_with_verls_config(tmp_path: Path, mode: str) -> No
     assert env_vars["PROMPTS_ONLY"] == "0"
     assert env_vars["VERL_CONSISTENCY_RUN_DIR"] == str(tmp_path / "tl")
     assert "VERL_CONSISTENCY_ACTOR_CONFIG" not in env_vars
-    # a collection run's data constraints do not apply: verl's own micro batching and caching stay
+    # a collection run's data constraints do not apply: verl's own prefix caching stays
     assert _get(config, "actor_rollout_ref.rollout.enable_prefix_caching") is True
-    assert _get(config, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") != 1
+    # what verl cannot start without is set, as defaults (test_verl_validation.py runs verl's checks)
+    assert _get(config, "actor_rollout_ref.rollout.name") == "vllm"
+    assert _get(config, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") == 1
+    assert _get(config, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu") == 1
     if mode == "fully-async":
         assert _get(config, "actor_rollout_ref.hybrid_engine") is False
     if plan["trainer_mode"] is not None:  # verl 0.9: the same trainer mode and weight-version rules
@@ -114,9 +117,18 @@ def test_collection_only_constraints_are_free_in_a_triage_run() -> None:
             "actor_rollout_ref.actor.use_dynamic_bsz=true",
             "trainer.balance_batch=true",
             "trainer.test_freq=5",
+            "actor_rollout_ref.rollout.name=sglang",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
         ]
     )
     assert plan.env["DUMP_ON"] == "0"
+    # the defaults verl needs give way to the user's own values, each key given once
+    for key, value in (
+        ("actor_rollout_ref.rollout.name", "sglang"),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "8"),
+    ):
+        assert [o for o in plan.overrides if o.split("=", 1)[0] == key] == [f"{key}={value}"]
 
 
 def test_caller_env_with_dumps_on_is_refused() -> None:
