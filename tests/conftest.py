@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,3 +21,15 @@ def lean_disk() -> bool:
     from verl_consistency.contracts import env
 
     return env.flag(env.LEAN_DISK)
+
+
+@pytest.fixture(autouse=True)
+def _os_environ_kept() -> Iterator[None]:
+    """Put ``os.environ`` back after each test: HF ``datasets``' ``map(num_proc=...)`` rebinds it to
+    a plain copy (``datasets/arrow_dataset.py``: ``os.environ = prev_env``), after which click's
+    ``CliRunner(env=...)`` and rich read different mappings, and a later test's ``--help`` renders
+    at 80 columns whatever ``COLUMNS`` says (verl's ``RLHFDataset`` filters prompts that way)."""
+    environ = os.environ
+    yield
+    if os.environ is not environ:
+        os.environ = environ  # type: ignore[assignment]  # noqa: B003
