@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import stat
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +25,7 @@ from typing import IO, cast
 import zstandard
 
 from verl_consistency.entrypoints.load.fetch import CHUNK, LoadError
-from verl_consistency.postprocess.output.bundle import BundleError, safe_member_name
+from verl_consistency.postprocess.output.bundle import BundleError, make_dirs_below, safe_member_name
 
 _ZSTD = b"\x28\xb5\x2f\xfd"
 _GZIP = b"\x1f\x8b"
@@ -101,9 +100,9 @@ def unpack(path: Path, compression: Compression, into: Path, name: str) -> tuple
                 member_name = safe_member_name(member)
                 target = root.joinpath(*PurePosixPath(member_name).parts)
                 if member.isdir():
-                    _mkdirs(root, target)
+                    make_dirs_below(root, target)
                     continue
-                _mkdirs(root, target.parent)
+                make_dirs_below(root, target.parent)
                 src = tar.extractfile(member)
                 assert src is not None
                 size += _write_new(target, src, member_name, name)
@@ -126,18 +125,6 @@ def _write_new(target: Path, src: IO[bytes], member_name: str, name: str) -> int
             out.write(chunk)
             n += len(chunk)
     return n
-
-
-def _mkdirs(root: Path, path: Path) -> None:
-    """Create ``path``'s folders below ``root`` one by one, refusing anything but a plain folder."""
-    cur = root
-    for part in path.relative_to(root).parts:
-        cur = cur / part
-        try:
-            os.mkdir(cur)
-        except FileExistsError:
-            if not stat.S_ISDIR(os.lstat(cur).st_mode):
-                raise BundleError(f"{cur.relative_to(root)}: a file and a folder of the same name") from None
 
 
 def single_top_folder(folder: Path) -> Path:

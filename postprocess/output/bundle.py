@@ -396,7 +396,7 @@ def extract(bundle: Path, dest: Path) -> CheckResult:
 
     def sink(name: str, member: tarfile.TarInfo, src: IO[bytes] | None) -> tuple[int, str] | None:
         target = root.joinpath(*PurePosixPath(name).parts)
-        _mkdirs(root, target if src is None else target.parent)
+        make_dirs_below(root, target if src is None else target.parent)
         if src is None:
             return None
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
@@ -423,8 +423,10 @@ def extract(bundle: Path, dest: Path) -> CheckResult:
     return result
 
 
-def _mkdirs(root: Path, path: Path) -> None:
-    """Create ``path``'s folders one by one, refusing anything that is not a plain folder."""
+def make_dirs_below(root: Path, path: Path) -> None:
+    """Create ``path``'s folders below ``root`` one by one, refusing anything that is not a plain
+    folder (a link planted where a folder goes). The bundle reader's, and the model loader's
+    (``entrypoints/load/unpack.py``)."""
     cur = root
     for part in path.relative_to(root).parts:
         cur = cur / part
