@@ -48,6 +48,34 @@ def test_update_actor_record_round_trips_and_tolerates_new_fields():
     assert rec.model_extra == {"from_the_future": True}
 
 
+def test_weight_version_is_optional_on_both_sides_and_written_only_when_known(tmp_path):
+    """Older logs (and the recipe's) have no weight_version: they read as None, so the pairing
+    pairs them as before; a known version round-trips, an unknown one is not written at all."""
+    old_dispatch = {
+        "timestamp": "t",
+        "pid": 1,
+        "rank": 0,
+        "step": 0,
+        "phase": "prefill",
+        "total_num_scheduled_tokens": 3,
+        "requests": [{"request_id": "a", "type": "new", "tokens": 3}],
+    }
+    old_actor = {"timestamp": "t", "pid": 2, "rank": 0, "step": 0, "request_ids": ["a"], "num_requests": 1}
+    assert records.DispatchRecord.model_validate(old_dispatch).weight_version is None
+    assert records.UpdateActorRecord.model_validate(old_actor).weight_version is None
+
+    path = tmp_path / records.UPDATE_ACTOR_LOG
+    w = records.JsonlWriter(path)
+    w.write(records.DispatchRecord.model_validate(old_dispatch | {"weight_version": 3}))
+    w.write(records.UpdateActorRecord.model_validate(old_actor | {"weight_version": 4}))
+    w.write(records.UpdateActorRecord.model_validate(old_actor))
+    w.close()
+    written = [orjson.loads(x) for x in path.read_bytes().splitlines()]
+    assert [r.get("weight_version", "absent") for r in written] == [3, 4, "absent"]
+    with pytest.raises(ValueError, match="weight_version"):
+        records.UpdateActorRecord.model_validate(old_actor | {"weight_version": "step 4"})
+
+
 def test_writer_appends_so_a_restarted_worker_keeps_earlier_lines(tmp_path):
     path = tmp_path / records.UPDATE_ACTOR_LOG
     for step in range(2):

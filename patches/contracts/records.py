@@ -59,6 +59,13 @@ class _Record(RecordHeader):
     )
 
 
+WEIGHT_VERSION_DOC = (
+    "the trainer's global step whose weights computed this record (dispatch: the step of the last "
+    "weight sync that this vLLM worker received; training: the trainer's global step at this "
+    "forward); absent in older logs and the recipe's"
+)
+
+
 class ScheduledRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -76,7 +83,17 @@ class ScheduledRequest(BaseModel):
 
 
 class DispatchRecord(_Record):
-    """One vLLM model-runner step, written where msprobe's ``debugger.start`` runs."""
+    """One vLLM model-runner step, written where msprobe's ``debugger.start`` runs.
+
+    ``weight_version`` is why a collection run under RL can be paired at all: the weights move,
+    and a prefill only compares with a training forward that ran the same weights. vLLM's
+    weights are those of the last sync it received, and in the async modes a request can be
+    generated with step k's weights and trained at step k+1 or later (staleness). Both sides
+    number the same weights the same: the sync that hands vLLM the weights that the trainer's
+    forward of global step k runs with carries k, and so does that forward's
+    :class:`UpdateActorRecord`. The pairing pairs equal versions only (``weights_differ``
+    otherwise); a record without one (older logs, the recipe's format) pairs as before.
+    """
 
     source: Literal["dispatch_logger"] = "dispatch_logger"
     phase: Literal["prefill", "decode"]
@@ -98,10 +115,15 @@ class DispatchRecord(_Record):
         description="per-request lanes (hooks/msprobe_lanes.py): lane k's dump is step{N}/<rank>/req{k}/ "
         "and holds the rows of the k-th id here alone",
     )
+    weight_version: int | None = Field(default=None, description=WEIGHT_VERSION_DOC)
 
 
 class UpdateActorRecord(_Record):
-    """One training micro batch (FSDP) or ``forward_step`` (Megatron) that msprobe dumped."""
+    """One training micro batch (FSDP) or ``forward_step`` (Megatron) that msprobe dumped.
+
+    ``weight_version`` is the trainer's global step at this forward: the weights it ran with,
+    numbered as :class:`DispatchRecord` numbers vLLM's (the pairing pairs equal versions only).
+    """
 
     source: Literal["update_actor"] = "update_actor"
     phase: Literal["log_prob", "update_actor"] | None = None
@@ -113,6 +135,7 @@ class UpdateActorRecord(_Record):
         description="per-request lanes (hooks/msprobe_lanes.py): lane k's dump is step{N}/<rank>/req{k}/ "
         "and holds the rows of the k-th id here alone",
     )
+    weight_version: int | None = Field(default=None, description=WEIGHT_VERSION_DOC)
 
 
 def now() -> str:

@@ -9,12 +9,14 @@ directly keeps the postprocess image free of a plotting stack.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup, escape
 
 from verl_consistency.contracts.atomic import write_text_atomic
 from verl_consistency.postprocess.compare.verdict import (
@@ -29,7 +31,8 @@ from verl_consistency.postprocess.compare.verdict import (
     judge,
     rel_bounds,
 )
-from verl_consistency.postprocess.pairing.pair_types import Pair, Unpaired
+from verl_consistency.postprocess.pairing.pair_types import Pair, Unpaired, UnpairedReason
+from verl_consistency.postprocess.pairing.reasons import MEANING
 
 REPORT_HTML = "report.html"
 SUMMARY_MD = "summary.md"
@@ -178,7 +181,21 @@ def _env() -> Environment:
         lstrip_blocks=True,
     )
     env.filters["fmt"] = _fmt
+    env.filters["code_spans"] = _code_spans
     return env
+
+
+def _code_spans(text: str) -> Markup:
+    """A reason's meaning in HTML: escaped, its `backticked` names as <code>."""
+    return Markup(re.sub(r"`([^`]*)`", r"<code>\1</code>", str(escape(text))))
+
+
+def _meaning(reason: str) -> str:
+    """What an unpaired reason means (``pairing/reasons.py``), '' for one this version does not know."""
+    try:
+        return MEANING[UnpairedReason(reason)]
+    except ValueError:
+        return ""
 
 
 def _context(
@@ -219,7 +236,7 @@ def _context(
         "verdicts": verdicts,
         "overall": overall,
         "common_first": first.most_common(1)[0] if first else None,
-        "reasons": sorted(reasons.items(), key=lambda kv: -kv[1]),
+        "reasons": [(r, n, _meaning(r)) for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])],
         "unpaired": list(unpaired)[:_UNPAIRED_ROWS],
         "unpaired_total": max(len(unpaired), sum(reasons.values())),
         "any_statistics": any(c.task == "statistics" for c in ok),

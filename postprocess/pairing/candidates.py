@@ -92,6 +92,8 @@ class Candidate:
     dir: str | None = None
     lane: int | None = None
     """Per-request lanes (``lane_request_ids``): the request's dump is ``req{lane}`` in the rank folder."""
+    version: int | None = None
+    """The record's ``weight_version`` (:mod:`.weight_versions`); None: unknown, agrees with any."""
 
     def dump_ref(self) -> DumpRef:
         """The step folder, once located (``request_match.locate`` sets ``dir``)."""

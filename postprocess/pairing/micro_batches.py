@@ -14,6 +14,7 @@ from verl_consistency.postprocess.pairing.candidates import Candidate, Progress,
 from verl_consistency.postprocess.pairing.discover import LogFile
 from verl_consistency.postprocess.pairing.pair_types import UnpairedReason
 from verl_consistency.postprocess.pairing.reasons import Reporter
+from verl_consistency.postprocess.pairing.weight_versions import read_version
 
 _STR = frozenset((str,))
 
@@ -54,6 +55,7 @@ def read_actor(logs: list[LogFile], rep: Reporter, tick: Progress) -> TrainingBa
                 continue
             try:
                 lanes = lane_ids(o, set(ids), "request_ids")
+                version = read_version(o)
             except TypeError as exc:
                 discover.bad_line(rep, log, lineno, f"not an update_actor record: {exc}")
                 continue
@@ -85,6 +87,7 @@ def read_actor(logs: list[LogFile], rep: Reporter, tick: Progress) -> TrainingBa
                             phase=phase if isinstance(phase, str) else None,
                             backend=o.get("backend"),
                             lane=lane,
+                            version=version,
                         )
                     )
             if not ids:

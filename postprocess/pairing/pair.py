@@ -12,9 +12,11 @@ are reported as ``bad_log_line`` ``file:line`` and their ids are not seen at all
   least one request, each with ``type`` ``new`` or ``cached`` and integer ``tokens``;
   ``prompt_tokens`` and ``num_computed_tokens`` of its target integers or absent; a
   ``scoped_request_id`` (or ``captured_request_id``) naming one of its requests; a
-  ``lane_request_ids`` a list of distinct ids, each naming one of its requests.
+  ``lane_request_ids`` a list of distinct ids, each naming one of its requests; a
+  ``weight_version`` an integer, null or absent.
 * training: integer ``step``, ``rank``, ``pid``; ``request_ids`` a list of strings; a
-  ``lane_request_ids`` a list of distinct ids among ``request_ids``.
+  ``lane_request_ids`` a list of distinct ids among ``request_ids``; a ``weight_version`` an
+  integer, null or absent.
 
 **Request ids.** A request is named by the id verl sent. Training ids are verl's own and are
 used verbatim, never cut. A vLLM id ``v`` names: ``v`` itself if the training side holds ``v``
@@ -68,17 +70,23 @@ in sorted id order:
 
 1. n>1: only the lowest child (no child before child 0) is kept; every other child's usable
    prefill is listed as a ``rollout_step`` ``duplicate_id``;
-2. each step's dump folder is located (``dump_path``, then the log's folder, then the side's
+2. weights (``weight_versions.py``): a step's *version* is its record's ``weight_version``, or
+   none. When both sides hold at least one version, the request's version is the lowest ``v``
+   for which each side has a step of version ``v`` or of none; every step of another version
+   is listed as a ``rollout_step`` / ``actor_step`` ``weights_differ``. No such ``v`` -> the
+   request is ``weights_differ`` (its detail names both sides' versions). A side with no
+   version at all (older logs, the recipe's format) sets nothing aside;
+3. each step's dump folder is located (``dump_path``, then the log's folder, then the side's
    root; ``step{N}``/``step_{N}``, then the rank folder, then a lane's ``req{k}``):
    ``dump_missing`` or ``outside_run``
    per step when that fails; nothing left on a side -> the request is ``dump_missing``;
-3. per rank the first wins: rollout by ``(timestamp, pid, step, line)``; training ``log_prob``
+4. per rank the first wins: rollout by ``(timestamp, pid, step, line)``; training ``log_prob``
    first, then by ``(timestamp, pid, step, line)``; the others are listed ``duplicate_id`` /
    ``repeated_micro_batch``;
-4. tensor parallelism: the same number of ranks on both sides -> rank *i* with rank *i*
+5. tensor parallelism: the same number of ranks on both sides -> rank *i* with rank *i*
    (sorted); otherwise the lowest with the lowest, and every other rank is listed
    ``tp_sharding_mismatch``;
-5. both ``dump.json`` of each pair must be regular files holding msprobe's JSON (bare NaN and
+6. both ``dump.json`` of each pair must be regular files holding msprobe's JSON (bare NaN and
    Infinity allowed), and ``stack.json``/``construct.json``, if present, regular files: else
    the pair is dropped and the folder listed ``dump_unreadable``; a request whose every pair
    was dropped is ``dump_unreadable``.
@@ -87,8 +95,8 @@ in sorted id order:
 exactly one place: at least one pair, or one ``request`` entry whose reason is, first rule
 that applies:
 
-* usable prefill and usable micro batch: as the matching said (``dump_missing``,
-  ``dump_unreadable``), or paired;
+* usable prefill and usable micro batch: as the matching said (``weights_differ``,
+  ``dump_missing``, ``dump_unreadable``), or paired;
 * usable prefill, no usable micro batch: ``multi_request_micro_batch`` if a multi-request micro
   batch holds it, else ``no_training_micro_batch``;
 * no usable prefill: the reason of its first unusable appearance (a new request or a
@@ -236,7 +244,7 @@ def pair_run(
 
 def rollout_dump(result: PairingResult, request_id: str) -> RolloutDump:
     """The rollout dumps of one request (verl's id) by rank, by the rules above, whether or not a
-    training micro batch holds it: Matching step 1 (lowest n>1 child) and step 2 (locate; the
+    training micro batch holds it: Matching step 1 (lowest n>1 child) and steps 3-4 (locate; the
     first prefill per rank), or the request's verdict when it has no usable prefill (the
     reasons of "One verdict per request" that do not need the training side)."""
     index = result.rollout

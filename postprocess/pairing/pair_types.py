@@ -89,6 +89,7 @@ class UnpairedReason(StrEnum):
     REPEATED_MICRO_BATCH = "repeated_micro_batch"
     LOG_UNREADABLE = "log_unreadable"
     NO_REQUEST_ID = "no_request_id"
+    WEIGHTS_DIFFER = "weights_differ"
 
 
 class Unpaired(_Model):

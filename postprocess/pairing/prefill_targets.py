@@ -30,6 +30,7 @@ from verl_consistency.postprocess.pairing.candidates import (
 from verl_consistency.postprocess.pairing.discover import LogFile
 from verl_consistency.postprocess.pairing.pair_types import UnpairedReason
 from verl_consistency.postprocess.pairing.reasons import Reporter
+from verl_consistency.postprocess.pairing.weight_versions import read_version
 
 R = UnpairedReason
 
@@ -75,6 +76,7 @@ def read_rollout(logs: list[LogFile], train: Container[str], rep: Reporter, tick
                     p.decode_vids.update(vids)
                     continue
                 targets = _prefill_targets(o, reqs)
+                version = read_version(o)
             except (KeyError, TypeError, AttributeError) as exc:
                 discover.bad_line(rep, log, lineno, f"not a dispatch_logger record: {why(exc)}")
                 continue
@@ -86,7 +88,7 @@ def read_rollout(logs: list[LogFile], train: Container[str], rep: Reporter, tick
                 p.bulk[R.MULTI_REQUEST_STEP] += 1
                 continue
             for t in targets:
-                p.target(o, log, (li, lineno, t.index), reqs, worker, attn, t)
+                p.target(o, log, (li, lineno, t.index), reqs, (worker, version), attn, t)
     tick("rollout logs", len(logs), len(logs))
     return p.finish()
 
@@ -240,12 +242,13 @@ class _Pass:
         log: LogFile,
         pos: Pos,
         reqs: list[dict[str, Any]],
-        worker: tuple[int, int, int],
+        record: tuple[tuple[int, int, int], int | None],
         attn: Any,
         tgt: Target,
     ) -> None:
-        """A prefill step's target, by rules 1-7 (rule 5 waits for the whole log)."""
-        step, rank, pid = worker
+        """A prefill step's target, by rules 1-7 (rule 5 waits for the whole log). ``record`` is
+        the step's ``(step, rank, pid)`` and its ``weight_version``."""
+        (step, rank, pid), version = record
         prompt, computed = tgt.prompt, tgt.computed
         t = reqs[pos[2]]
         vid = t["request_id"]
@@ -287,6 +290,7 @@ class _Pass:
                 prompt_tokens=prompt if prompt is not None else tokens,
                 scoped=scoped,
                 lane=tgt.lane,
+                version=version,
             )
             dumped = o.get("dumped", True) is not False
             if prompt is None:

@@ -15,6 +15,38 @@ from verl_consistency.postprocess.pairing.pair_types import Unpaired, UnpairedRe
 LIST_CAP = 10_000
 """Reported reasons listed one by one per (subject, reason); beyond that they are only counted."""
 
+R = UnpairedReason
+
+MEANING: dict[UnpairedReason, str] = {
+    R.DECODE_ONLY: "a decode step; a request seen only decoding (its prefill is in no log)",
+    R.MULTI_REQUEST_STEP: "the prefill held several requests and gave this one no lane "
+    "(not captured, or not computed whole there)",
+    R.CHUNKED_PREFILL: "only part of the prompt was scheduled, a later chunk, "
+    "or a request resumed after preemption",
+    R.PREFIX_CACHE_HIT: "part of the prompt came from the prefix cache",
+    R.SPEC_DECODING: "a speculative-decoding step (and a new request in it)",
+    R.NOT_DUMPED: "selective mode skipped the dump",
+    R.NO_TRAINING_MICRO_BATCH: "no training log line holds the request",
+    R.MULTI_REQUEST_MICRO_BATCH: "the micro batch held several requests and gave this one no lane "
+    "(Megatron, or a record without `lane_request_ids`)",
+    R.NO_REQUEST_ID: "a micro batch with no request ids (the id did not reach the engine)",
+    R.NO_ROLLOUT_PREFILL: "only the training side holds it: no dispatch log line has it at all",
+    R.REPEATED_MICRO_BATCH: "a later micro batch of an already paired request",
+    R.DUPLICATE_ID: "the same request prefilled twice on one rank, or an n>1 sibling's prefill",
+    R.TP_SHARDING_MISMATCH: "a TP rank left out because the sharding differs",
+    R.DUMP_MISSING: "the step's dump folder is not there",
+    R.DUMP_UNREADABLE: "`dump.json` is truncated, corrupt, not msprobe's or not a regular file; "
+    "`stack.json`/`construct.json` not a regular file",
+    R.OUTSIDE_RUN: "a `dump_path` or symlink that leads outside the dump folder: not followed",
+    R.BAD_LOG_LINE: "not JSON, not a record of the expected shape, or longer than 4 MiB",
+    R.LOG_UNREADABLE: "a folder, fifo, socket, device, dangling link or unreadable file where a log "
+    "should be; a log in a folder whose name is not UTF-8",
+    R.WEIGHTS_DIFFER: "vLLM computed with other weights than the trainer's forward "
+    "(`weight_version` differs: staleness in the async modes); the detail names both steps",
+}
+"""What each reason means, as the report's "Not paired" table says it (and postprocess/README.md's
+"Reasons", word for word: ``tests/postprocess/test_weight_versions.py`` holds them together)."""
+
 
 @dataclass
 class Reporter:

@@ -1,7 +1,7 @@
 """Which training record matches which request: usable prefills and usable micro batches in,
 pairs out.
 
-The rules are ``postprocess/pairing/pair.py``'s docstring ("Matching", steps 1-5, and the verdict of
+The rules are ``postprocess/pairing/pair.py``'s docstring ("Matching", steps 1-6, and the verdict of
 a request with a usable prefill). The inputs are what :mod:`.prefill_targets` and
 :mod:`.micro_batches` found usable; every request that reaches here leaves with at least one
 pair or one ``request`` verdict, and every step set aside on the way is reported.
@@ -22,6 +22,7 @@ from verl_consistency.postprocess.pairing.candidates import Candidate, Progress
 from verl_consistency.postprocess.pairing.discover import Roots
 from verl_consistency.postprocess.pairing.pair_types import Pair, Unpaired, UnpairedReason
 from verl_consistency.postprocess.pairing.reasons import Reporter
+from verl_consistency.postprocess.pairing.weight_versions import same_weights
 
 R = UnpairedReason
 
@@ -53,7 +54,7 @@ def match_requests(
     tick: Progress,
     default_backend: str,
 ) -> Matched:
-    """Pair each request that has a usable prefill, in sorted id order (Matching, steps 1-4)."""
+    """Pair each request that has a usable prefill, in sorted id order (Matching, steps 1-5)."""
     roll_by_key, act_by_key = by_request(rolls), by_request(acts)
     pairs: list[Pair] = []
     pair_key: list[str] = []
@@ -83,8 +84,12 @@ def match_requests(
 def _match_one(
     roots: Roots, key: str, rolls: list[Candidate], acts: list[Candidate], rep: Reporter
 ) -> list[tuple[Candidate, Candidate]]:
-    """One request's (rollout, training) steps to pair: steps 1-4, or its ``dump_missing`` verdict."""
-    rolls = pick_child(rolls, rep)
+    """One request's (rollout, training) steps to pair: steps 1-5, or its ``weights_differ`` or
+    ``dump_missing`` verdict."""
+    same = same_weights(key, pick_child(rolls, rep), acts, rep)
+    if same is None:
+        return []
+    rolls, acts = same
     rolls = [c for c in rolls if locate(roots, c, rep)]
     acts = [c for c in acts if locate(roots, c, rep)]
     if not rolls or not acts:
@@ -251,7 +256,7 @@ def _make_pair(r: Candidate, a: Candidate, default_backend: str, used: set[str])
 
 
 def drop_unreadable(roots: Roots, m: Matched, rep: Reporter, tick: Progress) -> Matched:
-    """Step 5: drop every pair with an unreadable dump; a request left with no pair is
+    """Step 6: drop every pair with an unreadable dump; a request left with no pair is
     ``dump_unreadable``."""
     keep = _check_dumps(roots, m.pairs, rep, tick)
     dropped: dict[str, str] = {}

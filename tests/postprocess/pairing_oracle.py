@@ -5,9 +5,10 @@ into a list, then one rule after the other, in the docstring's order: (1) the tr
 requests a micro batch of one (or a lane) holds; (2) the rollout side, every line and request as
 (position, what it was), a prefill of one request (or a scoped one, or a lane) a candidate;
 (3) once the whole log is known, a candidate whose prefill continues later is a chunk, and one not
-dumped is none; (4) the matching per request: the child kept, its dump folders, the first micro
-batch per rank on both sides, TP ranks rank by rank, readable dumps only; (5) one verdict for
-everyone else. Deliberately unlike pairing.py's structure, so that a shared mistake is unlikely.
+dumped is none; (4) the matching per request: the child kept, the weight versions, its dump
+folders, the first micro batch per rank on both sides, TP ranks rank by rank, readable dumps only;
+(5) one verdict for everyone else. Deliberately unlike pairing.py's structure, so that a shared
+mistake is unlikely.
 """
 
 from __future__ import annotations
@@ -128,6 +129,11 @@ def _ids_header(o: Line) -> bool:
     return all(_isint(o.get(k)) for k in ("step", "rank", "pid"))
 
 
+def _version_ok(o: Line) -> bool:
+    """``weight_version``: absent, null or an integer (a bool is none of them)."""
+    return o.get("weight_version") is None or _isint(o["weight_version"])
+
+
 def _key(vid: str, train: set[str]) -> tuple[str, int | None]:
     if vid in train:
         return vid, None
@@ -159,6 +165,7 @@ def _valid_actor_line(o: Line) -> bool:
     lanes = o.get("lane_request_ids")
     return (
         _ids_header(o)
+        and _version_ok(o)
         and isinstance(ids, list)
         and all(isinstance(i, str) for i in ids)
         and (
@@ -236,7 +243,11 @@ def _rollout_targets(o: Line) -> tuple[bool, bool, list[tuple[int, int | None]]]
     is_decode = ok and (o["phase"] == "decode" or o.get("attn_state") == "DecodeOnly")
     if not ok or is_decode:
         return ok, is_decode, []
-    ok = bool(reqs) and all(q.get("type") in ("new", "cached") and _isint(q.get("tokens")) for q in reqs)
+    ok = (
+        bool(reqs)
+        and all(q.get("type") in ("new", "cached") and _isint(q.get("tokens")) for q in reqs)
+        and _version_ok(o)
+    )
     targets: list[tuple[int, int | None]] = []
     lanes = o.get("lane_request_ids")
     cap = o.get("scoped_request_id") or o.get("captured_request_id")
@@ -435,11 +446,37 @@ def _kept_child(rolls: list[Line], v: Verdicts) -> list[Line]:
     return [c for c in rolls if c["_child"] == keep]
 
 
+def _same_weights(
+    key: str, rolls: list[Line], acts: list[Line], v: Verdicts
+) -> tuple[list[Line], list[Line]] | None:
+    """Candidates that ran the same weights: for each known version, lowest first, those of that
+    version or of none; the first version that leaves both sides something wins. A side that
+    knows no version at all: everything stays."""
+
+    def version(c: Line) -> int | None:
+        return c.get("weight_version")
+
+    if all(version(c) is None for c in rolls) or all(version(c) is None for c in acts):
+        return rolls, acts
+    for want in sorted({version(c) for c in rolls + acts} - {None}):
+        r = [c for c in rolls if version(c) in (None, want)]
+        a = [c for c in acts if version(c) in (None, want)]
+        if r and a:
+            v.counts[("rollout_step", "weights_differ")] += len(rolls) - len(r)
+            v.counts[("actor_step", "weights_differ")] += len(acts) - len(a)
+            return r, a
+    v.requests[key] = "weights_differ"
+    return None
+
+
 def _match_request(
     run: _Run, key: str, sides: tuple[list[Line], list[Line]], checked: dict[str, bool], v: Verdicts
 ) -> None:
-    rolls, acts = sides
-    rolls = [dict(c, _dir=d) for c in _kept_child(rolls, v) if (d := _locate(run, c, "rollout", v))]
+    same = _same_weights(key, _kept_child(sides[0], v), sides[1], v)
+    if same is None:
+        return
+    rolls, acts = same
+    rolls = [dict(c, _dir=d) for c in rolls if (d := _locate(run, c, "rollout", v))]
     acts = [dict(c, _dir=d) for c in acts if (d := _locate(run, c, "actor", v))]
     if not rolls or not acts:
         v.requests[key] = "dump_missing"

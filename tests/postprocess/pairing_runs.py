@@ -49,6 +49,8 @@ class Step:
     scoped: str | None = None
     lanes: list[str] | None = None
     """Per-request lanes (``lane_request_ids``): lane k's dump is ``req{k}`` in the rank folder."""
+    version: int | None = None
+    """``weight_version``: the weights this replica last received (None: not logged)."""
 
 
 @dataclass
@@ -57,6 +59,8 @@ class MicroBatch:
     ids: list[str]
     phase: str
     lanes: list[str] | None = None
+    version: int | None = None
+    """``weight_version``: the trainer's global step at this forward (None: not logged)."""
 
 
 @dataclass
@@ -90,7 +94,9 @@ def schedule(rnd: random.Random) -> Schedule:
     batches = _micro_batches(rnd, keys, train_ranks)
     damage = _damage(rnd, steps, batches, tp)
     junk = _junk(rnd, replicas * tp, train_ranks)
-    return Schedule(tp, replicas, steps, batches, damage, junk, rnd.random() < 0.3)
+    ts_ties = rnd.random() < 0.3
+    _versions(rnd, steps, batches)
+    return Schedule(tp, replicas, steps, batches, damage, junk, ts_ties)
 
 
 def _requests(rnd: random.Random) -> list[Request]:
@@ -258,6 +264,32 @@ def _micro_batches(rnd: random.Random, keys: list[str], train_ranks: int) -> lis
     return batches
 
 
+def _versions(rnd: random.Random, steps: list[Step], batches: list[MicroBatch]) -> None:
+    """Weight versions, drawn last (a seed's run is otherwise the one it was before versions):
+    none at all (an older run), on every record, or on some. A replica's version only grows (a
+    sync now and then); a micro batch's is drawn from the same few steps, so that versions agree
+    as often as they differ (staleness), and some requests are trained again with other weights
+    (so that a side holds several versions, and which one pairs matters)."""
+    mode = rnd.choice(["none", "all", "all", "some"])
+    if mode == "none":
+        return
+    current: dict[int, int] = {}
+    for s in steps:
+        if s.replica not in current:
+            current[s.replica] = rnd.randint(0, 1)
+        elif rnd.random() < 0.25:
+            current[s.replica] += 1
+        v = current[s.replica]
+        s.version = None if mode == "some" and rnd.random() < 0.3 else v
+    for b in batches:
+        v = rnd.randint(0, 2)
+        b.version = None if mode == "some" and rnd.random() < 0.3 else v
+    for b in list(batches):
+        if len(b.ids) == 1 and rnd.random() < 0.3:  # the same request trained again, other weights
+            phase = rnd.choice(["log_prob", "update_actor"])
+            batches.append(MicroBatch(b.ranks, list(b.ids), phase, version=rnd.randint(0, 3)))
+
+
 def _damage(
     rnd: random.Random, steps: list[Step], batches: list[MicroBatch], tp: int
 ) -> dict[tuple[str, int, int, int], str]:
@@ -286,6 +318,9 @@ BAD_LINES = [
     b'{"pad": "' + b"x" * (LINE_CAP + 100) + b'"}',
     b"",
     b'{"truncated": ',
+    b'{"pid": 1, "rank": 0, "step": 0, "request_ids": ["x"], "num_requests": 1, "weight_version": "3"}',
+    b'{"pid": 1, "rank": 0, "step": 0, "phase": "prefill", "weight_version": true, '
+    b'"requests": [{"request_id": "w", "type": "new", "tokens": 2}]}',
 ]
 """Malformed, ill-typed, empty and over-long lines, slipped into the logs."""
 
@@ -414,6 +449,8 @@ def _dispatch_record(st_: Step, pid: int, rank: int, tick: int, recipe: bool) ->
             rec["scoped_request_id"] = st_.scoped
         if st_.lanes:
             rec["lane_request_ids"] = st_.lanes
+        if st_.version is not None:
+            rec["weight_version"] = st_.version
     return rec
 
 
@@ -442,6 +479,8 @@ def _write_actor(w: _Writing) -> None:
                 rec.update(phase=b.phase, backend="fsdp", dump_path=f"actor/{pid}")
                 if b.lanes:
                     rec["lane_request_ids"] = b.lanes
+                if b.version is not None:
+                    rec["weight_version"] = b.version
             recs_by_rank[rank].append(rec)
             base = w.act if recipe else w.act / str(pid)
             damage = s.damage.get(("actor", rank, rank, step))

@@ -162,6 +162,7 @@ class RunTree:
         task: str = "statistics",
         rank_folder: str | None = None,
         step_folder: str | None = None,
+        weight_version: int | None = None,
     ) -> Path | None:
         proc_dir = self.rollout_root / str(pid)
         rec: dict[str, Any] = {
@@ -180,6 +181,8 @@ class RunTree:
             rec["dumped"] = False
         if captured:
             rec["scoped_request_id"] = captured
+        if weight_version is not None:
+            rec["weight_version"] = weight_version
         if not self.recipe:
             rec["dump_path"] = layout.relative_to_run(proc_dir, self.run_dir)
             rec["schema_version"] = records.SCHEMA_VERSION
@@ -208,6 +211,7 @@ class RunTree:
         task: str = "statistics",
         rank_folder: str | None = None,
         ts: str | None = None,
+        weight_version: int | None = None,
     ) -> Path | None:
         proc_dir = self.actor_root / str(pid)
         rec: dict[str, Any] = {
@@ -222,6 +226,8 @@ class RunTree:
         }
         if backend:
             rec["backend"] = backend
+        if weight_version is not None:
+            rec["weight_version"] = weight_version
         if not self.recipe:
             rec["dump_path"] = layout.relative_to_run(proc_dir, self.run_dir)
         records.UpdateActorRecord.model_validate(rec)

@@ -5,11 +5,12 @@ per rank), requests that are new, cached, decoding (one token, or one plus specu
 chunked, prefix-cache hits, resumed after preemption, n>1 children and the same request sent
 twice; training micro batches of one, several or no requests on one or all trainer ranks, in
 both phases; missing and damaged dump folders (gone, truncated dump.json, a fifo for dump.json
-or stack.json); malformed and over-long log lines. Each run is written twice, in the project's
+or stack.json); malformed and over-long log lines; weight versions on no record, on every
+record or on some, agreeing or not (staleness). Each run is written twice, in the project's
 log format (the hooks' fields: ``prompt_tokens``, ``num_computed_tokens``, ``attn_state``,
-``dumped``, ``scoped_request_id``, ``lane_request_ids`` on both sides (per-request lanes in
-``req{k}`` folders), ``dump_path``, and the ``spec_tokens`` extension) and in the
-public recipe's (none of them; ``step_N/rank_M`` folders; actor dumps under the actor root).
+``dumped``, ``scoped_request_id``, ``lane_request_ids`` and ``weight_version`` on both sides
+(per-request lanes in ``req{k}`` folders), ``dump_path``, and the ``spec_tokens`` extension) and
+in the public recipe's (none of them; ``step_N/rank_M`` folders; actor dumps under the actor root).
 
 The runs are drawn and written by ``pairing_runs``. The oracle (``pairing_oracle``) reads the
 written files itself (stdlib json, no discovery code, no pairing code) and applies the rules as
@@ -17,12 +18,14 @@ pairing.py's docstring states them, the plain way: every line into a list, then 
 the other. Both must agree on every pair, every request's
 verdict, every reason's count and every bad line; and every request seen ends in exactly one
 place. A third, ground-truth check: in the project's format no pair is ever a chunk or a
-prefix-cache hit (the recipe's format cannot show a prefix hit, so only chunks are checked).
+prefix-cache hit (the recipe's format cannot show a prefix hit, so only chunks are checked), nor
+a prefill and a micro batch that ran different weights.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -33,7 +36,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.postprocess.pairing_oracle import Verdicts, oracle
-from tests.postprocess.pairing_runs import LINE_CAP, Schedule, write_run
+from tests.postprocess.pairing_runs import LINE_CAP, MicroBatch, Schedule, Step, write_run
 from tests.postprocess.pairing_runs import schedule as _schedule  # the name Hypothesis' seed hashes
 from verl_consistency.postprocess.pairing import discover
 from verl_consistency.postprocess.pairing.discover import Roots
@@ -82,6 +85,22 @@ def _truth(s: Schedule) -> dict[str, str]:
     return {v: "chunk1" if t == "chunk" and later[v] <= {1} else t for v, t in truth.items()}
 
 
+def _versions_of(s: Schedule, pair: Any) -> tuple[int | None, int | None]:
+    """The weight versions that the schedule gave a pair's prefill step and micro batch, found
+    from its dump folders (``rollout/<pid>/step<N>/rank<r>``, ``actor/<pid>/step<n>/rank<r>``):
+    the writer's pids are 1000 + 10 * replica + rank and 2000 + rank, and a trainer rank's
+    step n is its n-th micro batch."""
+    m = re.match(r"rollout/(\d+)/step(\d+)/", pair.rollout.dir)
+    assert m, pair.rollout.dir
+    replica, step_n = (int(m.group(1)) - 1000) // 10, int(m.group(2))
+    step: Step = next(x for x in s.steps if (x.replica, x.step) == (replica, step_n))
+    m = re.match(r"actor/(\d+)/step(\d+)/", pair.actor.dir)
+    assert m, pair.actor.dir
+    rank, n = int(m.group(1)) - 2000, int(m.group(2))
+    batch: MicroBatch = [b for b in s.batches if rank in b.ranks][n]
+    return step.version, batch.version
+
+
 @settings(settings.get_profile("pairing-ci"))
 @given(st.integers(min_value=0, max_value=2**63 - 1))
 def test_pairing_agrees_with_a_plain_oracle(seed: int):
@@ -108,6 +127,10 @@ def test_pairing_agrees_with_a_plain_oracle(seed: int):
             allowed = ("whole", "hit", "chunk1") if recipe else ("whole",)
             for p in res.pairs:
                 assert truth.get(p.vllm_request_id, "whole") in allowed, (fmt, p)
+                if not recipe:  # never two sets of weights (the recipe's format has no versions)
+                    roll_v, act_v = _versions_of(s, p)
+                    assert roll_v is None or act_v is None or roll_v == act_v, (fmt, p, roll_v, act_v)
+                    STATS[fmt, "pairs with versions"] += roll_v is not None and act_v is not None
             STATS[fmt, "examples"] += 1
             STATS[fmt, "pairs"] += len(res.pairs)
             STATS[fmt, "requests"] += res.requests_seen

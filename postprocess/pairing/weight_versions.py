@@ -1,0 +1,89 @@
+"""Which prefills and micro batches of one request ran the same weights (``pair.py``'s
+docstring, "Matching", step 2).
+
+Under RL the weights move: vLLM computes with the weights of the last sync it received, and in
+the async modes a request generated with step k's weights is trained at step k+1 or later
+(staleness). Such a prefill and such a micro batch differ by the weights alone, so comparing them
+would blame the engines for an optimizer step. Each record says which weights it ran with
+(``weight_version``, ``contracts/records.py``); only equal versions pair, and a request whose
+versions never agree is ``weights_differ``, with both sides' versions named: staleness, seen.
+A record without a version (older logs, the recipe's format) agrees with every version, so such
+runs pair exactly as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl_consistency.postprocess.pairing.candidates import Candidate
+from verl_consistency.postprocess.pairing.pair_types import Unpaired, UnpairedReason
+from verl_consistency.postprocess.pairing.reasons import Reporter
+
+R = UnpairedReason
+
+
+def read_version(o: dict[str, Any]) -> int | None:
+    """A record's ``weight_version``: an integer, or None when absent or null. Raises
+    ``TypeError`` (the reader reports the line as ``bad_log_line``) for anything else: a
+    version that cannot be compared must not silently pair."""
+    v = o.get("weight_version")
+    if v is not None and type(v) is not int:
+        raise TypeError("weight_version must be an integer")
+    return v
+
+
+def _agrees(c: Candidate, version: int) -> bool:
+    return c.version is None or c.version == version
+
+
+def steps_text(versions: set[int]) -> str:
+    """``step 3`` or ``steps 3, 5``: the versions of one side, for a reason's detail."""
+    ordered = sorted(versions)
+    return ("step " if len(ordered) == 1 else "steps ") + ", ".join(map(str, ordered))
+
+
+def same_weights(
+    key: str, rolls: list[Candidate], acts: list[Candidate], rep: Reporter
+) -> tuple[list[Candidate], list[Candidate]] | None:
+    """One request's prefills and micro batches that ran the same weights.
+
+    When both sides hold at least one version, the request's version is the lowest ``v`` for
+    which each side has a candidate of version ``v`` or of none; the candidates of another
+    version are set aside (each listed as a ``rollout_step``/``actor_step`` ``weights_differ``).
+    When no such ``v`` exists (then every candidate has a version), the request is
+    ``weights_differ`` and None is returned. When a side holds no version at all, nothing is
+    set aside: the pairing is the one it always was.
+    """
+    roll_versions = {c.version for c in rolls if c.version is not None}
+    act_versions = {c.version for c in acts if c.version is not None}
+    if not roll_versions or not act_versions:
+        return rolls, acts
+    for v in sorted(roll_versions | act_versions):
+        if any(_agrees(c, v) for c in rolls) and any(_agrees(c, v) for c in acts):
+            return _set_aside(rolls, v, rep), _set_aside(acts, v, rep)
+    rep.request(
+        key,
+        R.WEIGHTS_DIFFER,
+        "vLLM computed with weights of {}, the trainer's forward was at {}",
+        steps_text(roll_versions),
+        steps_text(act_versions),
+    )
+    return None
+
+
+def _set_aside(cands: list[Candidate], version: int, rep: Reporter) -> list[Candidate]:
+    kept = []
+    for c in cands:
+        if _agrees(c, version):
+            kept.append(c)
+            continue
+        who = "vLLM computed it" if c.side == "rollout" else "the trainer's forward ran"
+        rep(
+            Unpaired(
+                subject="rollout_step" if c.side == "rollout" else "actor_step",
+                ref=c.ref,
+                reason=R.WEIGHTS_DIFFER,
+                detail=f"{who} with weights of step {c.version}; the request pairs at step {version}",
+            )
+        )
+    return kept
