@@ -184,6 +184,16 @@ install() {  # FROM SCRIPTS OVERLAY
   fi
 }
 
+# The one-GPU sizes every verl run here takes (run and token): 16-token responses, sdpa (no flash-attn
+# here), vLLM at GPU_UTIL of the GPU, two agent and reward workers, TransferQueue at two storage units.
+GPU_OVERRIDES=(data.max_response_length=16 data.dataloader_num_workers=0
+  +actor_rollout_ref.model.override_config.attn_implementation=sdpa
+  "actor_rollout_ref.rollout.gpu_memory_utilization=${GPU_UTIL:-0.3}"
+  actor_rollout_ref.rollout.tensor_model_parallel_size=1
+  actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2
+  transfer_queue.backend.SimpleStorage.num_data_storage_units=2 ray_kwargs.ray_init.num_cpus=16
+  trainer.n_gpus_per_node=1 trainer.nnodes=1 "trainer.total_training_steps=${STEPS:-8}" trainer.test_freq=-1)
+
 if [ "$cmd" = run ]; then
   # Each argument is MODE:PHASE (default: both modes' log_prob, then both modes' update_actor).
   RUNS=${*:-"hybrid:log_prob colocate-async:log_prob hybrid:update_actor colocate-async:update_actor"}
@@ -210,14 +220,7 @@ if [ "$cmd" = run ]; then
     local mode=$1 phase=$2 id=h200-next-$1-${2/_/-} s rc; local log=$G/logs/$id; mkdir -p "$log"
     rm -rf "${G:?}/dump/$id"; s=$(date +%s)
     timeout -k 10 "$3" verl-consistency run "$mode" --device cuda --phase "$phase" \
-      --capture fraction:1 --dump-root "$G/dump" --run-id "$id" model="$G/assets/model" \
-      data.max_response_length=16 data.dataloader_num_workers=0 \
-      +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
-      actor_rollout_ref.rollout.gpu_memory_utilization=${GPU_UTIL:-0.3} \
-      actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
-      actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2 \
-      transfer_queue.backend.SimpleStorage.num_data_storage_units=2 ray_kwargs.ray_init.num_cpus=16 \
-      trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.total_training_steps=${STEPS:-8} trainer.test_freq=-1 \
+      --capture fraction:1 --dump-root "$G/dump" --run-id "$id" model="$G/assets/model" "${GPU_OVERRIDES[@]}" \
       >"$log/run.log" 2>&1
     rc=$?; echo "RUN $id rc=$rc wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
     [ "$rc" = 0 ] && [ "${PARALLEL:-0}" != 1 ] && echo $(( $(date +%s) - s )) >"$G/last_wall"
@@ -366,4 +369,26 @@ if [ "$cmd" = check ]; then
   tail -25 "$OUT/check.log"
   exit $rc
 fi
-echo "usage: $0 prepare [STAGE] | pack [STAGE] | stage p1|p2|p3|packed/cN | run [MODE:PHASE ...] | cost | lanes | check" >&2; exit 2
+if [ "$cmd" = token ]; then
+  # Issue 35's check of the defaults: `verl-consistency run hybrid --device cuda --token-level` of THIS
+  # checkout as a user types it (no micro batch, rollout name or reward given: the run's defaults), on
+  # make_assets.py's random bf16 Qwen2, STEPS steps. Writes to $OUT: token-run.log (the run), steps.json
+  # (run.json's `steps`: grad_norm, reward mean, verl's mismatch figures per step).
+  from_checkout token
+  export PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+    VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn RAY_USAGE_STATS_ENABLED=0 HYDRA_FULL_ERROR=1 \
+    WANDB_MODE=disabled
+  if [ ! -d "$G/assets/model" ]; then
+    python3 "$G/parts/make_assets.py" "$G/assets" 2>&1 | tail -3 | tee "$OUT/assets.log" || exit 5; stamp assets
+  fi
+  id=${TOKEN_ID:-h200-next-hybrid-token-level}; rm -rf "${G:?}/dump/$id"
+  left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
+  (cd "$REPO" && timeout -k 10 $(( left - 30 )) verl-consistency run hybrid --device cuda --token-level \
+    --dump-root "$G/dump" --run-id "$id" model="$G/assets/model" "${GPU_OVERRIDES[@]}") >"$OUT/token-run.log" 2>&1
+  rc=$?; echo "TOKEN $id rc=$rc" | tee -a "$OUT/stages.txt"; stamp token
+  python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1])).get("steps"), indent=1))' \
+    "$G/dump/$id/run.json" >"$OUT/steps.json" 2>&1
+  grep -E "step:[0-9]+ |Traceback|Error" "$OUT/token-run.log" | cut -c1-400 | tail -14; cat "$OUT/steps.json"
+  exit $rc
+fi
+echo "usage: $0 prepare [STAGE] | pack [STAGE] | stage p1|p2|p3|packed/cN | run [MODE:PHASE ...] | cost | lanes | check | token" >&2; exit 2
