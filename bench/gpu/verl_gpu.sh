@@ -184,6 +184,20 @@ install() {  # FROM SCRIPTS OVERLAY
   fi
 }
 
+# What every verl driver run here needs in its environment (run and token): no telemetry, no hub, the
+# runtime traps of ../shared/tools/gpu-stage/README.md (flashinfer not carried, fork after torch use).
+verl_env() {
+  export PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+    VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn RAY_USAGE_STATS_ENABLED=0 HYDRA_FULL_ERROR=1 \
+    WANDB_MODE=disabled
+}
+# make_assets.py's random bf16 Qwen2 and its tokenizer, once per machine (run, check, token; needs OUT, stamp).
+assets() {
+  if [ ! -d "$G/assets/model" ]; then
+    python3 "$G/parts/make_assets.py" "$G/assets" 2>&1 | tail -3 | tee "$OUT/assets.log" || exit 5; stamp assets
+  fi
+}
+
 # The one-GPU sizes every verl run here takes (run and token): 16-token responses, sdpa (no flash-attn
 # here), vLLM at GPU_UTIL of the GPU, two agent and reward workers, TransferQueue at two storage units.
 GPU_OVERRIDES=(data.max_response_length=16 data.dataloader_num_workers=0
@@ -201,16 +215,12 @@ if [ "$cmd" = run ]; then
   t0=$(date +%s); stamp() { echo "STAGE $1 $(( $(date +%s) - t0 ))s" | tee -a "$OUT/stages.txt"; }
   set -o pipefail
   install "$HERE" "$HERE" ""
-  if [ ! -d "$G/assets/model" ]; then
-    python3 "$G/parts/make_assets.py" "$G/assets" 2>&1 | tail -3 | tee "$OUT/assets.log" || exit 5; stamp assets
-  fi
+  assets
   # The runtime traps (each met on the way, ../shared/tools/gpu-stage/README.md): flashinfer is not
   # carried and vLLM's top-k/top-p check imports it; fork after torch use hung the engine; the machine
   # has no flash-attn (verl 0.9.1 defaults the actor to flash_attention_2); TransferQueue reserves one
   # Ray CPU per storage unit (8 by default) plus one for its controller.
-  export PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-    VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn RAY_USAGE_STATS_ENABLED=0 HYDRA_FULL_ERROR=1 \
-    WANDB_MODE=disabled
+  verl_env
   # One device call may run 600 s: a run starts only if ~EST s are left of BUDGET (from this call's
   # start), and a run tried in an earlier call is skipped, so the same command can be repeated call
   # after call until every run is done. PARALLEL=1 starts the runs of this call together (STAGGER s
@@ -341,9 +351,7 @@ if [ "$cmd" = check ]; then
   from_checkout check
   export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
     VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn
-  if [ ! -d "$G/assets/model" ]; then
-    python3 "$G/parts/make_assets.py" "$G/assets" 2>&1 | tail -3 | tee "$OUT/assets.log" || exit 5; stamp assets
-  fi
+  assets
   m=$G/assets/model-0.5b
   if [ ! -f "$m/config.json" ]; then
     rm -rf "$m.tmp" && (cd "$REPO" && python3 -c "import sys; from pathlib import Path; from bench.gpu.fsdp_cost import build_model; build_model(Path(sys.argv[1]), '0.5b', 'cuda')" "$m.tmp") || exit 5
@@ -375,12 +383,8 @@ if [ "$cmd" = token ]; then
   # make_assets.py's random bf16 Qwen2, STEPS steps. Writes to $OUT: token-run.log (the run), steps.json
   # (run.json's `steps`: grad_norm, reward mean, verl's mismatch figures per step).
   from_checkout token
-  export PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-    VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn RAY_USAGE_STATS_ENABLED=0 HYDRA_FULL_ERROR=1 \
-    WANDB_MODE=disabled
-  if [ ! -d "$G/assets/model" ]; then
-    python3 "$G/parts/make_assets.py" "$G/assets" 2>&1 | tail -3 | tee "$OUT/assets.log" || exit 5; stamp assets
-  fi
+  verl_env
+  assets
   id=${TOKEN_ID:-h200-next-hybrid-token-level}; rm -rf "${G:?}/dump/$id"
   left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
   (cd "$REPO" && timeout -k 10 $(( left - 30 )) verl-consistency run hybrid --device cuda --token-level \
