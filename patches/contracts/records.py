@@ -60,9 +60,9 @@ class _Record(RecordHeader):
 
 
 WEIGHT_VERSION_DOC = (
-    "the trainer's global step whose weights computed this record (dispatch: the step of the last "
-    "weight sync that this vLLM worker received; training: the trainer's global step at this "
-    "forward); absent in older logs and the recipe's"
+    "the label (verl's global_steps) of the weight sync whose weights computed this record "
+    "(dispatch: the last sync this vLLM worker loaded; training: the last sync the trainer sent, "
+    "see unsynced_updates); absent in older logs and the recipe's (hooks/weight_sync.py)"
 )
 
 
@@ -121,8 +121,11 @@ class DispatchRecord(_Record):
 class UpdateActorRecord(_Record):
     """One training micro batch (FSDP) or ``forward_step`` (Megatron) that msprobe dumped.
 
-    ``weight_version`` is the trainer's global step at this forward: the weights it ran with,
-    numbered as :class:`DispatchRecord` numbers vLLM's (the pairing pairs equal versions only).
+    ``weight_version`` is the label of the last weight sync the trainer sent: the weights it ran
+    with, numbered as :class:`DispatchRecord` numbers vLLM's (the pairing pairs equal versions
+    only). ``unsynced_updates`` > 0 says the trainer has taken that many optimizer steps since
+    that sync (a later mini-batch of update_actor, a fully-async trainer between syncs): its
+    weights are then no sync's, and the record never pairs (``weights_differ``).
     """
 
     source: Literal["update_actor"] = "update_actor"
@@ -136,6 +139,11 @@ class UpdateActorRecord(_Record):
         "and holds the rows of the k-th id here alone",
     )
     weight_version: int | None = Field(default=None, description=WEIGHT_VERSION_DOC)
+    unsynced_updates: int = Field(
+        default=0,
+        ge=0,
+        description="optimizer steps the trainer took after the sync named by weight_version",
+    )
 
 
 def now() -> str:

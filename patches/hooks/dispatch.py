@@ -52,7 +52,7 @@ from typing import Any, Protocol
 
 from verl_consistency.contracts import capture, layout, records
 from verl_consistency.contracts.env import CAPTURE, RUN_DIR
-from verl_consistency.patches.hooks import msprobe_lanes, request_scope
+from verl_consistency.patches.hooks import msprobe_lanes, request_scope, weight_sync
 
 DECODE_STATE = "DecodeOnly"
 """The only ``AscendAttentionState`` member that is a decode step (upstream's ``!= DecodeOnly``)."""
@@ -354,6 +354,7 @@ class DispatchLogger:
                 dumped=dumped,
                 lane_request_ids=targets or None,
                 runner_step=self.runner_step,
+                weight_version=weight_sync.loaded_version(),
             )
         )
         self.runner_step += 1

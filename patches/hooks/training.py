@@ -48,7 +48,7 @@ from typing import Any, Literal
 import orjson
 
 from verl_consistency.contracts import capture, env, layout, records
-from verl_consistency.patches.hooks import msprobe_lanes, next_token
+from verl_consistency.patches.hooks import msprobe_lanes, next_token, weight_sync
 
 Backend = Literal["fsdp", "megatron"]
 Phase = Literal["log_prob", "update_actor"]
@@ -306,11 +306,20 @@ def _rank(engine: Any) -> int:
 class BatchDumper:
     """One ``forward_backward_batch`` call of the actor engine, dumped micro batch by micro batch."""
 
-    def __init__(self, session: _Session, backend: Backend, phase: Phase, rank: int) -> None:
+    def __init__(
+        self,
+        session: _Session,
+        backend: Backend,
+        phase: Phase,
+        rank: int,
+        version: tuple[int | None, int] = (None, 0),
+    ) -> None:
         self.session = session
         self.backend = backend
         self.phase = phase
         self.rank = rank
+        self.version = version
+        """The weights of this call (``weight_sync.trainer_version``), read before its update."""
         self._active: tuple[int, list[str], list[Any], list[str] | None] | None = None
         self._next: next_token.NextTokenProbe | None = None
 
@@ -395,6 +404,11 @@ class BatchDumper:
             extra["request_ids_all"] = [[str(i) for i in (x or [])] for x in ids_all]
         if lane_ids is not None:
             extra["lane_request_ids"] = lane_ids
+        version, unsynced = self.version
+        if version is not None:
+            extra["weight_version"] = version
+        if unsynced:
+            extra["unsynced_updates"] = unsynced
         self.session.writer.write(
             records.UpdateActorRecord(
                 timestamp=records.now(),
@@ -412,14 +426,23 @@ class BatchDumper:
 
 
 def batch_dumper(engine: Any, *, backend: Backend, forward_only: bool) -> BatchDumper | _NoDump:
-    """The engines' entry point, called once per ``forward_backward_batch``."""
+    """The engines' entry point, called once per ``forward_backward_batch``.
+
+    A training call (not ``forward_only``) is counted as an optimizer step to come
+    (``weight_sync.note_update``) after its own weights are read: the call's forward runs the
+    weights from before that step, and every later forward runs weights of no sync until the
+    next one.
+    """
     if not env.flag(env.DUMP_ON) or not is_actor_engine(engine):
         return NO_DUMP
+    version = weight_sync.trainer_version()
+    if not forward_only:
+        weight_sync.note_update()
     phase: Phase = "log_prob" if forward_only else "update_actor"
     wanted = env.dump_phase()
     if wanted is not env.DumpPhase.ALL and wanted.value != phase:
         return NO_DUMP
-    return BatchDumper(_session(), backend, phase, _rank(engine))
+    return BatchDumper(_session(), backend, phase, _rank(engine), version)
 
 
 def current(engine: Any) -> BatchDumper | _NoDump:

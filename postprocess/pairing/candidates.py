@@ -94,6 +94,8 @@ class Candidate:
     """Per-request lanes (``lane_request_ids``): the request's dump is ``req{lane}`` in the rank folder."""
     version: int | None = None
     """The record's ``weight_version`` (:mod:`.weight_versions`); None: unknown, agrees with any."""
+    unsynced: int = 0
+    """A training record's ``unsynced_updates``: optimizer steps after that sync (never pairs when > 0)."""
 
     def dump_ref(self) -> DumpRef:
         """The step folder, once located (``request_match.locate`` sets ``dir``)."""

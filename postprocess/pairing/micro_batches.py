@@ -14,7 +14,7 @@ from verl_consistency.postprocess.pairing.candidates import Candidate, Progress,
 from verl_consistency.postprocess.pairing.discover import LogFile
 from verl_consistency.postprocess.pairing.pair_types import UnpairedReason
 from verl_consistency.postprocess.pairing.reasons import Reporter
-from verl_consistency.postprocess.pairing.weight_versions import read_version
+from verl_consistency.postprocess.pairing.weight_versions import read_unsynced, read_version
 
 _STR = frozenset((str,))
 
@@ -56,6 +56,7 @@ def read_actor(logs: list[LogFile], rep: Reporter, tick: Progress) -> TrainingBa
             try:
                 lanes = lane_ids(o, set(ids), "request_ids")
                 version = read_version(o)
+                unsynced = read_unsynced(o)
             except TypeError as exc:
                 discover.bad_line(rep, log, lineno, f"not an update_actor record: {exc}")
                 continue
@@ -88,6 +89,7 @@ def read_actor(logs: list[LogFile], rep: Reporter, tick: Progress) -> TrainingBa
                             backend=o.get("backend"),
                             lane=lane,
                             version=version,
+                            unsynced=unsynced,
                         )
                     )
             if not ids:

@@ -212,6 +212,7 @@ class RunTree:
         rank_folder: str | None = None,
         ts: str | None = None,
         weight_version: int | None = None,
+        unsynced_updates: int = 0,
     ) -> Path | None:
         proc_dir = self.actor_root / str(pid)
         rec: dict[str, Any] = {
@@ -228,6 +229,8 @@ class RunTree:
             rec["backend"] = backend
         if weight_version is not None:
             rec["weight_version"] = weight_version
+        if unsynced_updates:
+            rec["unsynced_updates"] = unsynced_updates
         if not self.recipe:
             rec["dump_path"] = layout.relative_to_run(proc_dir, self.run_dir)
         records.UpdateActorRecord.model_validate(rec)

@@ -145,6 +145,49 @@ def test_the_lowest_version_both_sides_hold_pairs(tmp_path):
     assert _counts(res) == {"rollout_step": {"weights_differ": 1}, "actor_step": {"weights_differ": 2}}
 
 
+def test_a_forward_after_an_unsynced_update_never_pairs(tmp_path):
+    """update_actor's second mini-batch runs weights one optimizer step past sync 3: vLLM never
+    held them, even though the next sync may carry label 4 after more updates."""
+    t = RunTree(tmp_path)
+    t.rollout_step(1, 0, 0, [req(vid("a"))], weight_version=3)
+    t.rollout_step(1, 0, 1, [req(vid("b"))], weight_version=4)
+    t.actor_step(2, 0, 0, ["a"], weight_version=3, phase="update_actor")
+    t.actor_step(2, 0, 1, ["b"], weight_version=3, unsynced_updates=1, phase="update_actor")
+    res = _pair(t)
+    assert [p.request_id for p in res.pairs] == ["a"]
+    assert _requests(res) == {
+        "b": (
+            R.WEIGHTS_DIFFER,
+            "vLLM computed with weights of step 4, the trainer's forward was at "
+            "step 3 + 1 optimizer step not synced to vLLM",
+        )
+    }
+
+
+def test_an_unsynced_forward_is_set_aside_when_vllm_has_no_version(tmp_path):
+    t = RunTree(tmp_path)
+    t.rollout_step(1, 0, 0, [req(vid("a"))])
+    t.actor_step(2, 0, 0, ["a"], weight_version=0, unsynced_updates=2, phase="update_actor")
+    t.actor_step(2, 0, 1, ["a"], weight_version=0, phase="log_prob")
+    res = _pair(t)
+    (p,) = res.pairs
+    assert p.actor.dir == "actor/2/step1/rank0"
+    (aside,) = [u for u in res.unpaired if u.subject == "actor_step"]
+    assert aside.reason is R.WEIGHTS_DIFFER
+    assert aside.detail == "the trainer's forward ran with weights of step 0 + 2 optimizer steps not synced to vLLM"
+
+
+@pytest.mark.parametrize("bad", ["-1", '"1"', "true", "1.5"])
+def test_unsynced_updates_that_is_not_a_count_is_a_bad_line(tmp_path, bad):
+    t = RunTree(tmp_path)
+    act = t.actor_root / "2" / "update_actor_log.jsonl"
+    act.parent.mkdir(parents=True, exist_ok=True)
+    act.write_text('{"pid": 2, "rank": 0, "step": 0, "request_ids": ["b"], "unsynced_updates": %s}\n' % bad)
+    res = _pair(t)
+    (u,) = [u for u in res.unpaired if u.reason is R.BAD_LOG_LINE]
+    assert "unsynced_updates must be a non-negative integer" in u.detail
+
+
 @pytest.mark.parametrize("bad", ['"3"', "true", "3.0", "[3]"])
 def test_a_version_that_is_not_an_integer_is_a_bad_line(tmp_path, bad):
     t = RunTree(tmp_path)

@@ -1,0 +1,111 @@
+"""Weight versions at their source: verl's sync label reaches both sides' records (issue 35).
+
+The state machine runs as the engines drive it (``training.batch_dumper`` per
+``forward_backward_batch``, ``weight_sync.weights_sent`` per sync); the patched verl of the set in
+force is checked with ``ast`` (vLLM and a GPU are not here), as the Megatron patch is.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from verl_consistency.patches.hooks import training, weight_sync
+
+pytestmark = pytest.mark.pinset
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    weight_sync.reset_for_tests()
+
+
+def _engine() -> SimpleNamespace:
+    return SimpleNamespace(
+        engine_config=SimpleNamespace(forward_only=False),
+        model_config=SimpleNamespace(model_type="language_model"),
+        rank=0,
+    )
+
+
+def _dumper(monkeypatch: pytest.MonkeyPatch, *, forward_only: bool) -> training.BatchDumper:
+    monkeypatch.setenv("DUMP_ON", "1")
+    monkeypatch.setenv("DUMP_PHASE", "all")
+    monkeypatch.setattr(training, "_session", lambda: object())
+    got = training.batch_dumper(_engine(), backend="fsdp", forward_only=forward_only)
+    assert isinstance(got, training.BatchDumper)
+    return got
+
+
+def test_a_forward_carries_the_last_sync_sent_and_the_updates_since(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _dumper(monkeypatch, forward_only=True).version == (None, 0), "before any sync: unknown"
+    weight_sync.weights_sent(3)
+    assert _dumper(monkeypatch, forward_only=True).version == (3, 0), "log_prob after sync 3"
+    # update_actor, two mini-batches: the first runs sync 3's weights, the second one step past them
+    assert _dumper(monkeypatch, forward_only=False).version == (3, 0)
+    assert _dumper(monkeypatch, forward_only=False).version == (3, 1)
+    assert _dumper(monkeypatch, forward_only=True).version == (3, 2)
+    weight_sync.weights_sent(4)
+    assert _dumper(monkeypatch, forward_only=True).version == (4, 0)
+
+
+def test_updates_are_counted_even_when_their_phase_is_not_dumped(monkeypatch: pytest.MonkeyPatch) -> None:
+    weight_sync.weights_sent(1)
+    monkeypatch.setenv("DUMP_ON", "1")
+    monkeypatch.setenv("DUMP_PHASE", "log_prob")
+    monkeypatch.setattr(training, "_session", lambda: object())
+    assert training.batch_dumper(_engine(), backend="fsdp", forward_only=False) is training.NO_DUMP
+    got = training.batch_dumper(_engine(), backend="fsdp", forward_only=True)
+    assert isinstance(got, training.BatchDumper)
+    assert got.version == (1, 1)
+
+
+@pytest.mark.parametrize(("label", "version"), [(7, 7), ("7", 7), (None, None), (True, None), ("x", None)])
+def test_the_vllm_worker_keeps_the_label_it_loaded(label: object, version: int | None) -> None:
+    weight_sync.weights_loaded(2)
+    weight_sync.weights_loaded(label)
+    assert weight_sync.loaded_version() == version, "an unlabelled sync forgets the old label"
+    assert weight_sync.sync_kwargs(label) == {weight_sync.KWARG: version}
+
+
+def _function(tree: ast.Module, cls: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == name:
+                    return item
+    raise AssertionError(f"{cls}.{name} not found")
+
+
+def _first_line(fn: ast.AST, call: str) -> int:
+    lines = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == call]
+    assert lines, f"no call to {call}"
+    return min(lines)
+
+
+def test_the_trainer_labels_its_weights_before_any_backend_sends(root: Path) -> None:
+    tree = ast.parse((root / "verl/workers/engine_workers.py").read_text())
+    fn = _function(tree, "ActorRolloutRefWorker", "update_weights")
+    sent = _first_line(fn, "weight_sync.weights_sent")
+    assert sent < _first_line(fn, "self.checkpoint_engine.send_weights"), "separate pools"
+    assert sent < _first_line(fn, "self.rollout.update_weights"), "shared GPUs (naive)"
+    returns = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Return)]
+    assert all(sent < r for r in returns)
+
+
+def test_the_label_reaches_the_vllm_workers_through_one_keyword(root: Path) -> None:
+    rollout = ast.parse((root / "verl/workers/rollout/vllm_rollout/vllm_rollout.py").read_text())
+    update = _function(rollout, "ServerAdapter", "update_weights")
+    assert "weight_sync.sync_kwargs(global_steps)" in ast.unparse(update)
+    worker = ast.parse((root / "verl/workers/rollout/vllm_rollout/utils.py").read_text())
+    ipc = _function(worker, "vLLMColocateWorkerExtension", "update_weights_from_ipc")
+    assert weight_sync.KWARG in [a.arg for a in ipc.args.args]
+    body_calls = [
+        ast.unparse(s.value.func)
+        for s in ipc.body
+        if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+    ]
+    assert body_calls[:1] == ["weight_sync.weights_loaded"], "labelled before any bucket loads"
