@@ -353,6 +353,9 @@ if [ "$cmd" = check ]; then
     VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn
   assets
   m=$G/assets/model-0.5b
+  # CHECK_MODEL=assets: make_assets.py's model, the one `run` and `ride` train (issue 35's fault: check's
+  # step-0 comparison on the same model is healthy)
+  [ "${CHECK_MODEL:-}" = assets ] && m=$G/assets/model
   if [ ! -f "$m/config.json" ]; then
     rm -rf "$m.tmp" && (cd "$REPO" && python3 -c "import sys; from pathlib import Path; from bench.gpu.fsdp_cost import build_model; build_model(Path(sys.argv[1]), '0.5b', 'cuda')" "$m.tmp") || exit 5
     for f in "$G"/assets/model/*; do  # the tokenizer's files (vocab, merges, config, chat template)
@@ -395,4 +398,40 @@ if [ "$cmd" = token ]; then
   grep -E "step:[0-9]+ |Traceback|Error" "$OUT/token-run.log" | cut -c1-400 | tail -14; cat "$OUT/steps.json"
   exit $rc
 fi
-echo "usage: $0 prepare [STAGE] | pack [STAGE] | stage p1|p2|p3|packed/cN | run [MODE:PHASE ...] | cost | lanes | check | token" >&2; exit 2
+if [ "$cmd" = ride ]; then
+  # Issue 35's proofs: `verl-consistency run MODE --device cuda` of THIS checkout as a user types it, a
+  # ride-along collection (no --prompts-only: full responses, the run's varying reward, the weights move),
+  # every request captured, then postprocess + verify on the device. MODE (default hybrid), STEPS (8).
+  # FAULT=1: the same with bench/gpu/faults/skip-down-proj.patch applied to the staged verl for this run
+  # only (reversed afterwards): every weight sync after the first skips model.layers.2.mlp.down_proj.weight.
+  # Writes to $OUT: <id>.tar.xz (logs/<id>/ and trim/<id>/, as `run` does), ride.log, steps.json.
+  from_checkout ride
+  verl_env
+  assets
+  mode=${MODE:-hybrid}; id=${RIDE_ID:-h200-next-$mode-ride-along${FAULT:+-fault}}
+  log=$G/logs/$id; mkdir -p "$log"; rm -rf "${G:?}/dump/$id" "${G:?}/trim/$id"
+  fault=$REPO/bench/gpu/faults/skip-down-proj.patch
+  if [ -n "${FAULT:-}" ]; then
+    patch -p1 --fuzz=0 -d "$G/vsite" <"$fault" | tee -a "$OUT/stages.txt" || exit 6
+    trap 'patch -R -p1 -d "$G/vsite" <"$fault" >/dev/null' EXIT
+  fi
+  left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
+  s=$(date +%s)
+  # shellcheck disable=SC2086  # RIDE_ARGS: more verl overrides, split on spaces
+  (cd "$REPO" && timeout -k 10 $(( left - 150 )) verl-consistency run "$mode" --device cuda --capture fraction:1 \
+    --dump-root "$G/dump" --run-id "$id" model="$G/assets/model" "${GPU_OVERRIDES[@]}" ${RIDE_ARGS:-}) >"$log/run.log" 2>&1
+  rc=$?; echo "RIDE $id rc=$rc wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"; s=$(date +%s)
+  verl-consistency postprocess "$G/dump/$id" >"$log/postprocess.log" 2>&1
+  echo "POST $id rc=$? wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
+  for b in "$G/dump/bundles"/bundle-"$id"*.tar.zst; do
+    [ -f "$b" ] && { verl-consistency verify "$b" >"$log/verify.log" 2>&1; echo "VERIFY $id rc=$?" | tee -a "$OUT/stages.txt"; }
+  done
+  python3 "$G/parts/trim_run.py" "$G/dump/$id" "$G/trim/$id" --max-mib 6 --min-pairs 1 2>&1 | tee -a "$OUT/stages.txt"
+  python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1])).get("steps"), indent=1))' \
+    "$G/dump/$id/run.json" >"$OUT/steps.json" 2>&1
+  tar -cf - -C "$G" "logs/$id" "trim/$id" | xz -T8 -6 >"$OUT/$id.tar.xz"
+  grep -E "step:[0-9]+ |FAULT|Traceback|Error" "$log/run.log" | cut -c1-300 | tail -14 | tee "$OUT/ride.log"
+  tail -25 "$log/postprocess.log" | tee -a "$OUT/ride.log"
+  exit $rc
+fi
+echo "usage: $0 prepare [STAGE] | pack [STAGE] | stage p1|p2|p3|packed/cN | run [MODE:PHASE ...] | cost | lanes | check | token | ride" >&2; exit 2
