@@ -31,7 +31,6 @@ from verl_consistency.postprocess.compare.verdict import PairComparison, Verdict
 from verl_consistency.postprocess.pairing.pair_types import Pair
 
 SUMMARY_JSON = "summary.json"
-SUMMARY_VERSION = 1
 
 NO_VERSION_NOTE = (
     "no pair's records carry a weight_version (logs written before weight versions, or the "
@@ -124,7 +123,7 @@ class StepSummary(_Model):
 class RunSummary(_Model):
     """``results/summary.json``: the report's verdicts and its per-step table, for machines."""
 
-    summary_version: Literal[1] = SUMMARY_VERSION
+    summary_version: Literal[1] = 1
     run_id: str
     overall: str
     pairs: int

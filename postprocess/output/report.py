@@ -20,7 +20,7 @@ from markupsafe import Markup, escape
 
 from verl_consistency.contracts.atomic import write_text_atomic
 from verl_consistency.contracts.run_manifest import StepMetrics
-from verl_consistency.postprocess.compare.token_steps import PUBLISHED_MEAN_ABS
+from verl_consistency.postprocess.compare.token_steps import PUBLISHED_MEAN_ABS, TokenStep
 from verl_consistency.postprocess.compare.verdict import (
     DIVERGED_COSINE,
     DIVERGED_REL_ERR,
@@ -374,16 +374,16 @@ def _run_summary(
     ctx: Mapping[str, object],
     pairs: Sequence[Pair],
     comparisons: Sequence[PairComparison],
-    token_steps: Sequence[object],
+    token_steps: Sequence[TokenStep],
     run_steps: Sequence[StepMetrics],
 ) -> per_step.RunSummary:
     """``summary.json``: the headline figures and the per-step rows the report shows."""
-    rows, note = per_step.build(pairs, comparisons, token_steps, run_steps)  # type: ignore[arg-type]
+    rows, note = per_step.build(pairs, comparisons, token_steps, run_steps)
     return per_step.RunSummary(
         run_id=str(ctx["run_id"]),
         overall=str(ctx["overall"]),
         pairs=len(pairs),
-        compared=len(ctx["ok"]),  # type: ignore[arg-type]
+        compared=sum(c.status == "ok" for c in comparisons),
         verdicts=per_step.VerdictCounts.of(comparisons),
         per_step=rows,
         per_step_note=note,
