@@ -213,7 +213,7 @@ def postprocess(
     if inputs.check is not None:
         found.variance = _batch_variance(work, result, inputs.check, found.comparisons.comparisons)
     if compare:
-        found.report_failed = not _report(work, inputs.run_id, result, found)
+        found.report_failed = not _report(work, inputs, result, found)
     for w in warnings:
         hooks.warn(w)
     dest, manifest = _bundle(work, inputs, result, found, level)
@@ -416,9 +416,11 @@ def _token_level(work: _Work, result: PairingResult, comparisons: list[Any]) -> 
     return _TokenView(section, compared)
 
 
-def _report(work: _Work, run_id: str, result: PairingResult, found: _Findings) -> bool:
-    """``report.html`` and ``summary.md`` in results/; False (and a warning) when not written."""
+def _report(work: _Work, inputs: _Inputs, result: PairingResult, found: _Findings) -> bool:
+    """``report.html``, ``summary.md`` and ``summary.json`` in results/; False (and a warning)
+    when not written."""
     try:
+        from verl_consistency.postprocess.output.per_step import read_steps
         from verl_consistency.postprocess.output.report import Sections, write_report
     except ImportError as exc:
         work.warnings.append(f"report is not available ({exc})")
@@ -426,13 +428,15 @@ def _report(work: _Work, run_id: str, result: PairingResult, found: _Findings) -
     try:
         write_report(
             work.results,
-            run_id=run_id,
+            run_id=inputs.run_id,
             pairs=result.pairs,
             unpaired=result.unpaired,
             comparisons=found.comparisons.comparisons,
             unpaired_counts=result.counts,
             sections=Sections(
-                token=found.token.section if found.token is not None else None, check=found.variance.summary
+                token=found.token.section if found.token is not None else None,
+                check=found.variance.summary,
+                run_steps=read_steps(inputs.run_json, work.warnings),
             ),
         )
     except Exception as exc:  # the bundle is still worth writing without its report

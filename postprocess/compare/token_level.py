@@ -29,6 +29,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from verl_consistency.contracts import token_records as tm
 from verl_consistency.contracts.atomic import write_text_atomic
+from verl_consistency.postprocess.compare.token_steps import (
+    TokenStep,
+    argmax,
+    per_step,
+    write_responses_csv,
+)
 from verl_consistency.postprocess.compare.verdict import JUDGED_RANK, OutputRow, PairComparison
 from verl_consistency.postprocess.pairing.pair_types import Pair
 
@@ -49,6 +55,8 @@ differ; with every top-k |Δ log p| small that is a near-tie flipped), and ``div
 training's argmax is not in vLLM's top-k at all: training puts first a token vLLM ranks below k."""
 
 TOKEN_DIR = "token"
+RESPONSES_CSV = "responses.csv"
+"""Every response's figures (``results/token/responses.csv``): the report lists the worst only."""
 CAPTURE_THESE = "capture-these.txt"
 TOP_N = 20
 CAPTURE_N = 8
@@ -181,6 +189,9 @@ class TopRequest(BaseModel):
     pair_id: str | None = None
     prompt: str | None = None
     """The prompt's text, from the run's prompt set (``data/train.parquet``) by its index."""
+    worst_position: int | None = None
+    """Response position of the worst token (``max_abs_diff``); None when the record kept no
+    per-position values."""
 
 
 class TokenSection(BaseModel):
@@ -197,6 +208,8 @@ class TokenSection(BaseModel):
     threshold: float = tm.DEFAULT_THRESHOLD
     position_mean: list[tuple[int, float]] = []
     """(first position of the bucket, mean |Δ log p| over every valid token there)."""
+    per_step: list[TokenStep] = []
+    """Per training step (``global_step``), in step order."""
     top: list[TopRequest] = []
     next_tokens: list[tm.NextTokenRecord] = []
     capture_file: str | None = None
@@ -226,12 +239,17 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 def build_section(
     run_dir: Path, results: Path | None = None, pairs: Sequence[Pair] = (), *, buckets: int = 40
 ) -> TokenSection:
-    """Read the token files of ``run_dir``; with ``results``, copy them there and write the capture file."""
+    """Read the token files of ``run_dir``; with ``results``, copy them there and write the capture
+    file and ``token/responses.csv``."""
     bad: list[BadLine] = []
     recs = [r for r in _read(run_dir / tm.TOKEN_LOG, tm.TokenRecord, bad) if isinstance(r, tm.TokenRecord)]
     steps = [r for r in _read(run_dir / tm.STEP_LOG, tm.StepRecord, bad) if isinstance(r, tm.StepRecord)]
     nexts = next_token_records(run_dir, bad)
     section = TokenSection(responses=len(recs), steps=steps, next_tokens=nexts, bad_lines=bad)
+    rows = [tm.read_side(run_dir, r) for r in recs]
+    worst_at = [argmax(row) for row in rows]
+    section.per_step = per_step(recs, worst_at, steps)
+    pair_of = {p.request_id: p.pair_id for p in pairs}
     if recs:
         section.threshold = recs[0].threshold
         means = sorted(r.abs_diff for r in recs if r.abs_diff is not None)
@@ -241,39 +259,49 @@ def build_section(
             }
         section.histogram = decades(means)
         section.over_threshold = sum(r.first_above is not None for r in recs)
-        section.position_mean = _position_profile(run_dir, recs, buckets)
-        pair_of = {p.request_id: p.pair_id for p in pairs}
+        section.position_mean = _position_profile(rows, buckets)
         texts = prompt_texts(run_dir)
-        worst = sorted(recs, key=lambda r: -(r.max_abs_diff or 0.0))[:TOP_N]
+        order = sorted(range(len(recs)), key=lambda i: -(recs[i].max_abs_diff or 0.0))[:TOP_N]
         section.top = [
-            TopRequest(
-                request_id=r.request_id,
-                index=r.index,
-                uid=r.uid,
-                global_step=r.global_step,
-                response_length=r.response_length,
-                abs_diff=r.abs_diff,
-                max_abs_diff=r.max_abs_diff,
-                token_mult_prob_error=r.token_mult_prob_error,
-                k3_kl=r.k3_kl,
-                first_above=r.first_above,
-                pair_id=pair_of.get(r.request_id or ""),
-                prompt=texts.get(str(r.index)) if r.index is not None else None,
-            )
-            for r in worst
+            _top_request(recs[i], worst_at[i], pair_of, texts.get(str(recs[i].index))) for i in order
         ]
     if results is not None and not section.empty:
-        dest = results / TOKEN_DIR
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in (tm.TOKEN_LOG, tm.STEP_LOG, tm.SIDE_FILE):
-            if (run_dir / name).is_file():
-                shutil.copyfile(run_dir / name, dest / name)
-        for path in sorted((run_dir / "actor").glob(f"*/{tm.NEXT_TOKEN_LOG}")):
-            shutil.copyfile(path, dest / f"{path.parent.name}-{tm.NEXT_TOKEN_LOG}")
+        _copy_records(run_dir, results / TOKEN_DIR)
+        if recs:
+            write_responses_csv(results / TOKEN_DIR / RESPONSES_CSV, recs, worst_at, pair_of)
         if section.top:
             write_text_atomic(results / CAPTURE_THESE, capture_these(section))
             section.capture_file = CAPTURE_THESE
     return section
+
+
+def _top_request(
+    r: tm.TokenRecord, worst_position: int | None, pair_of: dict[str, str], prompt: str | None
+) -> TopRequest:
+    return TopRequest(
+        request_id=r.request_id,
+        index=r.index,
+        uid=r.uid,
+        global_step=r.global_step,
+        response_length=r.response_length,
+        abs_diff=r.abs_diff,
+        max_abs_diff=r.max_abs_diff,
+        token_mult_prob_error=r.token_mult_prob_error,
+        k3_kl=r.k3_kl,
+        first_above=r.first_above,
+        pair_id=pair_of.get(r.request_id or ""),
+        prompt=prompt if r.index is not None else None,
+        worst_position=worst_position,
+    )
+
+
+def _copy_records(run_dir: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in (tm.TOKEN_LOG, tm.STEP_LOG, tm.SIDE_FILE):
+        if (run_dir / name).is_file():
+            shutil.copyfile(run_dir / name, dest / name)
+    for path in sorted((run_dir / "actor").glob(f"*/{tm.NEXT_TOKEN_LOG}")):
+        shutil.copyfile(path, dest / f"{path.parent.name}-{tm.NEXT_TOKEN_LOG}")
 
 
 def prompt_texts(run_dir: Path, limit: int = 160) -> dict[str, str]:
@@ -303,10 +331,9 @@ def prompt_texts(run_dir: Path, limit: int = 160) -> dict[str, str]:
     return out
 
 
-def _position_profile(run_dir: Path, recs: Sequence[tm.TokenRecord], buckets: int) -> list[tuple[int, float]]:
+def _position_profile(rows: Sequence[Sequence[float | None]], buckets: int) -> list[tuple[int, float]]:
     import numpy as np
 
-    rows = [tm.read_side(run_dir, r) for r in recs]
     longest = max((len(x) for x in rows), default=0)
     if not longest:
         return []

@@ -19,6 +19,8 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup, escape
 
 from verl_consistency.contracts.atomic import write_text_atomic
+from verl_consistency.contracts.run_manifest import StepMetrics
+from verl_consistency.postprocess.compare.token_steps import PUBLISHED_MEAN_ABS, TokenStep
 from verl_consistency.postprocess.compare.verdict import (
     DIVERGED_COSINE,
     DIVERGED_REL_ERR,
@@ -31,6 +33,8 @@ from verl_consistency.postprocess.compare.verdict import (
     judge,
     rel_bounds,
 )
+from verl_consistency.postprocess.output import per_step
+from verl_consistency.postprocess.output.step_chart import step_chart_svg
 from verl_consistency.postprocess.pairing.pair_types import Pair, Unpaired, UnpairedReason
 from verl_consistency.postprocess.pairing.reasons import MEANING
 
@@ -309,7 +313,9 @@ def histogram_svg(bins: Sequence[tuple[str, int]], width: int = 560, height: int
 
 def render_token_md(section: object) -> str:
     """The token-level section as Markdown (also ``token.md`` of a bare triage run)."""
-    return _env().get_template("token.md.j2").render(token=section, fmt=_fmt)
+    return (
+        _env().get_template("token.md.j2").render(token=section, fmt=_fmt, published_mean=PUBLISHED_MEAN_ABS)
+    )
 
 
 @dataclass(frozen=True)
@@ -318,10 +324,12 @@ class Sections:
 
     ``token``: the token-level view (``token_level.TokenSection``), "Token-level view" and the
     output rows; ``check``: a check run's ``batch_variance.CheckSummary``, "Engine gap and batch
-    variance". Kept apart from the pairing and its comparisons, which every report has."""
+    variance"; ``run_steps``: ``run.json``'s ``steps`` (verl's metrics per step), in "Per training
+    step". Kept apart from the pairing and its comparisons, which every report has."""
 
     token: object | None = None
     check: object | None = None
+    run_steps: Sequence[StepMetrics] = ()
 
 
 def write_report(
@@ -334,7 +342,8 @@ def write_report(
     unpaired_counts: Mapping[str, Mapping[str, int]] | None = None,
     sections: Sections | None = None,
 ) -> tuple[Path, Path]:
-    """Write ``report.html`` and ``summary.md`` into ``out_dir`` (atomically; reruns overwrite).
+    """Write ``report.html``, ``summary.md`` and ``summary.json`` into ``out_dir`` (atomically;
+    reruns overwrite).
 
     ``unpaired`` is the listed detail; ``unpaired_counts`` (subject → reason → n), when given, is
     the full tally, which also holds the reasons counted in bulk (decode steps, multi-request steps).
@@ -349,7 +358,34 @@ def write_report(
     ctx["position_svg"] = position_svg(getattr(token, "position_mean", [])) if ctx["token"] else ""
     ctx["histogram_svg"] = histogram_svg(getattr(token, "histogram", [])) if ctx["token"] else ""
     ctx["check"] = check
+    summary = _run_summary(ctx, pairs, comparisons, getattr(ctx["token"], "per_step", []), sections.run_steps)
+    ctx["summary"] = summary
+    ctx["step_chart"] = step_chart_svg(summary.per_step)
+    ctx["step_label"] = per_step.label
+    ctx["published_mean"] = PUBLISHED_MEAN_ABS
     html, md = out_dir / REPORT_HTML, out_dir / SUMMARY_MD
     write_text_atomic(html, env.get_template("report.html.j2").render(**ctx))
     write_text_atomic(md, env.get_template("summary.md.j2").render(**ctx))
+    write_text_atomic(out_dir / per_step.SUMMARY_JSON, summary.model_dump_json(indent=1) + "\n")
     return html, md
+
+
+def _run_summary(
+    ctx: Mapping[str, object],
+    pairs: Sequence[Pair],
+    comparisons: Sequence[PairComparison],
+    token_steps: Sequence[TokenStep],
+    run_steps: Sequence[StepMetrics],
+) -> per_step.RunSummary:
+    """``summary.json``: the headline figures and the per-step rows the report shows."""
+    rows, note = per_step.build(pairs, comparisons, token_steps, run_steps)
+    return per_step.RunSummary(
+        run_id=str(ctx["run_id"]),
+        overall=str(ctx["overall"]),
+        pairs=len(pairs),
+        compared=sum(c.status == "ok" for c in comparisons),
+        verdicts=per_step.VerdictCounts.of(comparisons),
+        per_step=rows,
+        per_step_note=note,
+        drift=per_step.drift_line(rows),
+    )

@@ -8,7 +8,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 def printable(text: str) -> str:
@@ -68,6 +68,14 @@ class Pair(_Model):
     scoped: bool = False
     """True when the rollout dump was cut out of a multi-request step (request-scoped mode)."""
     task: Literal["statistics", "tensor"] = "statistics"
+    weight_version: int | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="the weights both sides ran (records' weight_version); absent when neither record "
+        "carries one (older logs, the recipe's format)",
+    )
+    """What the report's per-step view groups by (``output/per_step.py``). Left out of the manifest
+    when None, so a run without versions keeps the manifest it had."""
 
 
 class UnpairedReason(StrEnum):

@@ -252,6 +252,7 @@ def _make_pair(r: Candidate, a: Candidate, default_backend: str, used: set[str])
         backend=backend,  # type: ignore[arg-type]
         prompt_tokens=r.prompt_tokens,
         scoped=r.scoped,
+        weight_version=r.version if r.version is not None else a.version,
     )
 
 

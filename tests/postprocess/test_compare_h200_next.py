@@ -91,6 +91,7 @@ BUNDLE_SHAPE = sorted(
         "actor/<pid>/update_actor_log.jsonl",
         "results/report.html",
         "results/summary.md",
+        "results/summary.json",
         "results/token/<pid>-next_token.jsonl",
         *(f"results/compare/<pair>/{f}" for f in ("compare.log", "compare_result.csv", "comparison.json")),
         *(f"results/compare/<pair>/{f}" for f in ("first_diff.json", "rows.csv")),
@@ -210,7 +211,7 @@ def test_bundle_shape(bundle: tuple[str, dict[str, Any]]) -> None:
     assert sorted({_shape(p) for p in paths}) == sorted(BUNDLE_SHAPE + (RECOMPUTED if recomputed else []))
     tensors = 2 * LAYERS + (LAYERS if recomputed else 0) + 3 * LAYERS
     per_pair = 2 * 3 + tensors + 5  # 3 JSON a side, the tensors, 5 compare outputs
-    assert len(paths) == exp.pairs * per_pair + 7
+    assert len(paths) == exp.pairs * per_pair + 8
 
 
 def test_trim_keeps_the_shortest_prompt_pairs(tmp_path: Path) -> None:

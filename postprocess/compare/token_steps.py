@@ -1,0 +1,123 @@
+"""Per step and per response, from the token records: what the report's per-step table and
+``results/token/responses.csv`` show.
+
+A step's figure is the mean |Δ log p| over all its valid response tokens, the figure published
+work reports (:data:`PUBLISHED_MEAN_ABS`); a response's is its own mean and its worst token, with
+the token's position (where along the response the engines parted).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from verl_consistency.contracts import token_records as tm
+from verl_consistency.contracts.atomic import write_text_atomic
+
+PUBLISHED_MEAN_ABS = 0.011
+"""Mean |Δ log p| over response tokens that published work reports for bf16 vLLM against FSDP on
+GPUs (Qwen3-4B; 0.014-0.18 on Ascend 910B depending on the weight conversion, vime #275): the
+reference the report prints next to each step's mean. A reference, not a bound: it depends on the
+model, the kernels and the response length."""
+
+
+class TokenStep(BaseModel):
+    """One training step's responses: the mean |Δ log p| over all their valid tokens (the figure
+    published work reports per step, :data:`PUBLISHED_MEAN_ABS`) and the worst token."""
+
+    model_config = ConfigDict(extra="forbid")
+    global_step: int
+    responses: int
+    tokens: int
+    mean_abs_diff: float | None
+    max_abs_diff: float | None = None
+    worst_request_id: str | None = None
+    worst_position: int | None = None
+
+
+def argmax(row: Sequence[float | None]) -> int | None:
+    """Position of the largest |Δ log p| of one response (the first of equals); None when empty."""
+    best: int | None = None
+    for i, v in enumerate(row):
+        if v is not None and math.isfinite(v) and (best is None or v > (row[best] or 0.0)):
+            best = i
+    return best
+
+
+def per_step(
+    recs: Sequence[tm.TokenRecord], worst_at: Sequence[int | None], steps: Sequence[tm.StepRecord] = ()
+) -> list[TokenStep]:
+    """Each step's mean |Δ log p| over every valid response token (each response's mean weighted by
+    its valid tokens) and its worst token. A step with batch figures only (no per-response record
+    of it) takes the batch's ``abs_diff``, which is the same mean over the same tokens."""
+    by_step: dict[int, list[int]] = {}
+    for i, r in enumerate(recs):
+        by_step.setdefault(r.global_step, []).append(i)
+    out: dict[int, TokenStep] = {}
+    for step, idx in by_step.items():
+        weighted = [(recs[i].abs_diff, recs[i].tokens) for i in idx if recs[i].abs_diff is not None]
+        tokens = sum(n for _, n in weighted)
+        worst = max(idx, key=lambda i: recs[i].max_abs_diff if recs[i].max_abs_diff is not None else -1.0)
+        out[step] = TokenStep(
+            global_step=step,
+            responses=len(idx),
+            tokens=sum(recs[i].tokens for i in idx),
+            mean_abs_diff=sum(v * n for v, n in weighted) / tokens if tokens else None,
+            max_abs_diff=recs[worst].max_abs_diff,
+            worst_request_id=recs[worst].request_id,
+            worst_position=worst_at[worst],
+        )
+    for s in steps:
+        if s.global_step not in out:
+            out[s.global_step] = TokenStep(
+                global_step=s.global_step,
+                responses=s.responses,
+                tokens=s.tokens,
+                mean_abs_diff=s.abs_diff,
+                max_abs_diff=s.max_abs_diff,
+            )
+    return [out[k] for k in sorted(out)]
+
+
+def write_responses_csv(
+    path: Path, recs: Sequence[tm.TokenRecord], worst_at: Sequence[int | None], pair_of: dict[str, str]
+) -> None:
+    """One row per response, in step order: what the report's top table shows, for all of them."""
+    import csv
+    import io
+
+    fields = (
+        "global_step",
+        "request_id",
+        "index",
+        "response_length",
+        "tokens",
+        "mean_abs_diff",
+        "max_abs_diff",
+        "worst_position",
+        "first_above",
+        "pair_id",
+    )
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(fields)
+    for i in sorted(range(len(recs)), key=lambda i: (recs[i].global_step, recs[i].sample)):
+        r = recs[i]
+        w.writerow(
+            [
+                r.global_step,
+                r.request_id or "",
+                "" if r.index is None else r.index,
+                r.response_length,
+                r.tokens,
+                "" if r.abs_diff is None else repr(r.abs_diff),
+                "" if r.max_abs_diff is None else repr(r.max_abs_diff),
+                "" if worst_at[i] is None else worst_at[i],
+                "" if r.first_above is None else r.first_above,
+                pair_of.get(r.request_id or "", ""),
+            ]
+        )
+    write_text_atomic(path, buf.getvalue())
