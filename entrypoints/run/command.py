@@ -27,7 +27,7 @@ from rich.markup import escape
 
 from verl_consistency.contracts import capture as capture_mod
 from verl_consistency.contracts import env, layout, pins
-from verl_consistency.contracts.env import DUMP_PHASE, DumpPhase
+from verl_consistency.contracts.env import DUMP_PHASE
 from verl_consistency.contracts.run_manifest import MsprobeConfigs, RunManifest, now_utc
 from verl_consistency.contracts.token_records import STEP_LOG, TOKEN_LOG
 from verl_consistency.entrypoints.msprobe import config as mscfg
@@ -35,7 +35,13 @@ from verl_consistency.entrypoints.options import options_from
 from verl_consistency.entrypoints.run import dataset
 from verl_consistency.entrypoints.run.overrides import Mode, RunKind, Table
 from verl_consistency.entrypoints.run.plan import RunPlan, build_plan
-from verl_consistency.entrypoints.run.plan_options import DEFAULT_MODEL, Device, PlanError, PlanOptions
+from verl_consistency.entrypoints.run.plan_options import (
+    DEFAULT_MODEL,
+    Device,
+    PhaseChoice,
+    PlanError,
+    PlanOptions,
+)
 from verl_consistency.entrypoints.run.step_metrics import StepLog
 from verl_consistency.patches.hooks import placement
 
@@ -44,9 +50,23 @@ EXIT_REFUSED = 2
 console = Console(stderr=True)
 
 
+KIND_LINES = {
+    RunKind.RIDE_ALONG: "# collection: ride-along (the default): your training step untouched (full "
+    "responses, your reward, the weights move); each request's prompt rows are cut from the "
+    "training forward, and pairs of different weight versions are named weights_differ",
+    RunKind.PROMPTS_ONLY: "# collection: prompts-only (--prompts-only, the recipe): PROMPTS_ONLY=1 trims "
+    "every response to its prompt (the weights do not move); staleness pinned by its overrides",
+    RunKind.TOKEN_LEVEL: "# token-level (--token-level): normal responses, no msprobe dump, one token "
+    "record per response",
+}
+
+
 def format_dry_run(plan: RunPlan) -> str:
     """The exact environment and command, shell-quoted, one item per line."""
     token_level = plan.kind is RunKind.TOKEN_LEVEL
+    phase = [] if token_level else [f"# dump phase: {plan.phase.value}"]
+    if plan.phase_reason and phase:
+        phase = [f"{phase[0]}: {plan.phase_reason}"]
     lines = [
         f"# verl-consistency run {plan.mode.value} --dry-run: nothing was written or started.",
         f"# pin set: {plan.pin_set} (verl {pins.get('upstream.verl', set_name=plan.pin_set)}); "
@@ -54,6 +74,8 @@ def format_dry_run(plan: RunPlan) -> str:
         + (
             f"; trainer.v1.trainer_mode={plan.trainer_mode}" if plan.trainer_mode else " (no V1 trainer mode)"
         ),
+        KIND_LINES[plan.kind],
+        *phase,
         f"# run folder: {plan.run_dir}" + (" (--token-level: no msprobe dump)" if token_level else ""),
         *([] if token_level else [f"# capture: {capture_mod.parse(plan.capture).describe()}"]),
         f"#   msprobe configs: {plan.paths['rollout_config']}, {plan.paths['actor_config']}",
@@ -106,8 +128,10 @@ def prepare_run_dir(plan: RunPlan) -> RunManifest:
         user_overrides=plan.user_overrides,
         env=plan.env,
         dump_phase=plan.phase.value,
+        phase_reason=plan.phase_reason,
         capture=plan.capture,
-        kind=plan.kind.value,
+        kind=plan.kind.manifest_kind,
+        collection=plan.kind.collection,
         msprobe=MsprobeConfigs(rollout=plan.msprobe.rollout.to_json(), actor=plan.msprobe.actor.to_json()),
         paths=plan.paths,
     )
@@ -250,13 +274,15 @@ _DataModeOpt = Annotated[
     ),
 ]
 _PhaseOpt = Annotated[
-    DumpPhase,
+    PhaseChoice,
     typer.Option(
         envvar=DUMP_PHASE,
         help="Training phase to dump (DUMP_PHASE). log_prob: the forward-only pass that recomputes "
-        "old log-probs, with the weights the rollout had (the default). update_actor: the actor "
-        "update's forward and backward (the optimizer still steps; fully-async needs one update per "
-        "weight sync). all: both.",
+        "old log-probs, with the weights the rollout had. update_actor: the actor update's forward "
+        "and backward (the optimizer still steps). all: both. auto (the default): log_prob, or "
+        "update_actor in a ride-along run with bypass mode in force "
+        "(algorithm.rollout_correction.bypass_mode, verl 0.8.0 fully-async's default), which "
+        "skips the old-log-prob pass; --phase log_prob is refused then.",
     ),
 ]
 _CaptureOpt = Annotated[
@@ -283,6 +309,17 @@ _TokenLevelOpt = Annotated[
         "--token-level",
         help="A cheap triage run: normal responses (no PROMPTS_ONLY trim), no msprobe dump, one "
         "token_mismatch.jsonl record per response (vLLM's against the trainer's log-probs).",
+    ),
+]
+_PromptsOnlyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--prompts-only/--ride-along",
+        help="--ride-along (the default): collect inside your own training step (full responses, "
+        "your reward, the weights move); the training forward is cut to each request's prompt rows, "
+        "and records carry weight versions, so staleness is named (weights_differ), not prevented. "
+        "--prompts-only: the recipe: PROMPTS_ONLY=1 trims every response to its prompt, and the "
+        "run pins staleness (rollout_correction=null, staleness_threshold=0, ...); bypass mode refused.",
     ),
 ]
 _DeviceOpt = Annotated[
@@ -313,10 +350,11 @@ def run_command(
     ranks: _RanksOpt = None,
     modules: _ModulesOpt = None,
     data_mode: _DataModeOpt = None,
-    phase: _PhaseOpt = DumpPhase.LOG_PROB,
+    phase: _PhaseOpt = PhaseChoice.AUTO,
     capture: _CaptureOpt = capture_mod.RUN_DEFAULT,
     model: _ModelOpt = None,
     token_level: _TokenLevelOpt = False,
+    prompts_only: _PromptsOnlyOpt = False,
     device: _DeviceOpt = Device.NPU,
     dry_run: _DryRunOpt = False,
     as_json: _AsJsonOpt = False,
@@ -330,7 +368,10 @@ def run_command(
         raise typer.Exit(0)
     rid = run_id or layout.new_run_id(mode.value)
     try:
-        plan = build_plan(mode, options_from(PlanOptions, locals(), run_id=rid, extra_args=ctx.args))
+        options = options_from(
+            PlanOptions, locals(), run_id=rid, extra_args=ctx.args, phase=phase.dump_phase()
+        )
+        plan = build_plan(mode, options)
     except PlanError as exc:
         for message in exc.messages:
             console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)

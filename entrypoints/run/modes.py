@@ -116,7 +116,26 @@ def launch(mode: Mode, set_name: str | None = None) -> Launch:
 
 
 class RunKind(StrEnum):
-    """What a run is for: a msprobe collection run, or a cheap token-level triage run (``--token-level``)."""
+    """What a run is for: a msprobe collection run of one of two kinds, or a token-level triage run.
 
-    COLLECTION = "collection"
+    ``ride-along`` (the default): the user's training step untouched (full responses, their
+    reward, the weights move); the hooks cut each request's prompt rows out of the training
+    forward, and records carry weight versions, so staleness is named (``weights_differ``)
+    rather than prevented. ``prompts-only`` (``--prompts-only``): the recipe, ``PROMPTS_ONLY=1``
+    trims every response to its prompt and every staleness knob is pinned. ``token-level``
+    (``--token-level``): no msprobe dump, one token record per response.
+    """
+
+    RIDE_ALONG = "ride-along"
+    PROMPTS_ONLY = "prompts-only"
     TOKEN_LEVEL = "token-level"
+
+    @property
+    def manifest_kind(self) -> str:
+        """``run.json``'s ``kind``: ``collection`` (both msprobe kinds) or ``token-level``."""
+        return "token-level" if self is RunKind.TOKEN_LEVEL else "collection"
+
+    @property
+    def collection(self) -> str | None:
+        """``run.json``'s ``collection``: ``ride-along`` or ``prompts-only``; None for a triage run."""
+        return None if self is RunKind.TOKEN_LEVEL else self.value

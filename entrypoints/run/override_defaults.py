@@ -15,8 +15,10 @@ from verl_consistency.entrypoints.run.override_schema import (
     ALL_KINDS,
     ONLY_CURRENT,
     ONLY_NEXT,
+    RIDE_ALONG_ONLY,
     SHARED_POOL_MODES,
     TOKEN_LEVEL_ONLY,
+    UPDATE_PHASES,
     FromRun,
     Override,
 )
@@ -69,7 +71,7 @@ DEFAULTS: tuple[Override, ...] = (
         kinds=ALL_KINDS,
         key="data.max_response_length",
         value=128,
-        why="responses are trimmed before the training forward; short ones keep a run fast",
+        why="short responses keep a run fast (--prompts-only trims them before the training forward)",
     ),
     Override(
         kinds=ALL_KINDS,
@@ -166,6 +168,17 @@ DEFAULTS: tuple[Override, ...] = (
         "data.train_batch_size",
     ),
     Override(
+        kinds=RIDE_ALONG_ONLY,
+        key="trainer.v1.separate_async.parameter_sync_step",
+        value=1,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        phases=UPDATE_PHASES,
+        sets=ONLY_NEXT,
+        why="one actor update per weight sync, so that every update_actor forward can pair; a "
+        "ride-along run may raise it (with data.train_batch_size): the later mini batches of a "
+        "cycle then pair as weights_differ (--prompts-only requires 1)",
+    ),
+    Override(
         kinds=ALL_KINDS,
         key="actor_rollout_ref.rollout.nnodes",
         value=1,
@@ -217,6 +230,17 @@ DEFAULTS: tuple[Override, ...] = (
         why="one trainer step per weight sync (verl 0.8.0's default is 4); with more, verl still "
         "computes old log-probs with the weights the rollout had (fully_async_trainer.py:476-485), "
         "so a log_prob run may raise it",
+    ),
+    Override(
+        kinds=RIDE_ALONG_ONLY,
+        key="async_training.trigger_parameter_sync_step",
+        value=1,
+        modes=frozenset({Mode.FULLY_ASYNC}),
+        phases=UPDATE_PHASES,
+        sets=ONLY_CURRENT,
+        why="one trainer step per weight sync, so that every update_actor forward can pair; a "
+        "ride-along run may raise it: the later steps of a cycle then pair as weights_differ "
+        "(--prompts-only requires 1)",
     ),
     Override(
         kinds=ALL_KINDS,

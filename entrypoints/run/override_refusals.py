@@ -12,6 +12,7 @@ from verl_consistency.entrypoints.run.modes import Mode
 from verl_consistency.entrypoints.run.override_schema import (
     ALL_KINDS,
     ONLY_NEXT,
+    PROMPTS_ONLY_KIND,
     SHARED_POOL_MODES,
     UPDATE_PHASES,
     Matched,
@@ -67,8 +68,10 @@ REFUSALS: tuple[Refusal, ...] = (
         key="data.shuffle",
         bad=(True,),
         modes=frozenset({Mode.HYBRID}),
-        why="with shuffle on and no data.seed every run draws a different prompt order; "
-        "set data.seed too if you need a shuffled order",
+        kinds=PROMPTS_ONLY_KIND,
+        why="--prompts-only keeps the recipe's fixed order: with shuffle on and no data.seed every "
+        "run draws a different prompt order; set data.seed too if you need a shuffled order "
+        "(ride-along takes any order: pairing is by request id)",
     ),
     Refusal(
         key="async_training",
@@ -76,7 +79,7 @@ REFUSALS: tuple[Refusal, ...] = (
         kinds=ALL_KINDS,
         sets=ONLY_NEXT,
         why=_LEGACY_FULLY_ASYNC + ". Its knobs map to: staleness_threshold -> "
-        "trainer.v1.sampler.max_off_policy_threshold (the run sets 1), trigger_parameter_sync_step -> "
+        "trainer.v1.sampler.max_off_policy_threshold (--prompts-only sets 1), trigger_parameter_sync_step -> "
         "trainer.v1.separate_async.parameter_sync_step, partial_rollout -> always on",
     ),
     Refusal(

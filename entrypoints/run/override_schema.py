@@ -24,7 +24,13 @@ ONLY_NEXT: frozenset[str] = frozenset({NEXT})
 ALL_PHASES: frozenset[DumpPhase] = frozenset(DumpPhase)
 UPDATE_PHASES: frozenset[DumpPhase] = frozenset({DumpPhase.UPDATE_ACTOR, DumpPhase.ALL})
 """The phases that dump update_actor, whose forward an earlier optimizer step can spoil."""
-COLLECTION_ONLY: frozenset[RunKind] = frozenset({RunKind.COLLECTION})
+COLLECTION_ONLY: frozenset[RunKind] = frozenset({RunKind.RIDE_ALONG, RunKind.PROMPTS_ONLY})
+"""Every msprobe collection run: ride-along (the default) and prompts-only (``--prompts-only``)."""
+PROMPTS_ONLY_KIND: frozenset[RunKind] = frozenset({RunKind.PROMPTS_ONLY})
+"""The recipe only (``--prompts-only``): rows that pin what ride-along leaves to the user's job."""
+RIDE_ALONG_ONLY: frozenset[RunKind] = frozenset({RunKind.RIDE_ALONG})
+NOT_RIDE_ALONG: frozenset[RunKind] = frozenset({RunKind.PROMPTS_ONLY, RunKind.TOKEN_LEVEL})
+"""Rows that prevent staleness: the recipe and the triage run keep them; ride-along names it instead."""
 TOKEN_LEVEL_ONLY: frozenset[RunKind] = frozenset({RunKind.TOKEN_LEVEL})
 ALL_KINDS: frozenset[RunKind] = frozenset(RunKind)
 
@@ -56,13 +62,14 @@ class _Row(BaseModel):
     modes: frozenset[Mode] = ALL_MODES
     phases: frozenset[DumpPhase] = ALL_PHASES
     kinds: frozenset[RunKind] = COLLECTION_ONLY
-    """Run kinds the row applies to; a collection run's rows do not apply to a triage run."""
+    """Run kinds the row applies to (default: both collection kinds); a collection run's rows do
+    not apply to a triage run."""
     sets: frozenset[str] = PIN_SETS
     """Pin sets the row applies to: a row both verl releases need is written once."""
     why: str
 
     def applies(
-        self, mode: Mode, phase: DumpPhase, kind: RunKind = RunKind.COLLECTION, set_name: str = CURRENT
+        self, mode: Mode, phase: DumpPhase, kind: RunKind = RunKind.RIDE_ALONG, set_name: str = CURRENT
     ) -> bool:
         return mode in self.modes and phase in self.phases and kind in self.kinds and set_name in self.sets
 

@@ -77,8 +77,11 @@ from verl_consistency.entrypoints.run.override_schema import (
     COLLECTION_ONLY,
     MODEL_PATH_KEY,
     MODEL_SHORTCUT,
+    NOT_RIDE_ALONG,
     ONLY_CURRENT,
     ONLY_NEXT,
+    PROMPTS_ONLY_KIND,
+    RIDE_ALONG_ONLY,
     RUNTIME_ENV_PREFIX,
     SHARED_POOL_MODES,
     TOKEN_LEVEL_ONLY,
@@ -108,11 +111,14 @@ __all__ = [
     "MODEL_PATH_KEY",
     "MODEL_SHORTCUT",
     "NEXT",
+    "NOT_RIDE_ALONG",
     "ONLY_CURRENT",
     "ONLY_NEXT",
     "PIN_SETS",
+    "PROMPTS_ONLY_KIND",
     "REFUSALS",
     "REQUIRED",
+    "RIDE_ALONG_ONLY",
     "RUNTIME_ENV_PREFIX",
     "SHARED_POOL_MODES",
     "TOKEN_LEVEL_ONLY",
@@ -162,7 +168,7 @@ def resolve(value: Value, run: Mapping[str, str]) -> Any:
     return value
 
 
-_C = RunKind.COLLECTION
+_C = RunKind.RIDE_ALONG
 
 
 class _Scoped(Protocol):

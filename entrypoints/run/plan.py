@@ -40,7 +40,7 @@ from verl_consistency.entrypoints.msprobe.config import (
     parse_modules,
     parse_selection,
 )
-from verl_consistency.entrypoints.run import override_checks
+from verl_consistency.entrypoints.run import bypass, override_checks
 from verl_consistency.entrypoints.run import overrides as table
 from verl_consistency.entrypoints.run.overrides import Conflict, EnvConflict, Mode, RunKind, UserOverride
 from verl_consistency.entrypoints.run.plan_options import (
@@ -61,12 +61,15 @@ class RunPlan(BaseModel):
     """The pin set in force when the plan was built (``VERL_CONSISTENCY_PIN_SET``): it picks the table."""
     trainer_mode: str | None = None
     """verl 0.9's ``trainer.v1.trainer_mode`` for this mode; None on verl 0.8.0 (the current set)."""
-    kind: RunKind = RunKind.COLLECTION
+    kind: RunKind = RunKind.RIDE_ALONG
+    """ride-along (the default), prompts-only (``--prompts-only``) or token-level (``--token-level``)."""
     run_id: str
     device: Device = Device.NPU
     dump_root: str
     run_dir: str
     phase: DumpPhase
+    phase_reason: str | None = None
+    """Why the run chose ``phase`` itself (bypass mode in force); None when given, or log_prob."""
     capture: str
     capture_source: str | None = None
     """``--capture prompts:FILE``: the user's FILE, copied to ``layout.CAPTURE_PROMPTS`` by the run."""
@@ -96,14 +99,16 @@ class RunPlan(BaseModel):
     def as_json(self) -> dict[str, object]:
         return {
             "mode": self.mode.value,
+            "kind": self.kind.manifest_kind,
+            "collection": self.kind.collection,
             "pin_set": self.pin_set,
             "trainer_mode": self.trainer_mode,
-            "kind": self.kind.value,
             "run_id": self.run_id,
             "device": self.device.value,
             "dump_root": self.dump_root,
             "run_dir": self.run_dir,
             "phase": self.phase.value,
+            "phase_reason": self.phase_reason,
             "capture": self.capture,
             "task": self.dump.task.value,
             "level": self.dump.level.value,
@@ -154,6 +159,8 @@ class _Checked:
     kind: RunKind
     set_name: str
     launch: table.Launch
+    phase: bypass.Phase
+    """The phase dumped (the user's, else the run's choice: :mod:`.bypass`)."""
     layout: RunLayout
     rule: capture_mod.CaptureRule
     capture_source: str | None
@@ -182,7 +189,7 @@ def _check(mode: Mode, o: PlanOptions) -> _Checked:
     to check after it (an unknown mode on this set, a bad run id, bad Hydra syntax) ends it early.
     """
     problems: list[str] = []
-    kind = RunKind.TOKEN_LEVEL if o.token_level else RunKind.COLLECTION
+    kind = _kind(o, problems)
     set_name = table.pin_set()
     try:
         launch = table.launch(mode, set_name)
@@ -201,12 +208,14 @@ def _check(mode: Mode, o: PlanOptions) -> _Checked:
 
     user_texts, flags = split_extra_args(o.extra_args)
     user_texts = [_expand_shortcut(t) for t in user_texts]
-    run = _run_values(layout, o.phase, rule.spec())
     try:
         parsed = table.parse_user_overrides(user_texts)
     except ValueError as exc:
         raise PlanError([*problems, str(exc)]) from None
-    problems += _conflicts(mode, o, parsed, run, kind, set_name)
+    phase = bypass.choose(o.phase, kind, bypass.in_force(mode, set_name, parsed))
+    problems += [phase.problem] if phase.problem else []
+    run = _run_values(layout, phase.phase, rule.spec())
+    problems += _conflicts(mode, o, phase.phase, parsed, run, kind, set_name)
     problems += override_checks.given_twice(parsed) + override_checks.ray_env_not_strings(parsed)
     if problems:
         raise PlanError(problems)
@@ -215,6 +224,7 @@ def _check(mode: Mode, o: PlanOptions) -> _Checked:
         kind=kind,
         set_name=set_name,
         launch=launch,
+        phase=phase,
         layout=layout,
         rule=rule,
         capture_source=capture_source,
@@ -226,11 +236,23 @@ def _check(mode: Mode, o: PlanOptions) -> _Checked:
     )
 
 
+def _kind(o: PlanOptions, problems: list[str]) -> RunKind:
+    """The run kind the options ask for; ``--prompts-only`` with ``--token-level`` is a problem."""
+    if o.token_level and o.prompts_only:
+        problems.append(
+            "--prompts-only and --token-level: a token-level run trains on normal responses and "
+            "dumps nothing with msprobe, so there is nothing to trim; drop one of them"
+        )
+    if o.token_level:
+        return RunKind.TOKEN_LEVEL
+    return RunKind.PROMPTS_ONLY if o.prompts_only else RunKind.RIDE_ALONG
+
+
 def _collection_options_given(o: PlanOptions) -> list[str]:
     """A --token-level run's refusals: the msprobe options of a collection run that were given."""
     given = {
         "--capture": o.capture != capture_mod.RUN_DEFAULT,
-        "--phase": o.phase is not DumpPhase.LOG_PROB,
+        "--phase": o.phase not in (None, DumpPhase.LOG_PROB),
         "--task": o.task is not None,
         "--level": o.level is not Level.L0,
         "--steps": o.steps is not None,
@@ -295,17 +317,29 @@ def _dump_options(o: PlanOptions, rule: capture_mod.CaptureRule, problems: list[
 
 
 def _conflicts(
-    mode: Mode, o: PlanOptions, parsed: list[UserOverride], run: dict[str, str], kind: RunKind, set_name: str
+    mode: Mode,
+    o: PlanOptions,
+    phase: DumpPhase,
+    parsed: list[UserOverride],
+    run: dict[str, str],
+    kind: RunKind,
+    set_name: str,
 ) -> list[str]:
     """The user's overrides and environment that would spoil the data, and a bad token threshold."""
-    conflicts: list[Conflict] = table.find_conflicts(parsed, mode, o.phase, run, kind, set_name)
+    conflicts: list[Conflict] = table.find_conflicts(parsed, mode, phase, run, kind, set_name)
     # DUMP_PHASE and VERL_CONSISTENCY_CAPTURE are the sources of --phase and --capture: the option wins.
     option_sources = {DUMP_PHASE, env.CAPTURE}
     caller_env = {k: v for k, v in o.environ.items() if k not in option_sources}
-    env_conflicts: list[EnvConflict] = table.find_env_conflicts(
-        caller_env, mode, o.phase, run, kind, set_name
-    )
+    env_conflicts: list[EnvConflict] = table.find_env_conflicts(caller_env, mode, phase, run, kind, set_name)
     problems = [c.message for c in conflicts] + [c.message for c in env_conflicts]
+    trim = o.environ.get(env.PROMPTS_ONLY)
+    if kind is RunKind.RIDE_ALONG and trim not in (None, "", "0"):
+        problems.append(
+            f"refused environment {env.PROMPTS_ONLY}={trim!r}: a ride-along run (the default) trains "
+            "on the job's full responses, and the trim would reach the driver (and a local Ray's "
+            f"workers) although run.json says ride-along. Pass --prompts-only for the recipe, or unset "
+            f"{env.PROMPTS_ONLY}"
+        )
     problems += _megatron_micro_batches(parsed)
     if o.environ.get(env.TOKEN_THRESHOLD):
         try:
@@ -365,10 +399,10 @@ def _compose(mode: Mode, o: PlanOptions, c: _Checked) -> RunPlan:
 
     defaults = [
         table.spell(row, c.run)
-        for row in table.rows_for(table.DEFAULTS, mode, o.phase, c.kind, c.set_name)
+        for row in table.rows_for(table.DEFAULTS, mode, c.phase.phase, c.kind, c.set_name)
         if not any(_touches(row.key, k) for k in user_keys)
     ]
-    required_rows = table.required_rows(mode, o.phase, c.kind, c.set_name)
+    required_rows = table.required_rows(mode, c.phase.phase, c.kind, c.set_name)
     required_keys = {row.key for row in required_rows}
     required = [table.spell(row, c.run) for row in required_rows]
     # A user override that equals a required one is already in `required`: drop the repeat.
@@ -383,13 +417,14 @@ def _compose(mode: Mode, o: PlanOptions, c: _Checked) -> RunPlan:
         device=o.device,
         dump_root=str(o.dump_root),
         run_dir=str(c.layout.run_dir),
-        phase=o.phase,
+        phase=c.phase.phase,
+        phase_reason=c.phase.reason,
         capture=c.rule.spec(),
         capture_source=c.capture_source,
         dump=c.dump,
         python=o.python or sys.executable,
         module=c.launch.module,
-        env=table.environment(mode, o.phase, c.run, c.kind, c.set_name),
+        env=table.environment(mode, c.phase.phase, c.run, c.kind, c.set_name),
         overrides=[*model_rows, *device_rows, *defaults, *required, *user_kept],
         user_overrides=c.user_texts,
         hydra_flags=c.flags,
@@ -422,7 +457,8 @@ def _invocation(mode: Mode, o: PlanOptions, c: _Checked) -> list[str]:
         invocation += ["--token-level"]
     else:
         shown = f"prompts:{c.capture_source}" if c.capture_source else c.rule.spec()
-        invocation += collection_options(o.phase, shown, c.dump)
+        phase = "auto" if o.phase is None else o.phase.value
+        invocation += [f"--{c.kind.value}", *collection_options(phase, shown, c.dump)]
     if o.steps:
         invocation += ["--steps", o.steps]
     if o.ranks:
@@ -434,11 +470,12 @@ def _invocation(mode: Mode, o: PlanOptions, c: _Checked) -> list[str]:
     return [*invocation, *c.user_texts, *c.flags]
 
 
-def collection_options(phase: DumpPhase, capture: str, dump: DumpOptions) -> list[str]:
-    """The msprobe options of a collection run, as ``--option value`` words."""
+def collection_options(phase: str, capture: str, dump: DumpOptions) -> list[str]:
+    """The msprobe options of a collection run, as ``--option value`` words (``--phase auto``:
+    the run chooses the phase, as when it was left out)."""
     return [
         "--phase",
-        phase.value,
+        phase,
         "--capture",
         capture,
         "--task",

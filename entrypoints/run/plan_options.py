@@ -42,6 +42,24 @@ when torch_npu finds an NPU. ``--device cuda`` pins it, so that a CUDA run never
 probe; ``--device npu`` (the default) leaves it to verl, as before."""
 
 
+class PhaseChoice(StrEnum):
+    """``--phase``: a training phase, or ``auto`` (the default) to let the run choose.
+
+    ``auto`` is ``log_prob``, except in a ride-along run with bypass mode in force, where the
+    old-log-prob forward never runs and the run dumps ``update_actor`` (:mod:`.bypass`). A value
+    of its own, so that the RayJob's entrypoint can spell the default (``--phase auto``).
+    """
+
+    AUTO = "auto"
+    LOG_PROB = DumpPhase.LOG_PROB.value
+    UPDATE_ACTOR = DumpPhase.UPDATE_ACTOR.value
+    ALL = DumpPhase.ALL.value
+
+    def dump_phase(self) -> DumpPhase | None:
+        """The phase chosen, or None for ``auto``."""
+        return None if self is PhaseChoice.AUTO else DumpPhase(self.value)
+
+
 class PlanError(ValueError):
     """Bad input. ``messages`` holds one line per problem; the CLI exits with code 2."""
 
@@ -62,7 +80,8 @@ class PlanOptions:
 
     dump_root: str | os.PathLike[str]
     run_id: str
-    phase: DumpPhase = DumpPhase.LOG_PROB
+    phase: DumpPhase | None = None
+    """The phase given (``--phase``, ``DUMP_PHASE``); None: the run chooses (:mod:`.bypass`)."""
     capture: str = capture_mod.RUN_DEFAULT
     task: Task | None = None
     level: Level = Level.L0
@@ -75,6 +94,8 @@ class PlanOptions:
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     python: str | None = None
     token_level: bool = False
+    prompts_only: bool = False
+    """``--prompts-only``: the recipe (``PROMPTS_ONLY=1``) instead of a ride-along collection."""
     device: Device = Device.NPU
 
 

@@ -59,7 +59,8 @@ RUN_USAGE = """\
 #   kubectl apply -f k8s/{mode}-rayjob.yaml   # one collection run (k8s/README.md)
 #   kubectl apply -k k8s/overlays/<variant>     # one node, A3, HAMi, CCE, NVIDIA, Volcano, sizes
 #
-# Per run, edit RUN_ID (a new one each run), MODEL_PATH, PHASE and CAPTURE in the ConfigMap
+# Per run, edit RUN_ID (a new one each run), MODEL_PATH, COLLECTION (ride-along, the default,
+# or prompts-only: the recipe), PHASE and CAPTURE in the ConfigMap
 # verl-consistency-{mode}-run below: the RayJob's submitter pod reads them from there.
 # The sizes ({sizes}) were copied into the worker groups
 # when this file was rendered: change them with a component (k8s/components/pool-sizes,

@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from verl_consistency.contracts import __version__, pins
 from verl_consistency.contracts.atomic import write_json_atomic
@@ -105,9 +105,17 @@ class RunManifest(BaseModel):
     env: dict[str, str]
     """The variables this tool set (not the whole environment: it may hold secrets)."""
     dump_phase: str
+    phase_reason: str | None = None
+    """Why the run chose ``dump_phase`` itself (bypass mode in force: update_actor); None when the
+    phase was given, or is the default log_prob."""
     capture: str
     kind: str = "collection"
     """``collection`` (msprobe dumps) or ``token-level`` (``--token-level``: token records only)."""
+    collection: Literal["ride-along", "prompts-only"] | None = None
+    """A collection run's kind: ``ride-along`` (the default: the job's own training step, full
+    responses) or ``prompts-only`` (``--prompts-only``: the recipe's ``PROMPTS_ONLY=1`` trim). None
+    for a token-level run. A ``run.json`` written before this field reads as ``prompts-only`` when it
+    is a collection run: every collection run was, then."""
     msprobe: MsprobeConfigs
     paths: dict[str, str]
     """Run-folder-relative paths of what the run wrote (configs, data, dump folders)."""
@@ -118,6 +126,15 @@ class RunManifest(BaseModel):
     """verl's per-step metrics, in step order, from its console output (``trainer.logger`` with
     ``console``, the run's default). Empty in a manifest written before verl's first step, or by a
     version before this field."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _collection_of_older_manifests(cls, data: Any) -> Any:
+        """Fill ``collection`` for a ``run.json`` written before it (module docstring of the field)."""
+        if isinstance(data, dict) and "collection" not in data:
+            older = None if data.get("kind", "collection") == "token-level" else "prompts-only"
+            return {**data, "collection": older}
+        return data
 
     def write(self, path: Path) -> None:
         """Atomically (temp + rename): a reader never sees half a manifest."""

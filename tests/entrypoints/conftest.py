@@ -1,5 +1,7 @@
 """Session fixtures: each mode is composed ONCE with the real Hydra config of the pin set's verl
-(0.8.0 on the current set, 0.9.1 on the next; ~10-15 s each).
+(0.8.0 on the current set, 0.9.1 on the next; ~10-15 s each). The mode fixtures compose the recipe
+(``--prompts-only``: every row it had before ride-along became the default); ``ride_along``
+composes the default collection of fully-async, where bypass mode and the staleness knobs differ.
 
 * fully-async (and colocate-async, next set only): exactly the acceptance path —
   ``verl-consistency run <mode> --dry-run --json model=<path>``, then the printed argv and env are
@@ -93,20 +95,28 @@ def _compose_dry_run(root: Path, mode: str, run_id: str, *options: str) -> Compo
 
 @pytest.fixture(scope="session")
 def fully_async(tmp_path_factory: pytest.TempPathFactory) -> Composed:
-    return _compose_dry_run(tmp_path_factory.mktemp("dump-fa"), "fully-async", "fa-test")
+    return _compose_dry_run(tmp_path_factory.mktemp("dump-fa"), "fully-async", "fa-test", "--prompts-only")
+
+
+@pytest.fixture(scope="session")
+def ride_along(tmp_path_factory: pytest.TempPathFactory) -> Composed:
+    """fully-async as a user types it: ride-along, the phase the run picks."""
+    return _compose_dry_run(tmp_path_factory.mktemp("dump-ride"), "fully-async", "ride-test")
 
 
 @pytest.fixture(scope="session")
 def fully_async_all(tmp_path_factory: pytest.TempPathFactory) -> Composed:
     """fully-async with ``--phase all``: the update_actor rows (one actor update per weight sync)."""
-    return _compose_dry_run(tmp_path_factory.mktemp("dump-fa-all"), "fully-async", "fa-all", "--phase", "all")
+    return _compose_dry_run(
+        tmp_path_factory.mktemp("dump-fa-all"), "fully-async", "fa-all", "--prompts-only", "--phase", "all"
+    )
 
 
 @pytest.fixture(scope="session")
 def colocate_async(tmp_path_factory: pytest.TempPathFactory) -> Composed:
     if not supported("colocate-async"):
         pytest.skip("colocate-async is verl 0.9's V1 trainer mode: the next pin set only")
-    return _compose_dry_run(tmp_path_factory.mktemp("dump-ca"), "colocate-async", "ca-test")
+    return _compose_dry_run(tmp_path_factory.mktemp("dump-ca"), "colocate-async", "ca-test", "--prompts-only")
 
 
 @pytest.fixture(scope="session")
@@ -115,6 +125,7 @@ def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Composed:
     args = (
         "run",
         "hybrid",
+        "--prompts-only",
         "--dump-root",
         str(root),
         "--run-id",

@@ -117,6 +117,26 @@ def test_env_reaches_ray_workers_through_the_composed_config(composed: Composed)
     assert ("TORCHDYNAMO_DISABLE" in env_vars) is (mode in ASYNC_MODES)
 
 
+def test_ride_along_keeps_the_jobs_own_training_step(ride_along: Composed) -> None:
+    """The default collection: no PROMPTS_ONLY anywhere, verl's own rollout correction and
+    staleness settings, and the dump rows the data needs."""
+    from verl_consistency.entrypoints.run import bypass
+
+    env_vars = ride_along.get(RUNTIME_ENV_PREFIX)
+    assert "PROMPTS_ONLY" not in env_vars
+    assert "PROMPTS_ONLY" not in ride_along.plan["env"]
+    on = bypass.verl_default(Mode.FULLY_ASYNC, pin_set()).on
+    assert ride_along.get("algorithm.rollout_correction.bypass_mode") is on
+    assert env_vars["DUMP_PHASE"] == ("update_actor" if on else "log_prob")
+    assert ride_along.get("actor_rollout_ref.rollout.enforce_eager") is True
+    assert ride_along.get("actor_rollout_ref.rollout.enable_prefix_caching") is False
+    assert ride_along.get("actor_rollout_ref.hybrid_engine") is False
+    if pin_set() == NEXT:
+        assert ride_along.get("trainer.v1.sampler.max_off_policy_threshold") != 1  # verl's own
+    else:
+        assert ride_along.get("async_training.staleness_threshold") != 0  # verl's own
+
+
 def test_verl_hands_the_env_to_ray_init(fully_async: Composed, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run the set's verl's own run_ppo on the composed config and catch what it passes to ray.init."""
     import ray

@@ -58,10 +58,11 @@ def test_json_plan_command_env_and_paths() -> None:
     assert plan["module"] == Mode.FULLY_ASYNC.module
     assert plan["pin_set"] == pin_set()
     assert plan["trainer_mode"] == {CURRENT: None, NEXT: "separate_async"}[pin_set()]
+    # ride-along (the default): no PROMPTS_ONLY; verl 0.8.0's fully-async turns bypass mode on,
+    # so the run dumps update_actor there (test_ride_along.py)
     assert plan["env"] == {
         "DUMP_ON": "1",
-        "PROMPTS_ONLY": "1",
-        "DUMP_PHASE": "log_prob",
+        "DUMP_PHASE": {CURRENT: "update_actor", NEXT: "log_prob"}[pin_set()],
         "VERL_CONSISTENCY_TOKEN_LEVEL": "1",
         "VERL_CONSISTENCY_ACTOR_CONFIG": "/dump/demo/config/msprobe_actor.json",
         "VERL_CONSISTENCY_RUN_DIR": "/dump/demo",
@@ -140,6 +141,8 @@ def test_table_is_exported_as_json() -> None:
         "actor_rollout_ref.rollout.enforce_eager",
         "algorithm.rollout_correction",
     }
+    (correction,) = [r for r in table["required"] if r["key"] == "algorithm.rollout_correction"]
+    assert correction["kinds"] == ["prompts-only"]
 
 
 def test_every_pin_set_has_a_run_table() -> None:

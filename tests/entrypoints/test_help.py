@@ -67,7 +67,7 @@ def test_a_flag_shows_no_value(path):
 
 def test_an_option_with_a_value_still_shows_it():
     rows = help_rows(("run",))
-    assert rows["--phase"] == "<log_prob|update_actor|all>"
+    assert rows["--phase"] == "<auto|log_prob|update_actor|all>"
     assert rows["--dry-run"] is None
     assert rows["--json"] is None
 

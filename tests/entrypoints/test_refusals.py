@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from verl_consistency.contracts.env import DumpPhase
 from verl_consistency.entrypoints.cli import app
 from verl_consistency.entrypoints.run import overrides as table
+from verl_consistency.entrypoints.run.bypass import verl_default
 from verl_consistency.entrypoints.run.overrides import CURRENT, NEXT, Mode, RunKind, pin_set
 from verl_consistency.entrypoints.run.plan import build_plan
 from verl_consistency.entrypoints.run.plan_options import PlanError, PlanOptions
@@ -28,9 +29,20 @@ CONFLICTS = [
     ("fully-async", [], "actor_rollout_ref.rollout.enforce_eager=false", "eager mode"),
     ("hybrid", [], "actor_rollout_ref.actor.use_dynamic_bsz=True", "re-forms micro batches by token count"),
     ("fully-async", [], "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true", "mixes samples"),
-    ("fully-async", [], "algorithm.rollout_correction.bypass_mode=True", "bypass mode off"),
-    ("hybrid", ["--phase", "all"], "algorithm.rollout_correction.bypass_mode=true", "log_prob training dump"),
-    ("hybrid", [], "+algorithm.rollout_correction.rollout_is=token", "rollout_correction=null"),
+    # --prompts-only: the recipe's rows (ride-along leaves them to the job: test_ride_along_*)
+    ("fully-async", ["--prompts-only"], "algorithm.rollout_correction.bypass_mode=True", "bypass mode off"),
+    (
+        "hybrid",
+        ["--prompts-only", "--phase", "all"],
+        "algorithm.rollout_correction.bypass_mode=true",
+        "refuses bypass mode in every phase",
+    ),
+    (
+        "hybrid",
+        ["--prompts-only"],
+        "+algorithm.rollout_correction.rollout_is=token",
+        "rollout_correction=null",
+    ),
     ("hybrid", [], "global_profiler.tool=precision_debugger", "PrecisionDebugger"),
     ("fully-async", [], "actor_rollout_ref.actor.profiler.tool=precision_debugger", "singleton"),
     (
@@ -42,9 +54,9 @@ CONFLICTS = [
     ("hybrid", [], "ray_kwargs.ray_init.runtime_env={}", "it replaces"),
     ("hybrid", [], "actor_rollout_ref.rollout.enable_prefix_caching=True", "prefix-cache hit"),
     ("fully-async", [], "actor_rollout_ref.rollout.enable_chunked_prefill=True", "chunked prefill"),
-    ("hybrid", [], "trainer.balance_batch=True", "balance_batch"),
-    ("fully-async", [], "data.shuffle=True", "prompt order"),
-    ("hybrid", [], "data.shuffle=true", "prompt order"),
+    ("hybrid", ["--prompts-only"], "trainer.balance_batch=True", "balance_batch"),
+    ("fully-async", ["--prompts-only"], "data.shuffle=True", "prompt order"),
+    ("hybrid", ["--prompts-only"], "data.shuffle=true", "prompt order"),
     ("fully-async", [], "actor_rollout_ref.hybrid_engine=True", "separate pools"),
     ("hybrid", [], "trainer.val_before_train=True", "validation before training"),
     ("fully-async", [], "trainer.test_freq=5", "test_freq=-1"),
@@ -91,40 +103,65 @@ NEXT_CONFLICTS = [
     ("fully-async", [], "+async_training.partial_rollout=false", "partial_rollout -> always on"),
     ("fully-async", [], "rollout.n_gpus_per_node=4", "actor_rollout_ref.rollout.{nnodes,n_gpus_per_node}"),
     ("hybrid", [], "rollout.total_rollout_steps=64", "deprecate"),
-    ("fully-async", [], "trainer.v1.sampler.max_off_policy_threshold=8", "the weights that generated it"),
-    ("colocate-async", [], "trainer.v1.sampler.max_off_policy_threshold=null", "partial rollout"),
-    ("fully-async", [], "trainer.v1.sampler.max_off_policy_strategy=wait", "older weights"),
-    ("colocate-async", [], "trainer.v1.colocate_async.num_warmup_batches=1", "warm-up batch"),
     (
         "fully-async",
-        ["--phase", "update_actor"],
+        ["--prompts-only"],
+        "trainer.v1.sampler.max_off_policy_threshold=8",
+        "the weights that generated it",
+    ),
+    (
+        "colocate-async",
+        ["--token-level"],
+        "trainer.v1.sampler.max_off_policy_threshold=null",
+        "partial rollout",
+    ),
+    ("fully-async", ["--prompts-only"], "trainer.v1.sampler.max_off_policy_strategy=wait", "older weights"),
+    ("colocate-async", ["--prompts-only"], "trainer.v1.colocate_async.num_warmup_batches=1", "warm-up batch"),
+    (
+        "fully-async",
+        ["--prompts-only", "--phase", "update_actor"],
         "trainer.v1.separate_async.parameter_sync_step=4",
         "k-th mini batch",
     ),
-    ("fully-async", ["--phase", "all"], "~trainer.v1.separate_async.parameter_sync_step", "k-th mini batch"),
+    (
+        "fully-async",
+        ["--prompts-only", "--phase", "all"],
+        "~trainer.v1.separate_async.parameter_sync_step",
+        "k-th mini batch",
+    ),
     ("hybrid", [], "+trainer.v1.sync.parameter_sync_step=2", "trainer_base.py:130"),
     ("colocate-async", [], "+trainer.v1.colocate_async.parameter_sync_step=4", "never had"),
     ("hybrid", [], "trainer.v1.sampler.custom_sampler.path=/x/sampler.py", "custom replay buffer"),
     ("fully-async", [], "actor_rollout_ref.hybrid_engine=true", "training NPUs"),
     ("colocate-async", [], "actor_rollout_ref.rollout.enforce_eager=False", "eager mode"),
-    ("colocate-async", [], "data.shuffle=true", "prompt order"),
+    ("colocate-async", ["--prompts-only"], "data.shuffle=true", "prompt order"),
     ("colocate-async", ["--phase", "update_actor"], "data.train_batch_size=32", "set both to the same value"),
 ]
 
 # verl 0.8.0's fully_async_main: one weight version per pair (async_training.*).
 CURRENT_CONFLICTS = [
-    ("fully-async", [], "async_training.staleness_threshold=0.1", "run ahead"),
-    ("fully-async", [], "~async_training.staleness_threshold", "no request is in flight"),
-    ("fully-async", [], "async_training={}", "it replaces"),
+    ("fully-async", ["--prompts-only"], "async_training.staleness_threshold=0.1", "run ahead"),
+    ("fully-async", ["--token-level"], "~async_training.staleness_threshold", "no request is in flight"),
+    ("fully-async", ["--prompts-only"], "async_training={}", "it replaces"),
     (
         "fully-async",
-        ["--phase", "update_actor"],
+        ["--prompts-only", "--phase", "update_actor"],
         "async_training.trigger_parameter_sync_step=4",
         "updated k-1 times",
     ),
-    ("fully-async", ["--phase", "all"], "async_training.trigger_parameter_sync_step=2", "every step syncs"),
-    ("fully-async", ["--phase", "update_actor"], "async_training.require_batches=2", "second mini batch"),
-    ("fully-async", ["--phase", "all"], "~async_training.require_batches", "never had"),
+    (
+        "fully-async",
+        ["--prompts-only", "--phase", "all"],
+        "async_training.trigger_parameter_sync_step=2",
+        "every step syncs",
+    ),
+    (
+        "fully-async",
+        ["--prompts-only", "--phase", "update_actor"],
+        "async_training.require_batches=2",
+        "second mini batch",
+    ),
+    ("fully-async", ["--prompts-only", "--phase", "all"], "~async_training.require_batches", "never had"),
 ]
 
 CASES = CONFLICTS + {CURRENT: CURRENT_CONFLICTS, NEXT: NEXT_CONFLICTS}[SET]
@@ -158,7 +195,11 @@ def test_conflict_is_refused(
 
 def test_all_conflicts_are_reported_at_once(tmp_path: Path) -> None:
     result = _invoke(
-        tmp_path, "hybrid", "trainer.balance_batch=True", "global_profiler.tool=precision_debugger"
+        tmp_path,
+        "hybrid",
+        "--prompts-only",
+        "trainer.balance_batch=True",
+        "global_profiler.tool=precision_debugger",
     )
     assert result.exit_code == 2
     assert "2 problem(s)" in result.output
@@ -192,7 +233,7 @@ def test_compatible_overrides_pass_through(tmp_path: Path, override: str) -> Non
     assert sum(o.split("=")[0] == key for o in overrides) == 1
 
 
-def test_bypass_refused_even_when_only_update_actor_is_dumped(tmp_path: Path) -> None:
+def test_prompts_only_refuses_bypass_even_when_only_update_actor_is_dumped(tmp_path: Path) -> None:
     """The PROMPTS_ONLY trim drops rollout log-probs, so bypass mode would fail at the first step
     in every phase (patches/hooks/prompts_only.py): refuse it up front, not after an NPU-hour."""
     result = CliRunner().invoke(
@@ -200,6 +241,7 @@ def test_bypass_refused_even_when_only_update_actor_is_dumped(tmp_path: Path) ->
         [
             "run",
             "fully-async",
+            "--prompts-only",
             "--dry-run",
             "--json",
             "--phase",
@@ -298,13 +340,16 @@ def _refused_value(row: table.Refusal) -> str:
 
 
 def _plans() -> list[tuple[Mode, DumpPhase, RunKind]]:
+    """Every mode, phase and kind a run can have on this set. A ride-along run does not dump
+    log_prob where verl's default turns bypass mode on (test_bypass.py)."""
     return [
         (mode, phase, kind)
         for mode in Mode
         if supported(mode.value)
         for phase in DumpPhase
         for kind in RunKind
-        if kind is RunKind.COLLECTION or phase is DumpPhase.LOG_PROB
+        if kind is not RunKind.TOKEN_LEVEL or phase is DumpPhase.LOG_PROB
+        if not (kind is RunKind.RIDE_ALONG and phase is DumpPhase.LOG_PROB and verl_default(mode, SET).on)
     ]
 
 
@@ -325,6 +370,7 @@ def test_every_required_row_and_refusal_of_the_set_fires() -> None:
                         phase=phase,
                         environ={},
                         token_level=kind is RunKind.TOKEN_LEVEL,
+                        prompts_only=kind is RunKind.PROMPTS_ONLY,
                         extra_args=[override],
                     ),
                 )
@@ -415,9 +461,12 @@ def test_current_set_log_prob_run_may_batch_several_steps_per_sync(overrides: li
     (no request is in flight at a sync, and validation is off)."""
     if SET != CURRENT:
         pytest.skip("verl 0.8.0's async_training.* keys: the current pin set")
-    plan = build_plan(
-        Mode.FULLY_ASYNC, PlanOptions(dump_root="/dump", run_id="r", environ={}, extra_args=overrides)
-    )
+    for prompts_only in (False, True):
+        options = PlanOptions(
+            dump_root="/dump", run_id="r", environ={}, extra_args=overrides, prompts_only=prompts_only
+        )
+        plan = build_plan(Mode.FULLY_ASYNC, options)
+        assert plan.phase is (DumpPhase.LOG_PROB if prompts_only else DumpPhase.UPDATE_ACTOR)
     for override in overrides:
         key = override.split("=")[0]
         assert sum(o.split("=")[0] == key for o in plan.overrides) == 1, key

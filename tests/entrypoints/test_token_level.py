@@ -139,8 +139,11 @@ def test_caller_env_with_dumps_on_is_refused() -> None:
         )
 
 
-def test_a_collection_run_records_next_token_records_too() -> None:
-    plan = build_plan(Mode.HYBRID, PlanOptions(dump_root="/dump", run_id="r1", environ={}))
+@pytest.mark.parametrize("prompts_only", [False, True], ids=["ride-along", "prompts-only"])
+def test_a_collection_run_records_next_token_records_too(prompts_only: bool) -> None:
+    plan = build_plan(
+        Mode.HYBRID, PlanOptions(dump_root="/dump", run_id="r1", environ={}, prompts_only=prompts_only)
+    )
     assert plan.env["VERL_CONSISTENCY_TOKEN_LEVEL"] == "1"
-    assert plan.env["PROMPTS_ONLY"] == "1"
+    assert plan.env.get("PROMPTS_ONLY") == ("1" if prompts_only else None)
     assert "actor_rollout_ref.rollout.calculate_log_probs=true" in plan.overrides

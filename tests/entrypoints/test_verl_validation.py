@@ -24,17 +24,31 @@ from .conftest import MODEL, supported
 
 pytestmark = [pytest.mark.verl, pytest.mark.pinset]
 
+BYPASS_ON = "algorithm.rollout_correction.bypass_mode=true"
+BYPASS_OFF = "algorithm.rollout_correction.bypass_mode=false"
+
 KINDS: dict[str, tuple[str, ...]] = {
-    "collection": (),
+    "ride-along": (),
+    "ride-along-bypass": (BYPASS_ON,),
+    "ride-along-log_prob": ("--phase", "log_prob", BYPASS_OFF),
+    **{f"ride-along-{p.value}": ("--phase", p.value) for p in DumpPhase if p is not DumpPhase.LOG_PROB},
+    "prompts-only": ("--prompts-only",),
+    **{
+        f"prompts-only-{p.value}": ("--prompts-only", "--phase", p.value)
+        for p in DumpPhase
+        if p is not DumpPhase.LOG_PROB
+    },
     "token-level": ("--token-level",),
-    **{f"phase-{p.value}": ("--phase", p.value) for p in DumpPhase if p is not DumpPhase.LOG_PROB},
     "capture-all": ("--capture", "all"),
+    "prompts-only-capture-all": ("--prompts-only", "--capture", "all"),
     "cuda": ("--device", "cuda"),
+    "prompts-only-cuda": ("--prompts-only", "--device", "cuda"),
     "token-level-cuda": ("--token-level", "--device", "cuda"),
 }
-"""Every kind of run the command makes: the recipe collection (log_prob phase, every request),
-the token-level triage, the other dump phases (their rows differ), the recipe's whole-step
-capture, and ``--device cuda`` (it adds ``trainer.device``)."""
+"""Every kind of run the command makes (issue 35): ride-along, the default (the phase the run
+picks, bypass mode on, log_prob with bypass off, the other phases: their rows differ), the
+recipe ``--prompts-only`` in each phase, the token-level triage, the whole-step capture, and
+``--device cuda`` (it adds ``trainer.device``)."""
 
 CASES = [pytest.param(mode, kind, id=f"{mode.value}-{kind}") for mode in Mode for kind in KINDS]
 

@@ -177,7 +177,10 @@ def assert_driver_got_the_run(result: dict[str, Any], job: dict[str, Any], setti
     plan = json.loads(rec["dry_run"]["stdout"])
     assert plan["run_id"] == settings["RUN_ID"]
     assert plan["run_dir"] == f"/dump/{settings['RUN_ID']}"
-    assert plan["phase"] == settings["PHASE"]
+    # PHASE auto: the run picks log_prob, or update_actor when bypass mode is in force
+    auto = ("log_prob", "update_actor")
+    assert plan["phase"] in auto if settings["PHASE"] == "auto" else plan["phase"] == settings["PHASE"]
+    assert plan["collection"] == settings["COLLECTION"]
     assert plan["capture"] == settings["CAPTURE"]
     ov = dict(o.split("=", 1) for o in plan["overrides"])
     assert ov["actor_rollout_ref.model.path"] == settings["MODEL_PATH"]

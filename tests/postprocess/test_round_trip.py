@@ -92,7 +92,11 @@ def test_triage_capture_these_localise(root: Path, tmp_path: Path) -> None:
     loc = build_plan(
         Mode.HYBRID,
         PlanOptions(
-            dump_root=str(dump_root), run_id="localise-1", environ={}, capture=f"prompts:{capture_file}"
+            dump_root=str(dump_root),
+            run_id="localise-1",
+            environ={},
+            capture=f"prompts:{capture_file}",
+            prompts_only=True,  # the stand-in's trim (VC_TEST_TRIM=ours) is the recipe's
         ),
     )
     prepare_run_dir(loc)
