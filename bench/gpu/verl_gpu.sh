@@ -398,6 +398,13 @@ if [ "$cmd" = token ]; then
   grep -E "step:[0-9]+ |Traceback|Error" "$OUT/token-run.log" | cut -c1-400 | tail -14; cat "$OUT/steps.json"
   exit $rc
 fi
+if [ "$cmd" = setup ]; then
+  # Unpack, patch (this checkout's series) and build make_assets.py's model in a call of its own, so that
+  # the calls after it (ride, check) spend their 600 s on the runs.
+  from_checkout setup
+  assets
+  stamp setup; exit 0
+fi
 if [ "$cmd" = ride ]; then
   # Issue 35's proofs: `verl-consistency run MODE --device cuda` of THIS checkout as a user types it, a
   # ride-along collection (no --prompts-only: full responses, the run's varying reward, the weights move),
@@ -434,4 +441,4 @@ if [ "$cmd" = ride ]; then
   tail -25 "$log/postprocess.log" | tee -a "$OUT/ride.log"
   exit $rc
 fi
-echo "usage: $0 prepare [STAGE] | pack [STAGE] | stage p1|p2|p3|packed/cN | run [MODE:PHASE ...] | cost | lanes | check | token | ride" >&2; exit 2
+echo "usage: $0 prepare [STAGE] | pack [STAGE] | stage p1|p2|p3|packed/cN | run [MODE:PHASE ...] | cost | lanes | check | token | setup | ride" >&2; exit 2
