@@ -262,7 +262,7 @@ def check_megatron_prompt_only(micro_batch: Any, packed: PackedLayout | None) ->
         "the Megatron training dump covers whole micro batches, and this forward covers each "
         "request's prompt and response (ride-along): vLLM's prefill computed the prompt rows only. "
         "Run the collection with --prompts-only (PROMPTS_ONLY=1) on Megatron, or use the FSDP "
-        "actor (actor.strategy=fsdp2), whose lanes are cut to the prompt rows"
+        "actor (actor_rollout_ref.actor.strategy=fsdp or fsdp2), whose lanes are cut to the prompt rows"
     )
 
 
