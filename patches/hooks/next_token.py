@@ -1,11 +1,15 @@
-"""The output row: both engines' prediction for the prompt's next token (PROMPTS_ONLY runs).
+"""The output row: both engines' prediction for the prompt's next token, next to the prompt's lanes.
 
-A PROMPTS_ONLY run trains on no response, so the token records (``token_mismatch``) have nothing
-to compare; what is left is the one position both engines computed: the last prompt position,
-whose logits vLLM sampled response token 0 from. Three steps, in three places of verl:
+The layer view compares each request's prompt rows (``prompt_rows``); its output row is the last
+prompt position, whose logits vLLM sampled response token 0 from. A PROMPTS_ONLY run trains on
+no response, so that is the one position both engines computed; a ride-along run (the training
+forward covers the response too) has it at ``begin + prompt_len - 1`` of each row. Three steps,
+in three places of verl:
 
-* the trim (``prompts_only``) keeps vLLM's token and log-prob there (:func:`stash_next_token`,
-  :func:`stash_next_token_sample` for verl 0.9's V1 samples) before it drops the responses;
+* vLLM's token and log-prob there: a PROMPTS_ONLY trim (``prompts_only``) keeps them
+  (:func:`stash_next_token`, :func:`stash_next_token_sample` for verl 0.9's V1 samples) before it
+  drops the responses; ride-along reads them from the micro batch's ``responses[:, 0]`` and
+  ``rollout_log_probs[:, 0]`` (:func:`rollout_next_tokens`);
 * the training hook (``training``) puts a read-only forward hook on ``lm_head`` for each dumped
   micro batch (:class:`NextTokenProbe`);
 * the probe writes one :class:`NextTokenRecord` per wanted row to ``actor/<pid>/next_token.jsonl``.
@@ -91,6 +95,50 @@ def stash_next_token(batch: Any) -> bool:
     return True
 
 
+def _first_of_rows(value: Any) -> list[Any]:
+    """Each row's first entry (None for an empty row) of a padded ``[b, n]`` or nested tensor."""
+    if getattr(value, "is_nested", False):
+        return [row[0].item() if row.numel() else None for row in value.unbind()]
+    if value.dim() < 2 or value.shape[1] == 0:
+        return [None] * int(value.shape[0])
+    return value[:, 0].tolist()
+
+
+def rollout_next_tokens(micro_batch: Any) -> tuple[list[int | None], list[float | None]] | None:
+    """Ride-along: vLLM's response token 0 and its log-prob, per row, read from the micro batch.
+
+    Without the PROMPTS_ONLY trim nothing is stashed: the micro batch still holds vLLM's
+    ``responses`` and (with ``rollout.calculate_log_probs=true``) ``rollout_log_probs``, padded
+    (``RayPPOTrainer``'s batch) or nested (verl 0.9's V1 path); position 0 of each is what vLLM
+    sampled at the last prompt position. None for a trimmed batch (``prompts_only.PREFILL_ROWS``:
+    its ``responses`` is the last prompt token) or without rollout log-probs. A row whose token 0
+    is masked out, missing or without a finite log-prob gets None.
+    """
+    from verl.utils import tensordict_utils as tu
+
+    from verl_consistency.patches.hooks.prompts_only import PREFILL_ROWS
+
+    if tu.get(micro_batch, key=PREFILL_ROWS, default=None) is not None:
+        return None
+    responses = micro_batch.get("responses", None)
+    logps = micro_batch.get("rollout_log_probs", None)
+    if responses is None or logps is None:
+        return None
+    tokens, firsts = _first_of_rows(responses), _first_of_rows(logps)
+    mask = micro_batch.get("response_mask", None)
+    valid = [1] * len(tokens) if mask is None else [v if v is None else int(v) for v in _first_of_rows(mask)]
+    if not len(tokens) == len(firsts) == len(valid):
+        return None
+    ok = [
+        bool(v) and t is not None and lp is not None and math.isfinite(float(lp))
+        for t, lp, v in zip(tokens, firsts, valid, strict=True)
+    ]
+    return (
+        [int(t) if good else None for t, good in zip(tokens, ok, strict=True)],
+        [float(lp) if good else None for lp, good in zip(firsts, ok, strict=True)],
+    )
+
+
 @dataclass(frozen=True)
 class WantedRow:
     """One row of a micro batch the probe records: where its logits are, and what vLLM said."""
@@ -142,7 +190,10 @@ class NextTokenProbe:
         """Hook ``lm_head`` for the ``wanted`` row indices (default: the only row) of this micro batch.
 
         None when the records are off, the micro batch carries no rollout token, or several rows
-        come without ``last_positions`` (their positions in the logits would be a guess).
+        come without ``last_positions`` (their positions in the logits would be a guess). vLLM's
+        token comes from the PROMPTS_ONLY stash, else (ride-along, and only with ``last_positions``
+        from the layout: a response follows the prompt there) from the micro batch's responses
+        (:func:`rollout_next_tokens`).
         """
         if not enabled():
             return None
@@ -151,7 +202,11 @@ class NextTokenProbe:
         tokens = tu.get(micro_batch, key=NEXT_TOKEN, default=None)
         logps = tu.get(micro_batch, key=NEXT_TOKEN_ROLLOUT_LOG_PROB, default=None)
         if tokens is None or logps is None:
-            return None
+            # ride-along: vLLM's token is still the response's first (only with known positions)
+            found = rollout_next_tokens(micro_batch) if last_positions is not None else None
+            if found is None:
+                return None
+            tokens, logps = found
         tokens = list(tokens.tolist() if hasattr(tokens, "tolist") else tokens)
         logps = list(logps.tolist() if hasattr(logps, "tolist") else logps)
         topks = tu.get(micro_batch, key=NEXT_TOKEN_TOPK, default=None)

@@ -20,6 +20,9 @@ after it) but re-splits it: the prompt's **last token becomes a one-token respon
 * vLLM's first response token and its log-prob (``rollout_log_probs[:, 0]``, the prediction at
   the last prompt position) are kept in ``non_tensor_batch`` (``next_token.stash_next_token``)
   before the trim drops them, for the output row of the layer view;
+* each row is marked with the number of its tokens that vLLM's prefill computed, the whole
+  trimmed row (:data:`PREFILL_ROWS`), so that the training dump keeps the row whole: from the
+  trimmed ``prompts``/``responses`` alone the last prompt token would read as a response token;
 * the reward of that token is set to zero (``rm_scores``), so reward-only advantage estimators
   (GRPO, RLOO, REINFORCE++) give zero advantages and the policy-gradient term is exactly zero.
   The update still runs a real forward and backward (what ``DUMP_PHASE=update_actor`` dumps),
@@ -41,6 +44,12 @@ from typing import Any
 from verl_consistency.contracts import env
 
 BYPASS_OVERRIDE = "algorithm.rollout_correction.bypass_mode=False"
+
+PREFILL_ROWS = "vc_prefill_rows"
+"""Per-row column the trim adds (``non_tensor_batch``; a field of each V1 sample): how many of the
+row's tokens vLLM's prefill computed, the original prompt, which after the trim is the whole row
+(the trimmed ``prompts`` plus the one-token response). ``training.PackedLayout`` cuts the lanes to
+it; without it (ride-along) the prompt rows come from ``prompts``, as verl reads them."""
 
 _FULL_SEQUENCE = ("input_ids", "attention_mask")
 _DROPPED = ("rollout_log_probs",)
@@ -104,6 +113,11 @@ def trim(batch: Any, *, bypass_mode: bool = False) -> Any:
     from verl_consistency.patches.hooks import next_token
 
     next_token.stash_next_token(batch)
+    import numpy as np
+
+    prefill = np.empty(td["attention_mask"].shape[0], dtype=object)
+    prefill[:] = [int(n) for n in td["attention_mask"][:, :prompt_len].sum(dim=-1).tolist()]
+    batch.non_tensor_batch[PREFILL_ROWS] = prefill
     prompts = td["prompts"]
     for key in _FULL_SEQUENCE:
         td[key] = td[key][:, :prompt_len]
@@ -183,10 +197,10 @@ def trim_sample(field: dict[str, Any], *, validate: bool = False) -> dict[str, A
     tensors without padding (``prompts`` P, ``responses``/``response_mask``/``loss_mask``/
     ``rm_scores``/``rollout_log_probs`` R, ``input_ids`` P+R, ``position_ids`` ``[..., P+R]``,
     ``routed_experts`` ``[P+R, ...]``). Afterwards the forward input is the prompt and nothing
-    else, the last prompt token is a one-token response with mask 1 and reward 0, and
-    ``rollout_log_probs`` is ``[NaN]`` (TransferQueue cannot delete a field; see
-    :func:`check_v1_config`). Validation samples, and everything when ``PROMPTS_ONLY`` is off,
-    are left alone. Returns ``field``.
+    else, the last prompt token is a one-token response with mask 1 and reward 0,
+    :data:`PREFILL_ROWS` is the prompt's length, and ``rollout_log_probs`` is ``[NaN]``
+    (TransferQueue cannot delete a field; see :func:`check_v1_config`). Validation samples, and
+    everything when ``PROMPTS_ONLY`` is off, are left alone. Returns ``field``.
     """
     if validate or not enabled():
         return field
@@ -220,6 +234,7 @@ def trim_sample(field: dict[str, Any], *, validate: bool = False) -> dict[str, A
     from verl_consistency.patches.hooks import next_token
 
     next_token.stash_next_token_sample(field)
+    field[PREFILL_ROWS] = prompt_len
     one = torch.ones(1, dtype=field["response_mask"].dtype if "response_mask" in field else torch.int64)
     field["input_ids"] = field["input_ids"][:prompt_len]
     field["position_ids"] = field["position_ids"][..., :prompt_len]

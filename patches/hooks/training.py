@@ -23,7 +23,13 @@ Everything else lives here, where it is tested:
 * the request ids come from the micro batch's ``request_id`` column (verl 0.8.0) or, when there is
   none, from each row's ``extra_fields`` dict (verl 0.9.1's V1 TransferQueue path); verl 0.9.1's
   synthetic padding rows (``uid`` ``pad<32 hex>``) copy a real row's fields, so a micro batch of
-  padding rows only is not dumped and a mixed one names its padding rows by their ``uid``.
+  padding rows only is not dumped and a mixed one names its padding rows by their ``uid``;
+* each captured request of an FSDP micro batch is its own msprobe dump (a lane) cut to its
+  **prompt rows** (``prompt_rows.PackedLayout``): ride-along forwards cover prompt + response,
+  and attention is causal, so the prompt's rows are what vLLM's prefill computed. A micro batch
+  of one row whose forward covers the prompt only (PROMPTS_ONLY) is dumped whole, as before;
+* Megatron dumps each micro batch whole, so it refuses a forward that covers more than the
+  prompt (:func:`check_megatron_prompt_only`): use ``--prompts-only`` there.
 
 msprobe's ``PrecisionDebugger`` is one instance per process. In verl 0.8.0 the vLLM workers run in
 their own processes (vLLM's ``mp`` executor under the ``vLLMHttpServer`` actor), so the actor's
@@ -38,10 +44,8 @@ Nothing here imports torch, verl or msprobe at import time.
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +53,8 @@ import orjson
 
 from verl_consistency.contracts import capture, env, layout, records
 from verl_consistency.patches.hooks import msprobe_lanes, next_token, weight_sync
+from verl_consistency.patches.hooks.prompt_rows import PackedLayout, PromptRowsError
+from verl_consistency.patches.hooks.prompts_only import PREFILL_ROWS
 
 Backend = Literal["fsdp", "megatron"]
 Phase = Literal["log_prob", "update_actor"]
@@ -129,72 +135,6 @@ def padding_rows(micro_batch: Any) -> list[bool]:
 
     uids = _as_list(tu.get(micro_batch, key="uid", default=None))
     return [isinstance(u, str) and bool(_PADDING_UID.match(u)) for u in uids]
-
-
-@dataclass(frozen=True)
-class PackedLayout:
-    """How verl's FSDP engine lays a micro batch's rows out: read once per dumped micro batch.
-
-    verl's FSDP engine keeps ``input_ids`` as a nested (jagged) tensor (``DatasetPadMode.NO_PADDING``,
-    the only mode its ``prepare_model_inputs`` accepts); its offsets are the ``cu_seqlens`` that
-    both layouts are built from (``verl/workers/engine/fsdp/transformer_impl.py``). With
-    ``use_remove_padding`` (THD) the rows are concatenated into ``[1, total, ...]`` (and
-    ``[total, ...]`` after a squeeze); otherwise ``torch.nested.to_padded_tensor`` pads each row
-    on the right to ``[batch, longest, ...]``.
-    """
-
-    lengths: tuple[int, ...]
-    """Each row's token count."""
-    thd: bool
-
-    @classmethod
-    def of(cls, micro_batch: Any) -> PackedLayout | None:
-        """The micro batch's layout, or None when its ``input_ids`` are not verl's nested tensor."""
-        input_ids = micro_batch.get("input_ids", None) if hasattr(micro_batch, "get") else None
-        offsets = getattr(input_ids, "offsets", None)
-        if input_ids is None or not callable(offsets) or not getattr(input_ids, "is_nested", False):
-            return None
-        from verl.utils import tensordict_utils as tu
-
-        thd = bool(tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True))
-        return cls(tuple(int(n) for n in offsets().diff().tolist()), thd)
-
-    def lanes(self, ids: list[str], wanted: list[str]) -> list[msprobe_lanes.Lane] | None:
-        """One lane per wanted request: THD, ``[begin, end)`` of the cumulative lengths along dim 1
-        (and dim 0); padded, its row (dim 0) and its first ``len`` positions (dim 1). None when
-        the lengths do not match the ids (the micro batch is then dumped whole and logged as a
-        multi-request micro batch).
-
-        Not cut: the 4-D attention mask each layer is handed and eager attention's probabilities,
-        ``[batch, 1|heads, t, t]`` over every token of the micro batch. They are not a request's
-        rows, vLLM has no counterpart of them, and a ``t`` cut on dims 2 and 3 would also cut any
-        activation whose width happens to equal ``t``. ``tests/patches/test_training_fsdp.py`` shows
-        every other tensor of a lane equal to that request's forward alone, in both layouts.
-        """
-        if len(self.lengths) != len(ids) or len(set(ids)) != len(ids):
-            return None
-        if self.thd:
-            return msprobe_lanes.packed_lanes(
-                dict(zip(ids, self.lengths, strict=True)), ids, wanted, dims=(1, 0)
-            )
-        batch, longest = len(ids), max(self.lengths)
-        lanes = []
-        for rid in wanted:
-            row = ids.index(rid)
-            cuts = (
-                msprobe_lanes.Cut(0, batch, row, row + 1),
-                msprobe_lanes.Cut(1, longest, 0, self.lengths[row]),
-            )
-            lanes.append(msprobe_lanes.Lane(rid, cuts))
-        return lanes
-
-    def last_positions(self) -> list[int]:
-        """Each row's last prompt position in the logits flattened to ``[positions, vocab]``:
-        THD, ``cu_seqlens[i + 1] - 1``; padded, ``i * longest + len_i - 1``."""
-        if self.thd:
-            return [end - 1 for end in itertools.accumulate(self.lengths)]
-        longest = max(self.lengths)
-        return [i * longest + n - 1 for i, n in enumerate(self.lengths)]
 
 
 def _config_dump_path(config_path: Path) -> str:
@@ -303,6 +243,29 @@ def _rank(engine: Any) -> int:
     return int(getattr(engine, "rank", 0) or 0)
 
 
+def check_megatron_prompt_only(micro_batch: Any, packed: PackedLayout | None) -> None:
+    """Refuse a Megatron micro batch whose forward covers more than its prompts.
+
+    Megatron dumps each micro batch whole. Its activations are sequence-first (``[s, b, h]``); with
+    ``use_remove_padding`` each row is padded to the tensor/context-parallel alignment before
+    packing (``preprocess_packed_seqs``), and sequence parallelism splits ``s`` across the TP
+    ranks: cutting a request's prompt rows out of that is not done (nor tested on a GPU) yet. A
+    whole dump of a ride-along forward would hold response rows that vLLM's prefill never
+    computed, so it is refused rather than paired wrongly.
+    """
+    from verl.utils import tensordict_utils as tu
+
+    marked = tu.get(micro_batch, key=PREFILL_ROWS, default=None) is not None
+    if packed.prompt_only if packed is not None else marked:
+        return
+    raise TrainingDumpError(
+        "the Megatron training dump covers whole micro batches, and this forward covers each "
+        "request's prompt and response (ride-along): vLLM's prefill computed the prompt rows only. "
+        "Run the collection with --prompts-only (PROMPTS_ONLY=1) on Megatron, or use the FSDP "
+        "actor (actor_rollout_ref.actor.strategy=fsdp or fsdp2), whose lanes are cut to the prompt rows"
+    )
+
+
 class BatchDumper:
     """One ``forward_backward_batch`` call of the actor engine, dumped micro batch by micro batch."""
 
@@ -329,6 +292,28 @@ class BatchDumper:
         real = [i for i, pad in zip(ids, padding or [False] * len(ids), strict=False) if not pad]
         return [i for i in real if rule.is_all or rule.captures(records.base_request_id(i))]
 
+    def _lanes(
+        self, micro_batch: Any, ids: list[str], captured: list[str]
+    ) -> tuple[PackedLayout | None, list[msprobe_lanes.Lane] | None]:
+        """The micro batch's layout and its lanes (None: dump the micro batch whole).
+
+        FSDP: one msprobe dump per captured request (``msprobe_lanes``), cut to its prompt rows
+        out of the forward; a micro batch of one row whose forward is its prompt alone (PROMPTS_ONLY)
+        is that request's dump whole, as before. Megatron: whole, PROMPTS_ONLY only.
+        """
+        if not captured:
+            return None, None
+        try:
+            packed = PackedLayout.of(micro_batch)
+        except PromptRowsError as exc:
+            raise TrainingDumpError(f"{exc}; or run the collection with --prompts-only") from None
+        if self.backend == "megatron":
+            check_megatron_prompt_only(micro_batch, packed)
+            return None, None
+        if packed is None or (len(ids) == 1 and packed.prompt_only):
+            return packed, None
+        return packed, packed.lanes(ids, captured)
+
     def start(self, micro_batch: Any, model: Any) -> None:
         ids = [str(i) for i in request_ids_of(micro_batch)]
         ids_all = request_ids_of(micro_batch, "request_ids_all")
@@ -347,14 +332,7 @@ class BatchDumper:
         if self.session.service.should_stop_service or not (captured or self.session.capture.is_all):
             self._active = None
             return
-        # several rows: one msprobe dump per captured request (msprobe_lanes), cut out of the
-        # packed forward; one row: the whole micro batch is that request's dump, as before
-        lanes = None
-        packed = (
-            PackedLayout.of(micro_batch) if self.backend == "fsdp" and len(ids) > 1 and captured else None
-        )
-        if packed is not None:
-            lanes = packed.lanes(ids, captured)
+        packed, lanes = self._lanes(micro_batch, ids, captured)
         self.session.enter()
         if lanes:
             msprobe_lanes.install(self.session.service, lanes)
@@ -371,8 +349,11 @@ class BatchDumper:
                 wanted=[ids.index(rid) for rid in lane_ids],
                 last_positions=packed.last_positions(),
             )
-        else:
+        elif packed is None or packed.prompt_only:
+            # a whole dump's output row is its last position: a prompt-only forward's alone
             self._next = next_token.NextTokenProbe.attach(micro_batch, model)
+        else:
+            self._next = None
 
     def stop(self, micro_batch: Any) -> None:
         if self._active is None:

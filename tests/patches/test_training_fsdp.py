@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +183,8 @@ def test_v1_transfer_queue_path_dumps_every_micro_batch_with_its_ids(
     root: Path, model_cache: Path, tmp_path: Path
 ):
     """verl 0.9's V1 path: upstream keeps the ids inside ``extra_fields`` (one dict per row), patch
-    0001 lifts them into fields of their own; the trainer's padding row copies row 0's fields."""
+    0001 lifts them into fields of their own; the trainer's padding row copies row 0's fields.
+    No PROMPTS_ONLY here (ride-along): each one-row micro batch is cut to its prompt rows."""
     run_dir = tmp_path / "dumps" / "hybrid-20261201-000000-abcd"
     cfg = _msprobe_config(tmp_path / "msprobe_actor.json", tmp_path / "unused")
     report = _dumping_drive(root, model_cache, run_dir, cfg, DUMP_PHASE="all", VC_TEST_V1_TQ="1")
@@ -200,12 +202,17 @@ def test_v1_transfer_queue_path_dumps_every_micro_batch_with_its_ids(
     assert [r.step for r in recs] == list(range(6))
     assert recs[0].model_extra is not None
     assert recs[0].model_extra["request_ids_all"] == [[ids[0], report["resumed_id"]]]
-    dumps = sorted((run_dir / recs[0].dump_path).glob("step*/*/dump.json"))
-    assert len(dumps) == 6, "one dump.json per dumped micro batch, nothing for the padding row"
+    lane = records.lane_folder(0)
+    dumps = sorted((run_dir / recs[0].dump_path).glob(f"step*/*/{lane}/dump.json"))
+    assert len(dumps) == 6, "one lane per dumped micro batch, nothing for the padding row"
+    assert not list((run_dir / recs[0].dump_path).glob("step*/*/dump.json")), "no whole dumps"
     for rec in recs:
-        (dump,) = (run_dir / rec.dump_path).glob(f"step{rec.step}/*/dump.json")
+        assert rec.lane_request_ids == rec.request_ids
+        (dump,) = (run_dir / rec.dump_path).glob(f"step{rec.step}/*/{lane}/dump.json")
         sample = ids.index(rec.request_ids[0])
-        assert _embed_tokens(dump) == PROMPT_VALID[sample] + [4, 2, 3][sample], "the row's whole sequence"
+        # ride-along: the forward covers prompt + response (nested 'prompts', as verl reads them);
+        # the lane is the prompt's rows
+        assert _embed_tokens(dump) == PROMPT_VALID[sample], "the row's prompt rows"
 
 
 def _stats(dump_json: Path) -> dict[str, list[tuple[Any, ...]]]:
@@ -265,57 +272,112 @@ def _next_tokens(run_dir: Path) -> dict[str, dict[str, Any]]:
     return {r["request_id"]: r for r in recs}
 
 
+ALONE = "hybrid-20261201-000000-aaaa"
+
+
+@pytest.fixture(scope="module")
+def alone_runs(
+    root: Path, model_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], tuple[Path, list[records.UpdateActorRecord]]]:
+    """Per layout, the reference: PROMPTS_ONLY micro batches of 1, each request's prompt alone
+    (run once per module and layout)."""
+    done: dict[str, tuple[Path, list[records.UpdateActorRecord]]] = {}
+
+    def get(rmpad: str) -> tuple[Path, list[records.UpdateActorRecord]]:
+        if rmpad not in done:
+            tmp = tmp_path_factory.mktemp(f"alone-{rmpad}")
+            cfg = _msprobe_config(tmp / "msprobe_actor.json", tmp / "unused")
+            run_dir = tmp / ALONE
+            recs = _lane_run(root, model_cache, run_dir, cfg, VC_TEST_RMPAD=rmpad)
+            assert [r.num_requests for r in recs] == [1, 1, 1, 1]
+            assert all(r.lane_request_ids is None for r in recs), "one prompt-only row: dumped whole"
+            done[rmpad] = (run_dir, recs)
+        return done[rmpad]
+
+    return get
+
+
+def _assert_lanes_equal_alone(
+    alone_dir: Path,
+    alone: list[records.UpdateActorRecord],
+    run_dir: Path,
+    recs: list[records.UpdateActorRecord],
+) -> None:
+    """Every lane of ``recs`` holds, module by module, the statistics of its request's prompt
+    forward alone (the embedding, every layer and the logits), and its next-token record is the
+    alone one's (the last prompt position)."""
+    by_id = {r.request_ids[0]: r for r in alone}
+    order = list(by_id)
+    compared, lanes = 0, []
+    for rec in recs:
+        assert rec.lane_request_ids is not None, "every captured row gets a lane"
+        (rank,) = (run_dir / rec.dump_path / f"step{rec.step}").iterdir()
+        assert not (rank / "dump.json").exists(), "no whole-batch dump beside the lanes"
+        for k, rid in enumerate(rec.lane_request_ids):
+            lanes.append((rec.step, rid))
+            lane_json = rank / records.lane_folder(k) / "dump.json"
+            lane, a = _stats(lane_json), by_id[rid]
+            (ref_dump,) = (alone_dir / a.dump_path).glob(f"step{a.step}/*/dump.json")
+            ref = _stats(ref_dump)
+            assert lane.keys() == ref.keys()
+            assert _embed_tokens(lane_json) == PROMPT_VALID[order.index(rid)], "the prompt rows only"
+            for key, tensors in lane.items():
+                bad = [i for i, (x, y) in enumerate(zip(tensors, ref[key], strict=True)) if not _same(x, y)]
+                # the 4-D attention mask a layer is handed, and eager attention's probabilities, span
+                # every token of the micro batch ([b, 1|heads, t, t]); they are not rows of a request
+                # and have no vLLM counterpart. Every other tensor must match.
+                bad = [i for i in bad if not _square_4d(tensors[i][0])]
+                assert bad == [], f"lane {k} ({rid}) {key}: tensors {bad} differ from the prompt alone"
+                compared += len(tensors)
+    assert sorted(rid for _, rid in lanes) == sorted(by_id)
+    assert compared > 100 * len(lanes)
+    # the next-token view: one record per lane, each the request's own last prompt position
+    alone_next, got_next = _next_tokens(alone_dir), _next_tokens(run_dir)
+    assert sorted(got_next) == sorted(alone_next)
+    steps = dict((rid, step) for step, rid in lanes)
+    for rid, got in got_next.items():
+        want = alone_next[rid]
+        assert got["step"] == steps[rid]
+        assert (got["token"], got["train_argmax"]) == (want["token"], want["train_argmax"])
+        assert math.isclose(got["rollout_log_prob"], want["rollout_log_prob"], rel_tol=1e-6), rid
+        assert math.isclose(got["train_log_prob"], want["train_log_prob"], rel_tol=1e-3, abs_tol=1e-4), rid
+
+
 @pytest.mark.parametrize("rmpad", ["1", "0"], ids=["thd", "padded"])
 def test_packed_micro_batch_dumps_one_lane_per_request_equal_to_the_request_alone(
-    root: Path, model_cache: Path, tmp_path: Path, rmpad: str
+    root: Path, model_cache: Path, tmp_path: Path, rmpad: str, alone_runs: Any
 ):
-    """A micro batch of 4 (verl's packed THD layout, or its padded one) against micro batches of 1.
-
-    Each lane must hold the statistics of its request's own forward, module by module: the
-    embedding, every layer and the logits, for the prompt tokens of that request alone.
-    """
+    """PROMPTS_ONLY: a micro batch of 4 (verl's packed THD layout, or its padded one) against
+    micro batches of 1. Each lane holds its request's whole (prompt-only) row."""
+    alone_dir, alone = alone_runs(rmpad)
     cfg = _msprobe_config(tmp_path / "msprobe_actor.json", tmp_path / "unused")
-    alone = _lane_run(
-        root, model_cache, tmp_path / "alone" / "hybrid-20261201-000000-aaaa", cfg, VC_TEST_RMPAD=rmpad
-    )
     packed_dir = tmp_path / "packed" / "hybrid-20261201-000000-bbbb"
     packed = _lane_run(root, model_cache, packed_dir, cfg, VC_TEST_MICRO="4", VC_TEST_RMPAD=rmpad)
-    assert [r.num_requests for r in alone] == [1, 1, 1, 1]
-    assert all(r.lane_request_ids is None for r in alone), "one row: the whole micro batch is the request"
     (rec,) = packed
     assert rec.num_requests == 4
     assert rec.lane_request_ids == rec.request_ids, "every captured row gets a lane, in row order"
-    (rank,) = (packed_dir / rec.dump_path / f"step{rec.step}").iterdir()
-    assert not (rank / "dump.json").exists(), "no whole-batch dump beside the lanes"
-    by_id = {r.request_ids[0]: r for r in alone}
-    compared = 0
-    for k, rid in enumerate(rec.lane_request_ids):
-        lane = _stats(rank / records.lane_folder(k) / "dump.json")
-        a = by_id[rid]
-        (ref_dump,) = (tmp_path / "alone" / "hybrid-20261201-000000-aaaa" / a.dump_path).glob(
-            f"step{a.step}/*/dump.json"
-        )
-        ref = _stats(ref_dump)
-        assert lane.keys() == ref.keys()
-        lane_json = rank / records.lane_folder(k) / "dump.json"
-        assert _embed_tokens(lane_json) == PROMPT_VALID[list(by_id).index(rid)], (
-            "the lane holds the prompt only"
-        )
-        for key, tensors in lane.items():
-            bad = [i for i, (x, y) in enumerate(zip(tensors, ref[key], strict=True)) if not _same(x, y)]
-            # the 4-D attention mask a layer is handed, and eager attention's probabilities, span
-            # every token of the micro batch ([b, 1|heads, t, t]); they are not rows of a request
-            # and have no vLLM counterpart. Every other tensor must match.
-            bad = [i for i in bad if not _square_4d(tensors[i][0])]
-            assert bad == [], f"lane {k} ({rid}) {key}: tensors {bad} differ from the request alone"
-            compared += len(tensors)
-    assert compared > 100
-    # the next-token view: one record per lane, each the request's own last prompt position
-    alone_next = _next_tokens(tmp_path / "alone" / "hybrid-20261201-000000-aaaa")
-    packed_next = _next_tokens(packed_dir)
-    assert sorted(packed_next) == sorted(alone_next) == sorted(rec.lane_request_ids)
-    for rid, got in packed_next.items():
-        want = alone_next[rid]
-        assert got["step"] == rec.step
-        assert (got["token"], got["train_argmax"]) == (want["token"], want["train_argmax"])
-        assert math.isclose(got["train_log_prob"], want["train_log_prob"], rel_tol=1e-3, abs_tol=1e-4), rid
+    _assert_lanes_equal_alone(alone_dir, alone, packed_dir, packed)
+
+
+@pytest.mark.parametrize("micro", ["4", "1"], ids=["packed", "one-row"])
+@pytest.mark.parametrize("rmpad", ["1", "0"], ids=["thd", "padded"])
+def test_ride_along_lanes_are_the_prompt_rows_of_a_prompt_and_response_forward(
+    root: Path, model_cache: Path, tmp_path: Path, rmpad: str, micro: str, alone_runs: Any
+):
+    """Ride-along (no PROMPTS_ONLY): the forward covers each request's prompt and response.
+
+    Attention is causal, so each row's prompt positions are its prompt's forward alone: every
+    lane, cut to them, equals the PROMPTS_ONLY run of that prompt alone, and the output row is
+    the last prompt position, with vLLM's token read from ``responses[:, 0]``. A micro batch of
+    one row is cut too (its forward is longer than the prompt).
+    """
+    alone_dir, alone = alone_runs(rmpad)
+    cfg = _msprobe_config(tmp_path / "msprobe_actor.json", tmp_path / "unused")
+    run_dir = tmp_path / "ride" / "hybrid-20261201-000000-cccc"
+    recs = _lane_run(
+        root, model_cache, run_dir, cfg, VC_TEST_TRIM="none", VC_TEST_MICRO=micro, VC_TEST_RMPAD=rmpad
+    )
+    ids = [r.request_ids[0] for r in alone]
+    assert [x for r in recs for x in r.request_ids] == ids
+    assert [x for r in recs for x in (r.lane_request_ids or [])] == ids, "every request its own lane"
+    _assert_lanes_equal_alone(alone_dir, alone, run_dir, recs)

@@ -180,3 +180,155 @@ def test_padding_rows_are_verl_091_synthetic_uids_only() -> None:
     real = "3f2b8a9c-1d4e-4f5a-9b6c-7d8e9f0a1b2c"  # str(uuid4()), the trainer's dataset uid
     assert training.padding_rows(_td(uid=[real, pad, "pad-not-hex"])) == [False, True, False]
     assert training.padding_rows(_td(request_id=["a"])) == []
+
+
+def _ride_along_td(nested: bool, marked: bool = False):  # type: ignore[no-untyped-def]
+    """The 2-row micro batch of :func:`_rollout_batch` as verl's engine sees it: nested
+    ``input_ids`` (rows of 4 + 2 and 5 + 1 tokens), ``prompts`` padded (RayPPOTrainer) or nested
+    (verl 0.9's V1 path)."""
+    from tensordict import NonTensorStack, TensorDict
+
+    b = _rollout_batch().batch
+    rows = [torch.tensor([5, 6, 11, 12]), torch.tensor([7, 8, 9, 10, 13])]
+    fields: dict[str, object] = {
+        "input_ids": torch.nested.as_nested_tensor(rows, layout=torch.jagged),
+        "request_id": NonTensorStack("a", "b"),
+    }
+    if nested:
+        fields["prompts"] = torch.nested.as_nested_tensor(
+            [torch.tensor([5, 6]), torch.tensor([7, 8, 9, 10])], layout=torch.jagged
+        )
+        fields["responses"] = torch.nested.as_nested_tensor(
+            [torch.tensor([11, 12]), torch.tensor([13])], layout=torch.jagged
+        )
+        fields["rollout_log_probs"] = torch.nested.as_nested_tensor(
+            [torch.tensor([-0.25, -0.5]), torch.tensor([-0.75])], layout=torch.jagged
+        )
+    else:
+        for key in ("prompts", "responses", "attention_mask", "response_mask"):
+            fields[key] = b[key]
+        fields["rollout_log_probs"] = torch.tensor([[-0.25, -0.5, 0.0], [-0.75, 0.0, 0.0]])
+    if marked:
+        fields[prompts_only.PREFILL_ROWS] = NonTensorStack(4, 5)
+    return TensorDict(fields, batch_size=[2])
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["padded-prompts", "nested-prompts"])
+def test_prompt_lengths_are_read_as_verl_reads_them(nested: bool) -> None:
+    layout = training.PackedLayout.of(_ride_along_td(nested))
+    assert layout is not None
+    assert layout.lengths == (4, 5)
+    assert layout.prompts == (2, 4), "the rows vLLM prefilled: the prompts' valid tokens"
+    assert not layout.prompt_only
+    marked = training.PackedLayout.of(_ride_along_td(nested, marked=True))
+    assert marked is not None
+    assert marked.prompt_only, "a PROMPTS_ONLY batch: its rows whole"
+
+
+def test_lanes_and_last_positions_are_cut_to_the_prompt_rows() -> None:
+    """Rows of 4 and 5 tokens whose prompts are 2 and 4: THD ``[begin, begin + p)`` on dims 1
+    and 0; padded, the row and its first p positions; the output row at ``begin + p - 1``."""
+    cut = training.msprobe_lanes.Cut
+    thd = training.PackedLayout((4, 5), thd=True, prompts=(2, 4))
+    lanes = thd.lanes(["a", "b"], ["b", "a"])
+    assert lanes is not None
+    assert [(x.request_id, x.cuts) for x in lanes] == [
+        ("b", (cut(1, 9, 4, 8), cut(0, 9, 4, 8))),
+        ("a", (cut(1, 9, 0, 2), cut(0, 9, 0, 2))),
+    ]
+    assert thd.last_positions() == [1, 7]
+    padded = training.PackedLayout((4, 5), thd=False, prompts=(2, 4))
+    lanes = padded.lanes(["a", "b"], ["a", "b"])
+    assert lanes is not None
+    assert [x.cuts for x in lanes] == [
+        (cut(0, 2, 0, 1), cut(1, 5, 0, 2)),
+        (cut(0, 2, 1, 2), cut(1, 5, 0, 4)),
+    ]
+    assert padded.last_positions() == [1, 5 + 3]
+    # without prompt lengths (a prompt-only forward) the cuts are the whole rows, as before
+    whole = training.PackedLayout((4, 5), thd=True)
+    assert whole.prompt_only
+    assert whole.last_positions() == [3, 8]
+    lanes = whole.lanes(["a", "b"], ["b"])
+    assert lanes is not None
+    assert lanes[0].cuts == (cut(1, 9, 4, 9), cut(0, 9, 4, 9))
+    assert whole.lanes(["a"], ["a"]) is None, "lengths that do not match the ids: dumped whole"
+
+
+def test_unreadable_prompt_lengths_are_a_clear_error() -> None:
+    from verl_consistency.patches.hooks.prompt_rows import PromptRowsError
+
+    td = _ride_along_td(nested=False)
+    del td["attention_mask"]
+    with pytest.raises(PromptRowsError, match="no padded 'attention_mask'"):
+        training.PackedLayout.of(td)
+    td = _ride_along_td(nested=False)
+    del td["prompts"]
+    with pytest.raises(PromptRowsError, match="has no 'prompts'"):
+        training.PackedLayout.of(td)
+    from tensordict import NonTensorStack
+
+    td = _ride_along_td(nested=True)
+    td[prompts_only.PREFILL_ROWS] = NonTensorStack(4, 6)
+    with pytest.raises(PromptRowsError, match=r"\[4, 6\].*rows of \[4, 5\] tokens"):
+        training.PackedLayout.of(td)
+
+
+def test_the_trims_mark_each_row_with_the_tokens_vllm_prefilled(monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = prompts_only.trim(_rollout_batch())
+    assert list(batch.non_tensor_batch[prompts_only.PREFILL_ROWS]) == [2, 4], "the whole trimmed row"
+    monkeypatch.setenv("PROMPTS_ONLY", "1")
+    field = {
+        "prompts": torch.tensor([1, 2, 3]),
+        "responses": torch.tensor([7, 8]),
+        "input_ids": torch.tensor([1, 2, 3, 7, 8]),
+        "position_ids": torch.arange(5),
+        "response_mask": torch.ones(2, dtype=torch.long),
+    }
+    assert prompts_only.trim_sample(field)[prompts_only.PREFILL_ROWS] == 3 == len(field["input_ids"])
+
+
+def test_megatron_refuses_a_ride_along_forward_and_names_prompts_only() -> None:
+    ride = _ride_along_td(nested=False)
+    with pytest.raises(training.TrainingDumpError, match="--prompts-only"):
+        training.check_megatron_prompt_only(ride, training.PackedLayout.of(ride))
+    marked = _ride_along_td(nested=False, marked=True)
+    training.check_megatron_prompt_only(marked, training.PackedLayout.of(marked))
+    training.check_megatron_prompt_only(marked, None)
+    with pytest.raises(training.TrainingDumpError, match="--prompts-only"):
+        training.check_megatron_prompt_only(ride, None)
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["padded", "nested"])
+def test_ride_along_next_token_is_read_from_the_responses(
+    monkeypatch: pytest.MonkeyPatch, nested: bool
+) -> None:
+    from verl_consistency.patches.hooks import next_token
+
+    got = next_token.rollout_next_tokens(_ride_along_td(nested))
+    assert got == ([11, 13], [-0.25, -0.75])
+    assert next_token.rollout_next_tokens(_ride_along_td(nested, marked=True)) is None, (
+        "a trimmed batch's response is its last prompt token"
+    )
+    td = _ride_along_td(nested)
+    del td["rollout_log_probs"]
+    assert next_token.rollout_next_tokens(td) is None
+    if not nested:
+        td = _ride_along_td(nested)
+        td["response_mask"][1, 0] = 0
+        td["rollout_log_probs"][0, 0] = float("nan")
+        assert next_token.rollout_next_tokens(td) == ([None, None], [None, None])
+    # the probe: only with the layout's positions (a response follows the prompt)
+    monkeypatch.setenv("VERL_CONSISTENCY_TOKEN_LEVEL", "1")
+    monkeypatch.setenv("VERL_CONSISTENCY_RUN_DIR", "/nonexistent-run")
+    head = torch.nn.Linear(2, 16)
+    model = SimpleNamespace(lm_head=head)
+    td = _ride_along_td(nested)
+    assert next_token.NextTokenProbe.attach(td, model) is None
+    probe = next_token.NextTokenProbe.attach(td, model, wanted=[1], last_positions=[1, 7])
+    assert probe is not None
+    assert [(r.position, r.token, r.rollout_log_prob) for r in probe.rows] == [(7, 13, -0.75)]
+    head(torch.randn(9, 2))
+    probe.detach()
+    assert len(probe.last) == 1
+    assert probe.last[0].shape == (16,)

@@ -15,6 +15,8 @@ for all lanes), so that step ``2i`` and step ``2i + 1`` must hold the same lanes
   hook does;
 * ``padded``: the same model on a right-padded ``[batch, longest]`` micro batch with its attention
   mask, ``PackedLayout(..., thd=False)`` (row on dim 0, positions on dim 1);
+* ``thd-prompt-rows``, ``padded-prompt-rows``: both training layouts over prompt + response rows
+  (ride-along), each lane cut to its request's prompt rows (``PackedLayout(..., prompts=...)``);
 * ``empty``: lanes started and stopped with no forward between (only msprobe's initial files).
 
 ``OUT/result.json`` lists each case's two steps, the front msprobe held during each, and the lanes.
@@ -39,21 +41,23 @@ from verl_consistency.patches.hooks.request_scope import scoped_msprobe_config, 
 from verl_consistency.patches.hooks.training import PackedLayout
 
 PATHS = ("fanout", "auto")
+RESPONSES = {"a": 3, "b": 1, "c": 4}
+"""Ride-along cases: each row's response tokens after its prompt (``LENGTHS``)."""
 
 
 def _packed_training_batch(prompts: dict[str, list[int]]) -> dict[str, torch.Tensor]:
     ids = torch.tensor([t for r in PACKING for t in prompts[r]]).unsqueeze(0)
-    positions = torch.cat([torch.arange(LENGTHS[r]) for r in PACKING]).unsqueeze(0)
+    positions = torch.cat([torch.arange(len(prompts[r])) for r in PACKING]).unsqueeze(0)
     return {"input_ids": ids, "position_ids": positions}
 
 
 def _padded_training_batch(prompts: dict[str, list[int]]) -> dict[str, torch.Tensor]:
-    longest = max(LENGTHS.values())
+    longest = max(len(x) for x in prompts.values())
     ids = torch.zeros((len(PACKING), longest), dtype=torch.long)
     mask = torch.zeros_like(ids)
     for row, r in enumerate(PACKING):
-        ids[row, : LENGTHS[r]] = torch.tensor(prompts[r])
-        mask[row, : LENGTHS[r]] = 1
+        ids[row, : len(prompts[r])] = torch.tensor(prompts[r])
+        mask[row, : len(prompts[r])] = 1
     return {"input_ids": ids, "attention_mask": mask}
 
 
@@ -103,6 +107,14 @@ def main(out: Path) -> None:
     assert padded is not None
     twice("thd", hf, thd, lambda: hf(**_packed_training_batch(prompts)))
     twice("padded", hf, padded, lambda: hf(**_padded_training_batch(prompts)))
+    rows = {r: prompts[r] + list(range(1, 1 + RESPONSES[r])) for r in PACKING}
+    full = tuple(len(rows[r]) for r in PACKING)
+    thd_rows = PackedLayout(full, thd=True, prompts=lengths).lanes(list(PACKING), ["c", "a", "b"])
+    padded_rows = PackedLayout(full, thd=False, prompts=lengths).lanes(list(PACKING), list(PACKING))
+    assert thd_rows is not None
+    assert padded_rows is not None
+    twice("thd-prompt-rows", hf, thd_rows, lambda: hf(**_packed_training_batch(rows)))
+    twice("padded-prompt-rows", hf, padded_rows, lambda: hf(**_padded_training_batch(rows)))
     twice("empty", stand_in, vllm_lanes, lambda: None)
     (out / "result.json").write_text(json.dumps({"cases": cases, "pid": os.getpid()}))
 

@@ -30,7 +30,7 @@ from verl_consistency.patches.hooks.msprobe_lanes import Cut, one_pass
 
 pytestmark = [pytest.mark.msprobe, pytest.mark.pinset]
 
-CASES = ("vllm", "vllm-subset", "vllm-bf16", "thd", "padded")
+CASES = ("vllm", "vllm-subset", "vllm-bf16", "thd", "padded", "thd-prompt-rows", "padded-prompt-rows")
 STATS = ("Max", "Min", "Mean", "Norm")
 
 
@@ -144,6 +144,21 @@ def test_a_step_without_module_calls_leaves_msprobes_initial_files(
             want = _lane_file(out, reference_step, lane, name).read_text()
             assert _lane_file(out, one_pass_step, lane, name).read_text() == want, name
         assert json.loads(_lane_file(out, one_pass_step, lane).read_text())["data"] == {}
+
+
+@pytest.mark.parametrize("case", ["thd-prompt-rows", "padded-prompt-rows"])
+def test_a_prompt_row_lane_holds_its_prompt_rows_only(
+    run: tuple[Path, dict[str, dict[str, Any]]], case: str
+) -> None:
+    """Ride-along: the forward covers prompt + response; each lane is the prompt's rows alone."""
+    from tests.selective.scenario import LENGTHS
+
+    out, cases = run
+    for step in cases[case]["steps"]:
+        for lane, rid in enumerate(cases[case]["lanes"]):
+            data = json.loads(_lane_file(out, step, lane).read_text())["data"]
+            key = next(k for k in data if ".embed_tokens." in k and ".forward." in k)
+            assert data[key]["output"][0]["shape"][:2] == [1, LENGTHS[rid]], (case, rid)
 
 
 def test_the_comparison_tells_lanes_apart(run: tuple[Path, dict[str, dict[str, Any]]]) -> None:
