@@ -174,7 +174,9 @@ def test_an_unsynced_forward_is_set_aside_when_vllm_has_no_version(tmp_path):
     assert p.actor.dir == "actor/2/step1/rank0"
     (aside,) = [u for u in res.unpaired if u.subject == "actor_step"]
     assert aside.reason is R.WEIGHTS_DIFFER
-    assert aside.detail == "the trainer's forward ran with weights of step 0 + 2 optimizer steps not synced to vLLM"
+    assert aside.detail == (
+        "the trainer's forward ran with weights of step 0 + 2 optimizer steps not synced to vLLM"
+    )
 
 
 @pytest.mark.parametrize("bad", ["-1", '"1"', "true", "1.5"])
@@ -182,7 +184,7 @@ def test_unsynced_updates_that_is_not_a_count_is_a_bad_line(tmp_path, bad):
     t = RunTree(tmp_path)
     act = t.actor_root / "2" / "update_actor_log.jsonl"
     act.parent.mkdir(parents=True, exist_ok=True)
-    act.write_text('{"pid": 2, "rank": 0, "step": 0, "request_ids": ["b"], "unsynced_updates": %s}\n' % bad)
+    act.write_text(f'{{"pid": 2, "rank": 0, "step": 0, "request_ids": ["b"], "unsynced_updates": {bad}}}\n')
     res = _pair(t)
     (u,) = [u for u in res.unpaired if u.reason is R.BAD_LOG_LINE]
     assert "unsynced_updates must be a non-negative integer" in u.detail
