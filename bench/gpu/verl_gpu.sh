@@ -433,10 +433,13 @@ if [ "$cmd" = ride ]; then
   for b in "$G/dump/bundles"/bundle-"$id"*.tar.zst; do
     [ -f "$b" ] && { verl-consistency verify "$b" >"$log/verify.log" 2>&1; echo "VERIFY $id rc=$?" | tee -a "$OUT/stages.txt"; }
   done
-  python3 "$G/parts/trim_run.py" "$G/dump/$id" "$G/trim/$id" --max-mib 6 --min-pairs 1 2>&1 | tee -a "$OUT/stages.txt"
   python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1])).get("steps"), indent=1))' \
     "$G/dump/$id/run.json" >"$OUT/steps.json" 2>&1
-  tar -cf - -C "$G" "logs/$id" "trim/$id" | xz -T8 -6 >"$OUT/$id.tar.xz"
+  cp "$G/dump/bundles/work-$id/results/summary.md" "$OUT/" 2>/dev/null
+  # the trim gets what is left of the call (the first ride on the H200 overran 600 s here)
+  left=$(( ${BUDGET:-575} - ($(date +%s) - t0) - 20 ))
+  timeout -k 5 "$left" python3 "$G/parts/trim_run.py" "$G/dump/$id" "$G/trim/$id" --max-mib 6 --min-pairs 1 2>&1 | tail -3 | tee -a "$OUT/stages.txt"
+  timeout 15 tar -cf - -C "$G" "logs/$id" "trim/$id" | timeout 15 xz -T8 -3 >"$OUT/$id.tar.xz"
   grep -E "step:[0-9]+ |FAULT|Traceback|Error" "$log/run.log" | cut -c1-300 | tail -14 | tee "$OUT/ride.log"
   tail -25 "$log/postprocess.log" | tee -a "$OUT/ride.log"
   exit $rc
