@@ -1,12 +1,12 @@
 """Copy a postprocessed GPU run folder to DEST, trimmed to what CI needs to pair and compare it again.
 
-usage: python3 trim_run.py RUN_DIR DEST [--max-mib 8] [--min-pairs 8]
+usage: python3 trim_run.py RUN_DIR DEST [--max-mib 8] [--min-pairs 8] [--max-pairs N]
 
-Why: a tensor-mode run dumps every captured micro batch on the training side (all of them with
+Why: a run dumps every captured micro batch on the training side (all of them with
 ``--capture fraction:1``) and every captured prefill on the vLLM side, but only the steps that
-pair are ever compared, and a pair's tensors grow with its prompt (~16 KB a token for both sides
-of a 4-layer, 512-wide model). Every record (JSONL) and the run's config are kept; then, until
-the copy fits ``--max-mib``:
+pair are ever compared, and a pair's files grow with its prompt (~16 KB a token for both sides of
+a 4-layer, 512-wide model in tensor mode). Every record (JSONL) and the run's config are kept;
+then, until the copy fits ``--max-mib`` (and holds at most ``--max-pairs`` pairs):
 
 1. the tensor files of steps outside a pair are dropped;
 2. those steps' folders go entirely (pairing then reports them ``dump_missing`` instead of their
@@ -14,8 +14,10 @@ the copy fits ``--max-mib``:
 3. the pairs with the longest prompts go, step folders and all (they too become
    ``dump_missing``), keeping at least ``--min-pairs``.
 
-The postprocess outputs are not copied: CI makes them. Prints what was kept; exit 1 if the copy
-is still over ``--max-mib``.
+Sizes are summed once from the file list and the copy is made once (the first version copied the
+whole run again for every pair it dropped: 400 s for 128 pairs on the device). The postprocess
+outputs are not copied: CI makes them. Prints what was kept; exit 1 if the copy is still over
+``--max-mib``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from verl_consistency.contracts import layout
@@ -33,31 +36,67 @@ from verl_consistency.postprocess.pairing.pair import pair_run
 TENSOR_SUFFIXES = (".pt", ".npy")
 
 
+@dataclass(frozen=True)
+class RunFile:
+    rel: Path
+    size: int
+    owners: frozenset[str]
+    """The pairs whose step folders hold this file (empty: a record, the config, or an unpaired step)."""
+    in_step: bool
+
+
 def _in_step(rel: Path) -> bool:
     return any(p.startswith("step") and p[4:].isdigit() for p in rel.parts[:-1])
 
 
-def _copy(run: Path, dest: Path, keep: set[Path], drop_steps: bool, drop: set[Path]) -> int:
-    """Copy ``run`` to ``dest``; returns the bytes left out."""
-    shutil.rmtree(dest, ignore_errors=True)
-    dropped = 0
+def _files(run: Path, dirs: dict[str, set[Path]]) -> list[RunFile]:
+    owner_of: dict[Path, set[str]] = {}
+    for pair_id, ds in dirs.items():
+        for d in ds:
+            owner_of.setdefault(d, set()).add(pair_id)
+    out = []
     for src in sorted(run.rglob("*")):
         rel = src.relative_to(run)
         if rel.parts[0] in (RESULTS_DIR, layout.BUNDLES_DIR) or not src.is_file():
             continue
-        in_pair = any(k in src.parents for k in keep)
-        gone = any(d in src.parents for d in drop)
-        if gone or (not in_pair and (src.suffix in TENSOR_SUFFIXES or (drop_steps and _in_step(rel)))):
-            dropped += src.stat().st_size
-            continue
-        dst = dest / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst)
-    return dropped
+        owners = set().union(*(owner_of.get(p, set()) for p in src.parents))
+        out.append(RunFile(rel, src.stat().st_size, frozenset(owners), _in_step(rel)))
+    return out
 
 
-def _size(root: Path) -> int:
-    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+def _kept(f: RunFile, kept: set[str], drop_steps: bool) -> bool:
+    if f.owners:
+        return bool(f.owners & kept)
+    return not (f.rel.suffix in TENSOR_SUFFIXES or (drop_steps and f.in_step))
+
+
+def _plan(
+    files: list[RunFile], order: list[str], limit: float, lo: int, hi: int
+) -> tuple[str, list[str], bool]:
+    """Which level and which pairs (the shortest prompts first) fit ``limit`` bytes."""
+
+    def size(kept: set[str], drop_steps: bool) -> int:
+        return sum(f.size for f in files if _kept(f, kept, drop_steps))
+
+    every = set(order[:hi])
+    if len(order) <= hi and size(every, False) <= limit:
+        return "tensors of unpaired steps", order, False
+    if len(order) <= hi and size(every, True) <= limit:
+        return "unpaired step folders", order, True
+    base = size(set(), True)
+    own: dict[str, int] = {p: 0 for p in order}
+    for f in files:
+        if f.owners:
+            first = min(f.owners, key=order.index)  # a shared folder counts once, for its shortest pair
+            own[first] += f.size
+    kept: list[str] = []
+    total = base
+    for p in order:
+        if len(kept) >= hi or (len(kept) >= lo and total + own[p] > limit):
+            break
+        kept.append(p)
+        total += own[p]
+    return "pairs with the longest prompts", kept, True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,29 +105,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dest", type=Path)
     ap.add_argument("--max-mib", type=float, default=8.0)
     ap.add_argument("--min-pairs", type=int, default=8)
+    ap.add_argument("--max-pairs", type=int, default=10**9)
     a = ap.parse_args(argv)
     run = a.run_dir.resolve()
-    limit = a.max_mib * 2**20
     pairs = sorted(pair_run(discover.Roots.open(run)).pairs, key=lambda p: (p.prompt_tokens, p.pair_id))
+    order = [p.pair_id for p in pairs]
     dirs = {p.pair_id: {run / p.rollout.dir, run / p.actor.dir} for p in pairs}
-    kept = [p.pair_id for p in pairs]
-    level = "tensors of unpaired steps"
-    dropped = _copy(run, a.dest, set().union(*dirs.values()), False, set())
-    if _size(a.dest) > limit:
-        level = "unpaired step folders"
-        dropped = _copy(run, a.dest, set().union(*dirs.values()), True, set())
-    while _size(a.dest) > limit and len(kept) > a.min_pairs:
-        level = "pairs with the longest prompts"
-        kept.pop()
-        drop = set().union(*(dirs[k] for k in dirs if k not in kept))
-        shutil.rmtree(a.dest)
-        dropped = _copy(run, a.dest, set().union(*(dirs[k] for k in kept)), True, drop)
-    size = _size(a.dest)
+    files = _files(run, dirs)
+    level, kept, drop_steps = _plan(files, order, a.max_mib * 2**20, a.min_pairs, a.max_pairs)
+    keep = set(kept)
+    shutil.rmtree(a.dest, ignore_errors=True)
+    size = dropped = 0
+    for f in files:
+        if not _kept(f, keep, drop_steps):
+            dropped += f.size
+            continue
+        dst = a.dest / f.rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(run / f.rel, dst)
+        size += f.size
     print(
         f"trimmed {run.name}: {len(pairs)} pairs on the device, {len(kept)} kept (level: {level}), "
         f"{size / 2**20:.2f} MiB kept, {dropped / 2**20:.2f} MiB left out; kept: {' '.join(kept)}"
     )
-    return 0 if size <= limit else 1
+    return 0 if size <= a.max_mib * 2**20 else 1
 
 
 if __name__ == "__main__":

@@ -438,8 +438,11 @@ if [ "$cmd" = ride ]; then
   cp "$G/dump/bundles/work-$id/results/summary.md" "$OUT/" 2>/dev/null
   # the trim gets what is left of the call (the first ride on the H200 overran 600 s here)
   left=$(( ${BUDGET:-575} - ($(date +%s) - t0) - 20 ))
-  timeout -k 5 "$left" python3 "$G/parts/trim_run.py" "$G/dump/$id" "$G/trim/$id" --max-mib 6 --min-pairs 1 2>&1 | tail -3 | tee -a "$OUT/stages.txt"
-  timeout 15 tar -cf - -C "$G" "logs/$id" "trim/$id" | timeout 15 xz -T8 -3 >"$OUT/$id.tar.xz"
+  # (the checkout's trim_run.py; TRIM_MIB, TRIM_PAIRS: the committed folder is an xz of statistics dumps,
+  # so 64+ pairs fit in a few MiB)
+  timeout -k 5 "$left" python3 "$HERE/trim_run.py" "$G/dump/$id" "$G/trim/$id" --max-mib "${TRIM_MIB:-48}" \
+    --min-pairs 1 --max-pairs "${TRIM_PAIRS:-72}" 2>&1 | tail -3 | cut -c1-400 | tee -a "$OUT/stages.txt"
+  timeout 30 tar -cf - -C "$G" "logs/$id" "trim/$id" | timeout 30 xz -T8 -6 >"$OUT/$id.tar.xz"
   grep -E "step:[0-9]+ |FAULT|Traceback|Error" "$log/run.log" | cut -c1-300 | tail -14 | tee "$OUT/ride.log"
   tail -25 "$log/postprocess.log" | tee -a "$OUT/ride.log"
   exit $rc

@@ -40,7 +40,7 @@ from verl_consistency.entrypoints.msprobe.config import (
     parse_modules,
     parse_selection,
 )
-from verl_consistency.entrypoints.run import bypass, override_checks
+from verl_consistency.entrypoints.run import bypass, megatron, override_checks
 from verl_consistency.entrypoints.run import overrides as table
 from verl_consistency.entrypoints.run.overrides import Conflict, EnvConflict, Mode, RunKind, UserOverride
 from verl_consistency.entrypoints.run.plan_options import (
@@ -340,39 +340,13 @@ def _conflicts(
             f"workers) although run.json says ride-along. Pass --prompts-only for the recipe, or unset "
             f"{env.PROMPTS_ONLY}"
         )
-    problems += _megatron_micro_batches(parsed)
+    problems += megatron.refusals(parsed, kind)
     if o.environ.get(env.TOKEN_THRESHOLD):
         try:
             token_records.threshold(o.environ)
         except ValueError as exc:
             problems.append(str(exc))
     return problems
-
-
-MICRO_BATCH_KEYS = (
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-)
-"""The micro batch sizes a collection run takes from the user (FSDP: one lane per request)."""
-
-
-def _megatron_micro_batches(parsed: list[UserOverride]) -> list[str]:
-    """Megatron dumps each ``forward_step`` whole: a micro batch of several samples mixes them.
-
-    Per-request lanes cut verl's FSDP micro batches (``hooks/training.py``); Megatron's THD
-    packing pads each sequence to the tensor-parallel size and its engine is not cut, so a
-    Megatron collection run keeps one sample per micro batch.
-    """
-    strategy = next((ov.value for ov in parsed if ov.key == "actor_rollout_ref.actor.strategy"), None)
-    if str(strategy) != "megatron":
-        return []
-    return [
-        f"refused `{ov.text}`: with actor_rollout_ref.actor.strategy=megatron the run needs "
-        f"{ov.key}=1 (Megatron's forward_step is dumped whole, so several samples would share one "
-        "dump; per-request lanes cut FSDP micro batches only)"
-        for ov in parsed
-        if ov.key in MICRO_BATCH_KEYS and str(ov.value) != "1"
-    ]
 
 
 def _check_clashes(o: PlanOptions, parsed: list[UserOverride]) -> None:

@@ -12,6 +12,7 @@ from verl_consistency.contracts.env import DumpPhase
 from verl_consistency.entrypoints.cli import app
 from verl_consistency.entrypoints.run import overrides as table
 from verl_consistency.entrypoints.run.bypass import verl_default
+from verl_consistency.entrypoints.run.megatron import MICRO_BATCH_KEYS
 from verl_consistency.entrypoints.run.overrides import CURRENT, NEXT, Mode, RunKind, pin_set
 from verl_consistency.entrypoints.run.plan import build_plan
 from verl_consistency.entrypoints.run.plan_options import PlanError, PlanOptions
@@ -541,8 +542,28 @@ def test_megatron_keeps_one_sample_per_micro_batch(tmp_path: Path, key: str) -> 
             str(tmp_path),
             "--run-id",
             "ok",
+            "--prompts-only",
             "actor_rollout_ref.actor.strategy=megatron",
             f"{key}=1",
         ],
     )
     assert ok.exit_code == 0, ok.output
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "fully-async"])
+def test_megatron_ride_along_is_refused_before_anything_starts(tmp_path: Path, mode: str) -> None:
+    """Megatron's dump covers whole micro batches: a ride-along forward (prompt + response) cannot
+    be cut to its prompt rows there, so the default collection is refused at once, naming
+    --prompts-only; the recipe and the token-level triage on Megatron still plan."""
+    given = ["actor_rollout_ref.actor.strategy=megatron", *(f"{k}=1" for k in MICRO_BATCH_KEYS)]
+    result = _invoke(tmp_path, mode, *given)
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "refused `actor_rollout_ref.actor.strategy=megatron` in a ride-along run" in text
+    assert "Pass --prompts-only" in text
+    assert list(tmp_path.iterdir()) == []
+    for kind in ("--prompts-only", "--token-level"):
+        ok = CliRunner().invoke(
+            app, ["run", mode, "--dry-run", "--dump-root", str(tmp_path), "--run-id", "ok", kind, *given]
+        )
+        assert ok.exit_code == 0, (kind, ok.output)

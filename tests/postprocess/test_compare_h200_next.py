@@ -261,3 +261,17 @@ def test_trim_keeps_the_shortest_prompt_pairs(tmp_path: Path) -> None:
         == RUNS[src.name].unpaired["actor_step"]["dump_missing"] + gone
     )
     assert (dest / "run.json").read_bytes() == (src / "run.json").read_bytes()
+    # --max-pairs bounds the count under a size that would hold them all (the ride-along folders)
+    capped = tmp_path / "capped"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench/gpu/trim_run.py"), str(src), str(capped), "--max-mib", "64"]
+        + ["--min-pairs", "1", "--max-pairs", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    two = sorted(p.pair_id for p in pair_run(discover.Roots.open(capped)).pairs)
+    assert two == sorted(p.pair_id for p in before[:2])
