@@ -61,6 +61,17 @@
 # Measured 2026-12-01 (bench/results/check-h200-next.log, fsdp-lanes-cost-h200-next.log): staging 5 calls
 # ~25 s held in all after a ~90 s start; check 302 s (set-up 61 s, vLLM 126 s, FSDP 42 s, postprocess 52 s);
 # cost 360 s. Both fit one session's 30 device-minutes with a restart to spare.
+#
+# Issue 35's proofs, in one session (measured 2026-12-02: ride 254 s + postprocess 47 s, fault 180 s +
+# 25 s, check on the assets model 116 s; ~20 of the 30 device-minutes with staging), back to back after
+# the five stage calls; M8 = the user's micro batch of 8 on both sides:
+#   M8="actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"
+#   run():  bash bench/gpu/verl_gpu.sh setup                                   (unpack, patch, model)
+#   run():  RIDE_ARGS="$M8" bash bench/gpu/verl_gpu.sh ride                    (8 steps, 128 requests)
+#   run():  FAULT=1 STEPS=4 RIDE_ARGS="$M8" bash bench/gpu/verl_gpu.sh ride    (the planted sync fault)
+#   run():  CHECK_MODEL=assets PROMPTS=16 bash bench/gpu/verl_gpu.sh check     (step 0 of the same model)
+# Each ride writes $OUT/<run id>.tar.xz: trim/<run id>/ goes to tests/postprocess/fixtures/ as
+# <run id>.tar.xz (one run folder, as h200-next-check.tar.xz), re-paired in CI.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 cmd=${1:-}; shift || true
