@@ -478,13 +478,17 @@ if [ "$cmd" = fullyasync ]; then
     actor_rollout_ref.rollout.checkpoint_engine.backend=one_gpu_shm
     actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=one_gpu_ckpt
     actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=256)
+  # Ray CPUs: the two pools' bundles (3 + 2), TransferQueue (3), agent and reward workers (2 + 2), the
+  # task runner and vLLM's server (1 + 1) take 14 of GPU_OVERRIDES' 16: declare 24 so that a miscount
+  # cannot leave an actor waiting for a CPU until the call's timeout (a logical count; 16 cores here)
+  base=("${GPU_OVERRIDES[@]/#ray_kwargs.ray_init.num_cpus=16/ray_kwargs.ray_init.num_cpus=24}")
   phase=(); [ -n "${PHASE:-}" ] && phase=(--phase "$PHASE")
   left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
   s=$(date +%s)
   # shellcheck disable=SC2086  # FA_ARGS: more verl overrides, split on spaces
   (cd "$REPO" && CUDA_VISIBLE_DEVICES=0,0 PYTHONPATH=$REPO/bench/gpu/one_gpu:$PYTHONPATH timeout -k 10 $(( left - 150 )) \
     verl-consistency run fully-async --device cuda "${phase[@]}" --capture fraction:1 --dump-root "$G/dump" --run-id "$id" \
-    model="$G/assets/model" "${GPU_OVERRIDES[@]}" "${FA_OVERRIDES[@]}" ${FA_ARGS:-}) >"$log/run.log" 2>&1
+    model="$G/assets/model" "${base[@]}" "${FA_OVERRIDES[@]}" ${FA_ARGS:-}) >"$log/run.log" 2>&1
   rc=$?; echo "FULLYASYNC $id rc=$rc wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"; s=$(date +%s)
   # a run killed by timeout skips Ray's exit handlers: its cluster (the machine's only) would keep the GPU
   case $rc in 124|137) ray stop --force >/dev/null 2>&1 ;; esac
