@@ -55,6 +55,8 @@
 #   run():                        bash bench/gpu/verl_gpu.sh check               (issue 22, ~5 min)
 #   run():                        bash bench/gpu/verl_gpu.sh cost                (issue 21, ~6 min)
 #   run():                        bash bench/gpu/verl_gpu.sh lanes               (issue 32, ~2 min)
+#   run():                        bash bench/gpu/verl_gpu.sh setup               (unpack, patch, model)
+#   run():                        bash bench/gpu/verl_gpu.sh fullyasync          (issue 33, bench/gpu/one_gpu/README.md)
 # `check` runs `verl-consistency check --model <random bf16 Qwen2 of Qwen2-0.5B's shape, make_assets.py's
 # tokenizer> --device cuda --dtype bfloat16 --num-prompts 8` and writes to $OUT check.log, report.html,
 # summary.json and h200-next-check.tar.xz (the run folder, for tests/postprocess/fixtures/; CI re-pairs it).
