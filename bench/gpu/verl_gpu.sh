@@ -55,6 +55,8 @@
 #   run():                        bash bench/gpu/verl_gpu.sh check               (issue 22, ~5 min)
 #   run():                        bash bench/gpu/verl_gpu.sh cost                (issue 21, ~6 min)
 #   run():                        bash bench/gpu/verl_gpu.sh lanes               (issue 32, ~2 min)
+#   run():                        bash bench/gpu/verl_gpu.sh setup               (unpack, patch, model)
+#   run():                        bash bench/gpu/verl_gpu.sh fullyasync          (issue 33, bench/gpu/one_gpu/README.md)
 # `check` runs `verl-consistency check --model <random bf16 Qwen2 of Qwen2-0.5B's shape, make_assets.py's
 # tokenizer> --device cuda --dtype bfloat16 --num-prompts 8` and writes to $OUT check.log, report.html,
 # summary.json and h200-next-check.tar.xz (the run folder, for tests/postprocess/fixtures/; CI re-pairs it).
@@ -458,4 +460,67 @@ if [ "$cmd" = ride ]; then
   tail -25 "$log/postprocess.log" | tee -a "$OUT/ride.log"
   exit $rc
 fi
-echo "usage: $0 prepare [STAGE] | pack [STAGE] | stage p1|p2|p3|packed/cN | run [MODE:PHASE ...] | cost | lanes | check | token | setup | ride" >&2; exit 2
+if [ "$cmd" = fullyasync ]; then
+  # Issue 33: `verl-consistency run fully-async --device cuda` of THIS checkout (verl 0.9.1's V1
+  # separate_async driver: a trainer pool and a standalone vLLM rollout pool) on the ONE GPU, through
+  # the harness of bench/gpu/one_gpu/ (its README: what it relies on in verl and Ray, and what a
+  # one-device run cannot show). A ride-along collection, every request captured, then postprocess +
+  # verify on the device, as `ride` does. Two things differ from a two-GPU run, both test scaffolding:
+  # - Ray is told of two GPUs (+ray_kwargs.ray_init.num_gpus=2) while the cluster's environment holds
+  #   CUDA_VISIBLE_DEVICES=0,0: Ray maps each worker's GPU id through that list
+  #   (ray/_private/worker.py:1061-1063), so the trainer (Ray GPU 0) and the rollout (Ray GPU 1) both
+  #   get id "0" and CUDA_VISIBLE_DEVICES=0. RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES stays unset
+  #   (with it verl's worker.py:281 sets device 1: "invalid device ordinal").
+  # - The weights go from trainer to rollout through host shared memory: the stand-in checkpoint
+  #   engine one_gpu_shm (bench/gpu/one_gpu/one_gpu_ckpt.py, on PYTHONPATH), which verl imports
+  #   through checkpoint_engine.custom_backend_module (NCCL refuses two ranks on one device).
+  # STEPS (8), PHASE (the run's default for fully-async: log_prob), FA_ARGS (more verl overrides,
+  # e.g. actor_rollout_ref.rollout.free_cache_engine=False if vLLM's sleep asserts "Memory usage
+  # increased after sleeping"). Writes to $OUT: <id>.tar.xz (logs/<id>/ and trim/<id>/, as `ride`),
+  # fullyasync.log (steps, weight syncs, errors, the postprocess summary), steps.json, cuda00.txt.
+  from_checkout fullyasync
+  verl_env
+  assets
+  id=${FA_ID:-h200-next-fully-async-ride-along}
+  log=$G/logs/$id; mkdir -p "$log"; rm -rf "${G:?}/dump/$id" "${G:?}/trim/$id"
+  unset RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES RAY_ADDRESS
+  # What a process that is not a Ray GPU worker sees with 0,0 (the driver; read, never used for work)
+  CUDA_VISIBLE_DEVICES=0,0 timeout 60 python3 -c 'import torch; print("CUDA_VISIBLE_DEVICES=0,0: torch sees", torch.cuda.device_count(), "device(s)")' \
+    >"$OUT/cuda00.txt" 2>&1; cat "$OUT/cuda00.txt"
+  FA_OVERRIDES=(actor_rollout_ref.rollout.n_gpus_per_node=1 +ray_kwargs.ray_init.num_gpus=2
+    actor_rollout_ref.rollout.checkpoint_engine.backend=one_gpu_shm
+    actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=one_gpu_ckpt
+    actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=256)
+  # Ray CPUs: the two pools' bundles (3 + 2), TransferQueue (3), agent and reward workers (2 + 2), the
+  # task runner and vLLM's server (1 + 1) take 14 of GPU_OVERRIDES' 16: declare 24 so that a miscount
+  # cannot leave an actor waiting for a CPU until the call's timeout (a logical count; 16 cores here)
+  base=("${GPU_OVERRIDES[@]/#ray_kwargs.ray_init.num_cpus=16/ray_kwargs.ray_init.num_cpus=24}")
+  phase=(); [ -n "${PHASE:-}" ] && phase=(--phase "$PHASE")
+  left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
+  s=$(date +%s)
+  # shellcheck disable=SC2086  # FA_ARGS: more verl overrides, split on spaces
+  (cd "$REPO" && CUDA_VISIBLE_DEVICES=0,0 PYTHONPATH=$REPO/bench/gpu/one_gpu:$PYTHONPATH timeout -k 10 $(( left - 150 )) \
+    verl-consistency run fully-async --device cuda "${phase[@]}" --capture fraction:1 --dump-root "$G/dump" --run-id "$id" \
+    model="$G/assets/model" "${base[@]}" "${FA_OVERRIDES[@]}" ${FA_ARGS:-}) >"$log/run.log" 2>&1
+  rc=$?; echo "FULLYASYNC $id rc=$rc wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"; s=$(date +%s)
+  # a run killed by timeout skips Ray's exit handlers: its cluster (the machine's only) would keep the GPU
+  case $rc in 124|137) ray stop --force >/dev/null 2>&1 ;; esac
+  verl-consistency postprocess "$G/dump/$id" >"$log/postprocess.log" 2>&1
+  echo "POST $id rc=$? wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
+  for b in "$G/dump/bundles"/bundle-"$id"*.tar.zst; do
+    [ -f "$b" ] && { verl-consistency verify "$b" >"$log/verify.log" 2>&1; echo "VERIFY $id rc=$?" | tee -a "$OUT/stages.txt"; }
+  done
+  python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1])).get("steps"), indent=1))' \
+    "$G/dump/$id/run.json" >"$OUT/steps.json" 2>&1
+  cp "$G/dump/bundles/work-$id/results/summary.md" "$OUT/" 2>/dev/null
+  left=$(( ${BUDGET:-575} - ($(date +%s) - t0) - 20 ))
+  timeout -k 5 "$left" python3 "$HERE/trim_run.py" "$G/dump/$id" "$G/trim/$id" --max-mib "${TRIM_MIB:-48}" \
+    --min-pairs 1 --max-pairs "${TRIM_PAIRS:-72}" 2>&1 | tail -3 | cut -c1-400 | tee -a "$OUT/stages.txt"
+  timeout 30 tar -cf - -C "$G" "logs/$id" "trim/$id" | timeout 30 xz -T8 -6 >"$OUT/$id.tar.xz"
+  # the evidence of the harness: vLLM's device, each weight sync's size through one_gpu_shm, errors
+  grep -E "step:[0-9]+ |one_gpu_shm|CUDA_VISIBLE_DEVICES|invalid device|Traceback|Error" "$log/run.log" | cut -c1-300 | tail -24 |
+    tee "$OUT/fullyasync.log"
+  tail -25 "$log/postprocess.log" | tee -a "$OUT/fullyasync.log"
+  exit $rc
+fi
+echo "usage: $0 prepare [STAGE] | pack [STAGE] | stage p1|p2|p3|packed/cN | run [MODE:PHASE ...] | cost | lanes | check | token | setup | ride | fullyasync" >&2; exit 2
