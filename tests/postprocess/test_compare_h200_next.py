@@ -264,8 +264,10 @@ def test_trim_keeps_the_shortest_prompt_pairs(tmp_path: Path) -> None:
     # --max-pairs bounds the count under a size that would hold them all (the ride-along folders)
     capped = tmp_path / "capped"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "bench/gpu/trim_run.py"), str(src), str(capped), "--max-mib", "64"]
-        + ["--min-pairs", "1", "--max-pairs", "2"],
+        [
+            *(sys.executable, str(REPO / "bench/gpu/trim_run.py"), str(src), str(capped)),
+            *("--max-mib", "64", "--min-pairs", "1", "--max-pairs", "2"),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
