@@ -256,44 +256,63 @@ def engine_input(batch: Any, micro_batch: int) -> Any:
     return td
 
 
-def train(args: dict[str, Any]) -> dict[str, Any]:
-    """Old log-probs on the real verl FSDP engine, PROMPTS_ONLY, ``micro_batch`` requests per forward.
-
-    ``device`` (cpu, cuda or npu) and ``dtype`` default to the demo's: CPU, fp32.
-    """
-    import torch
+def start(device: str, port: int) -> None:
+    """The process group verl's engine wants (world size 1, the device's backend), then the
+    attention helpers: every process that builds the engine starts here (``train``, and the
+    weight-sync session's trainer, ``engines/weight_sync_stages``)."""
     import torch.distributed as dist
 
-    device, dtype = str(args.get("device", "cpu")), str(args.get("dtype", "float32"))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(args["port"]))
+    os.environ.setdefault("MASTER_PORT", str(port))
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(k, v)
     dist.init_process_group(DIST_BACKEND[device], rank=0, world_size=1)
     _serve_attention_helpers(device)
 
+
+def build(model_dir: str, requests: int, device: str, dtype: str, *extra: str, micro_batch: int = 1) -> Any:
+    """verl's FSDP engine over ``model_dir`` for a mini batch of ``requests``, in ``dtype`` on
+    ``device``; ``extra``: more actor overrides (the weight-sync session's learning rate)."""
+    overrides, attn = precision(device, dtype)
+    actor_cfg = actor_config(model_dir, requests, *overrides, *extra, micro_batch=micro_batch)
+    return fsdp_engine(model_dir, actor_cfg, attn_implementation=attn)
+
+
+def log_probs(engine: Any, requests: list[dict[str, Any]], micro_batch: int) -> dict[str, Any]:
+    """Old log-probs of ``requests`` (verl's ``infer_batch``, the log_prob phase), PROMPTS_ONLY-
+    trimmed by our hook: the patched engine dumps each request in a lane of its own."""
+    import torch
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import no_padding_2_padding
 
     from verl_consistency.patches.hooks import prompts_only
 
-    requests = args["requests"]
-    micro_batch = int(args.get("micro_batch", 1))
-    extra, attn = precision(device, dtype)
-    actor_cfg = actor_config(args["model_dir"], len(requests), *extra, micro_batch=micro_batch)
-    engine = fsdp_engine(args["model_dir"], actor_cfg, attn_implementation=attn)
     batch = prompts_only.trim(rollout_batch(requests))
     td = engine_input(batch, micro_batch)
     t0 = time.monotonic()
     with engine.eval_mode():
         out = engine.infer_batch(td)
-    log_probs = no_padding_2_padding(tu.get(out["model_output"], "log_probs"), td)
-    dist.destroy_process_group()
+    values = no_padding_2_padding(tu.get(out["model_output"], "log_probs"), td)
     return {
-        "log_probs_finite": bool(torch.isfinite(log_probs).all()),
+        "log_probs_finite": bool(torch.isfinite(values).all()),
         "micro_batches": -(-len(requests) // micro_batch),
         "micro_batch": micro_batch,
-        "device": device,
-        "dtype": dtype,
         "infer_s": round(time.monotonic() - t0, 1),
     }
+
+
+def train(args: dict[str, Any]) -> dict[str, Any]:
+    """Old log-probs on the real verl FSDP engine, PROMPTS_ONLY, ``micro_batch`` requests per forward.
+
+    ``device`` (cpu, cuda or npu) and ``dtype`` default to the demo's: CPU, fp32.
+    """
+    import torch.distributed as dist
+
+    device, dtype = str(args.get("device", "cpu")), str(args.get("dtype", "float32"))
+    start(device, int(args["port"]))
+    requests = args["requests"]
+    micro_batch = int(args.get("micro_batch", 1))
+    engine = build(args["model_dir"], len(requests), device, dtype, micro_batch=micro_batch)
+    out = log_probs(engine, requests, micro_batch)
+    dist.destroy_process_group()
+    return {**out, "device": device, "dtype": dtype}

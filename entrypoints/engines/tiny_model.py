@@ -4,7 +4,7 @@ Why built, not downloaded: the demo, ``check`` without ``--model`` and the vLLM 
 a machine with no hub access, and a random model of Qwen2's architecture exercises every kernel
 and hook the real ones do. It is:
 
-* a random Qwen2 (hidden 128, 2 heads of 64, 2 layers, fp32) built from a config and saved with
+* a random Qwen2 (hidden 128, 2 heads of 64, 2 layers unless told, fp32) built from a config and saved with
   ``save_pretrained``, with a word-level tokenizer trained offline on the embedded prompt set
   (``verl_consistency.entrypoints.run.dataset``);
 * its perturbed copy (:func:`perturbed_copy`): one weight (:data:`PERTURBED_MODULE`) changed, for
@@ -31,8 +31,11 @@ def prompt_texts(size: int) -> list[str]:
     return [f"user: {row['prompt'][0]['content']}" for row in dataset.make_rows(size)]
 
 
-def build_model(model_dir: Path, texts: list[str]) -> None:
-    """Random Qwen2 + an offline word-level tokenizer, saved as a Hugging Face folder."""
+def build_model(model_dir: Path, texts: list[str], layers: int = 2) -> None:
+    """Random Qwen2 + an offline word-level tokenizer, saved as a Hugging Face folder.
+
+    ``layers``: 2 for the demo and ``check``; the weight-sync test's planted fault sits in layer 2
+    (``engines/weight_sync``), so it builds 3."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -49,7 +52,7 @@ def build_model(model_dir: Path, texts: list[str]) -> None:
         vocab_size=vocab,
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=2,  # head_dim 64: vLLM's CPU attention refuses 16
         num_key_value_heads=1,  # grouped-query attention, as Qwen2 ships
         max_position_embeddings=1024,

