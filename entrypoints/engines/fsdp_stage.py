@@ -13,7 +13,9 @@ receives once patch 0001 lifts them out of ``extra_fields``). The patched
 The pieces (:func:`actor_config`, :func:`fsdp_engine`, :func:`rollout_batch`,
 :func:`engine_input`, :func:`serve_pure_torch_attention_helpers`) are public because the tests'
 FSDP driver (``bench/support/fsdp_driver.py``) and the GPU cost bench (``bench/gpu/fsdp_cost.py``)
-build verl's engine the same way.
+build verl's engine the same way. ``train`` is :func:`start` (the process group), :func:`build`
+(the engine) and :func:`log_probs` (one dumped pass), so that the weight-sync flow's trainer
+(``engines/weight_sync_stages``), whose engine outlives one pass, runs the same three.
 
 Stand-in, named: flash_attn's padding helpers cannot import on CPU, so verl's own pure-torch
 copies (``verl.utils.npu_flash_attn_utils``) are served in their place (as in the FSDP tests).

