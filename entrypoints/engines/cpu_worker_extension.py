@@ -19,6 +19,10 @@ a stand-in for what a GPU worker has, none a change to how the weights are loade
   keeps ``layer.weight``). With ``vllm._custom_ops._supports_onednn`` False the same function
   takes its fallback, ``torch.nn.functional.linear`` over the live ``layer.weight``, which a
   reload updates. Set before the model loads, so the steps before and after a sync compute alike.
+  Where it matters: ``_supports_onednn`` is ``hasattr(torch.ops._C, "create_onednn_mm_handler")``
+  (``_custom_ops.py``), which the wheel's AVX-512 kernels (``_C``, ``_C_AVX512``) register and
+  its AVX2 kernels (``_C_AVX2``) do not; on an AVX2-only CPU (this project's dev machine) it is
+  already False and the switch changes nothing (the flow passes there without it).
 * **the device.** vLLM's ``CPUWorker`` never sets ``self.device`` (``GPUWorker.init_device``
   does; verl asserts it), and ``torch.cpu`` has no ``ipc_collect`` / ``empty_cache``, which verl's
   receiver calls through ``get_torch_device()`` when it cleans up (``weight_sync.serve_cpu_device_calls``).

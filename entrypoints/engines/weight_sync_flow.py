@@ -9,7 +9,7 @@ sides as the demo dumps them:
 1. **before**: sync 0 loads the trainer's initial weights into vLLM (verl's V1 trainer syncs
    label 0 at start-up, too); vLLM generates, the trainer computes old log-probs. Same weights:
    the pairs must be healthy.
-2. **fault**: the trainer takes one optimizer step (Adam, lr :data:`LR`: every weight moves by
+2. **fault**: the trainer takes one optimizer step (verl's AdamW, lr :data:`LR`: every weight moves by
    about ``lr``, half the tiny model's init std, so the fault's tensor moves by a relative ~0.5),
    then sync 1 sends every tensor but ``weight_sync.FAULT_PARAM``. vLLM computes layer 2's MLP
    with the old ``down_proj``: the pairs must diverge there first.
