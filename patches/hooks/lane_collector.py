@@ -270,9 +270,12 @@ class LaneStats:
         construct = None
         if extra and template.cache_construct:
             construct = json.dumps(template.cache_construct, indent=1)
-        for k, writer in enumerate(self.active):
-            if step is not None:
-                save_text(writer.dump_file_path, step.render(shapes, values, k))
+        shared = [entry.shared for entry in entries]
+        lanes = range(len(self.active))
+        texts = step.render_lanes(shapes, values, lanes, shared) if step is not None else None
+        for writer in self.active:
+            if texts is not None:
+                save_text(writer.dump_file_path, next(texts))
             if stack is not None:
                 save_text(writer.stack_file_path, stack)
             if construct is not None:

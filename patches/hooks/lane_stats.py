@@ -113,6 +113,7 @@ class Entry:
     shapes: list[list[int]]
     values: list[list[Any]] | None = None  # [lane][Max, Min, Mean, Norm]
     pending: list[list[Any]] | None = None  # msprobe's own per-lane values, resolved at the end
+    shared: bool = False  # no lane cuts the tensor: every lane's shape and values are lane 0's
 
 
 class LaneStatQueue:
@@ -179,7 +180,7 @@ class LaneStatQueue:
         index = len(self.entries)
         group.records.append(index)
         group.inner.append(flat.shape[1])
-        self.entries.append(Entry(cut.lane_shapes))
+        self.entries.append(Entry(cut.lane_shapes, shared=not cut.dims))
         version = _version(tensor)
         if version is not None:
             self._seen[key] = (weakref.ref(tensor), version, full, index)
@@ -213,7 +214,7 @@ class LaneStatQueue:
             part = cut(tensor, [c.as_msprobe() for c in cuts])
             shapes.append([int(n) for n in part.shape])
             pending.append(list(stat(part)))
-        self.entries.append(Entry(shapes, pending=pending))
+        self.entries.append(Entry(shapes, pending=pending, shared=not dims))
         return len(self.entries) - 1
 
     # -- the step's end ------------------------------------------------------------------------

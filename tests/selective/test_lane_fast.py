@@ -170,3 +170,67 @@ def test_quiet_debug_prints_what_msprobe_prints_and_checks_the_level_first(capsy
     assert "a_b_c" in want
     assert got.split("[DEBUG]")[1] == want.split("[DEBUG]")[1]  # past the time stamp
     quiet_debug(SimpleNamespace(), debug_level)  # a logger without debug or level: left alone
+
+
+def test_every_lane_renders_what_json_dump_writes_with_entries_named_twice_and_shared() -> None:
+    """``StepTemplate.render_lanes`` encodes an entry once per lane (and a shared one once for all
+    lanes): each lane's text is still ``json.dumps(lane's data, indent=1)``, for records that name
+    one entry twice (an output that is the next module's input), at different depths, and entries
+    shared by every lane between ones that are not."""
+    import json
+
+    from verl_consistency.patches.hooks.lane_json import LANE_RECORD, StepTemplate
+
+    def rec(i: int) -> dict[str, Any]:
+        return {"type": "torch.Tensor", "dtype": "torch.bfloat16", LANE_RECORD: i, "requires_grad": True}
+
+    data = {
+        "task": "statistics",
+        "data": {
+            "Module.a.forward.0": {
+                "input_args": [rec(0)],
+                "output": [rec(1)],
+                "parameters": {"weight": rec(2)},
+            },
+            "Module.b.forward.0": {
+                "input_args": [rec(1)],
+                "input_kwargs": {"x": [rec(3)]},
+                "output": [rec(4)],
+            },
+            "Module.c.forward.0": {"input_args": [[rec(4)]], "output": [rec(2)]},
+        },
+    }
+    lanes = 3
+    shared = [False, False, True, True, False]
+    weight, bias = [4, 2], [7]
+    shapes = [
+        [[k + 1, 2] for k in range(lanes)],
+        [[k + 1, 2] for k in range(lanes)],
+        [weight] * lanes,
+        [bias] * lanes,
+        [[1, k + 1] for k in range(lanes)],
+    ]
+    values = [
+        [[0.1 * k, -1.5, 1 / 3 + k, float("nan")] for k in range(lanes)],
+        [[2.0 + k, float("-inf"), None, None] for k in range(lanes)],
+        [[0.25, -0.75, 0.001, 12.5]] * lanes,
+        [[3, -4, None, None]] * lanes,
+        [[k, k - 1, 1e-40 * (k + 1), float("inf")] for k in range(lanes)],
+    ]
+
+    def filled(node: Any, k: int) -> Any:
+        if isinstance(node, dict):
+            if LANE_RECORD in node:
+                i = node[LANE_RECORD]
+                head = {"type": node["type"], "dtype": node["dtype"], "shape": shapes[i][k]}
+                stats = dict(zip(("Max", "Min", "Mean", "Norm"), values[i][k], strict=True))
+                return head | stats | {"requires_grad": node["requires_grad"]}
+            return {key: filled(v, k) for key, v in node.items()}
+        return [filled(v, k) for v in node] if isinstance(node, list) else node
+
+    template = StepTemplate(data, lambda n: n.get(LANE_RECORD))
+    want = [json.dumps(filled(data, k), indent=1) for k in range(lanes)]
+    assert list(template.render_lanes(shapes, values, range(lanes), shared)) == want
+    assert list(template.render_lanes(shapes, values, range(lanes))) == want  # nothing marked shared
+    assert [template.render(shapes, values, k) for k in range(lanes)] == want
+    assert len(set(want)) == lanes  # the lanes' texts differ: a mixed-up lane would show
