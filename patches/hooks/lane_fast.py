@@ -27,7 +27,7 @@ one-pass collector's own objects by ``lane_collector.LaneStats.aim`` (msprobe it
   message (msprobe escapes, then checks); the same lines print at ``MSPROBE_LOG_LEVEL=0``.
 
 ``tests/selective/test_lane_stats.py`` (every lane's files equal to msprobe's own per-lane path)
-runs through these; ``tests/patches/test_lane_fast.py`` checks each against msprobe's answer.
+runs through these; ``tests/selective/test_lane_fast.py`` checks each against msprobe's answer.
 """
 
 from __future__ import annotations
