@@ -41,13 +41,20 @@ from typing import TYPE_CHECKING, Any
 
 from verl_consistency.contracts.records import lane_folder
 from verl_consistency.patches.hooks.call_stack import remembering
+from verl_consistency.patches.hooks.lane_fast import PlainTensors, quiet_debug, single_element
 from verl_consistency.patches.hooks.lane_json import LANE_RECORD, StepTemplate, save_text, stack_text
 from verl_consistency.patches.hooks.lane_stats import LaneStatQueue
 
 if TYPE_CHECKING:
     from verl_consistency.patches.hooks.msprobe_lanes import Lane
 
-PROCESSOR_NEEDS = ("_analyze_tensor", "tensor_handler", "get_stat_info")
+PROCESSOR_NEEDS = (
+    "_analyze_tensor",
+    "tensor_handler",
+    "get_stat_info",
+    "analyze_single_element",
+    "torch_object_key",
+)
 
 
 def lane_paths(aggregation: Any, k: int) -> Any:
@@ -100,6 +107,8 @@ class LaneStats:
         self.lanes: list[Lane] = []
         self.queue = LaneStatQueue([])
         self._last: tuple[dict[str, Any], StepTemplate] | None = None
+        self._plain: PlainTensors | None = None
+        self._tensor_type = "torch.Tensor"  # msprobe's Const.TENSOR_TYPE, read in aim()
 
     # -- set-up --------------------------------------------------------------------------------
     def aim(self, config: Any, lanes: Sequence[Lane]) -> None:
@@ -127,7 +136,15 @@ class LaneStats:
             from msprobe.core.common.const import Const
             from msprobe.core.common.log import logger
 
-            self.collector.data_processor.analyze_api_call_stack = remembering(Const, logger.warning)
+            processor = self.collector.data_processor
+            processor.analyze_api_call_stack = remembering(Const, logger.warning)
+            # less Python per tensor and per hook call (lane_fast.py): the same answers as msprobe's
+            processor.analyze_single_element = single_element(processor, processor.analyze_single_element)
+            from msprobe.core.common.const import MsgConst
+            from msprobe.pytorch.common.log import logger as pytorch_logger
+
+            for msprobe_logger in (logger, pytorch_logger):
+                quiet_debug(msprobe_logger, MsgConst.LogLevel.DEBUG.value)
         self.collector.config = whole
         self.collector.data_processor.config = whole
         self.collector.data_writer.config = whole
@@ -136,6 +153,10 @@ class LaneStats:
             handler.config = whole
         resolve_type_checks(handler)
         self.collector.data_processor._analyze_tensor = self._analyze_tensor
+        self._plain = PlainTensors(getattr(whole, "precision", "low") == "high")
+        from msprobe.core.common.const import Const as MsprobeConst
+
+        self._tensor_type = MsprobeConst.TENSOR_TYPE
         while len(self.writers) < len(lanes):
             self.writers.append(DataWriter())
         for writer in self.writers:
@@ -150,7 +171,16 @@ class LaneStats:
     # -- the per-tensor step ---------------------------------------------------------------------
     def _analyze_tensor(self, tensor: Any, suffix: str) -> dict[str, Any]:
         """msprobe's ``PytorchDataProcessor._analyze_tensor`` for every lane at once: the record's
-        fixed fields now, each lane's shape and statistics queued (``LaneStatQueue``)."""
+        fixed fields now, each lane's shape and statistics queued (``LaneStatQueue``). A plain tensor
+        takes the short way (``lane_fast.PlainTensors``: msprobe's answers, once per dtype)."""
+        plain = self._plain.kind(tensor) if self._plain is not None else None
+        if plain is not None:
+            return {
+                "type": self._tensor_type,
+                "dtype": plain[0],
+                LANE_RECORD: self.queue.add(tensor, full=plain[1]),
+                "requires_grad": tensor.requires_grad,
+            }
         from msprobe.core.common.utils import slice_by_config
 
         processor = self.collector.data_processor
@@ -240,9 +270,12 @@ class LaneStats:
         construct = None
         if extra and template.cache_construct:
             construct = json.dumps(template.cache_construct, indent=1)
-        for k, writer in enumerate(self.active):
-            if step is not None:
-                save_text(writer.dump_file_path, step.render(shapes, values, k))
+        shared = [entry.shared for entry in entries]
+        lanes = range(len(self.active))
+        texts = step.render_lanes(shapes, values, lanes, shared) if step is not None else None
+        for writer in self.active:
+            if texts is not None:
+                save_text(writer.dump_file_path, next(texts))
             if stack is not None:
                 save_text(writer.stack_file_path, stack)
             if construct is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 STAT_KEYS = ("Max", "Min", "Mean", "Norm")
@@ -58,6 +58,11 @@ class StepTemplate:
             chunks += [*stats, tail + _escape(self.parts[i + 1])]
         self.format = "%s".join(chunks)  # slots: the shape, then Max, Min, Mean, Norm
         self._shapes: dict[tuple[tuple[int, ...], int], str] = {}
+        # the queue entries the records name, each once (first seen first), and per record where its
+        # entry's 4 tokens start in that order
+        self.unique = list(dict.fromkeys(self.indices))
+        first = {index: 4 * n for n, index in enumerate(self.unique)}
+        self.pos4 = [first[index] for index in self.indices]
 
     def _mark(self, node: Any, is_record: Callable[[Any], int | None]) -> Any:
         if isinstance(node, dict):
@@ -110,17 +115,62 @@ class StepTemplate:
     def render(
         self, shapes: Sequence[Sequence[list[int]]], values: Sequence[Sequence[list[Any]]], k: int
     ) -> str:
-        """Lane ``k``'s text: record ``i`` of the template gets ``shapes[i][k]`` and ``values[i][k]``.
+        """Lane ``k``'s text: record ``i`` of the template gets ``shapes[i][k]`` and ``values[i][k]``."""
+        return next(self.render_lanes(shapes, values, [k]))
 
-        The statistics are encoded by json's C encoder in one call (``float.__repr__``, ``NaN``,
-        ``Infinity``, ``null``, ``true``: what the pure-Python one writes for them too)."""
-        flat = [value for index in self.indices for value in values[index][k]]
-        tokens = json.dumps(flat)[1:-1].split(", ") if flat else []
-        args: list[str] = []
-        for n, index in enumerate(self.indices):
-            args.append(self._shape(shapes[index][k], self.levels[n]))
-            args += tokens[4 * n : 4 * n + 4]
-        return self.format % tuple(args)
+    def render_lanes(
+        self,
+        shapes: Sequence[Sequence[list[int]]],
+        values: Sequence[Sequence[list[Any]]],
+        lanes: Sequence[int],
+        shared: Sequence[bool] | None = None,
+    ) -> Iterator[str]:
+        """Each of ``lanes``' text in turn (:meth:`render`), the statistics encoded once per queue
+        entry and lane, not once per record.
+
+        The statistics are encoded by json's C encoder (``float.__repr__``, ``NaN``, ``Infinity``,
+        ``null``, ``true``: what the pure-Python one writes for them too); a float's repr is most of
+        the cost (~1 us), so an entry that several records name (one module's output is the next
+        one's input) is encoded once, and one that is ``shared`` (``shared[index]``: every lane's
+        values and shape are lane 0's, as for a tensor no lane cuts, a parameter) once for all
+        lanes."""
+        unique, pos4 = self.unique, self.pos4
+        common = [i for i in unique if shared is not None and shared[i]]
+        own = [i for i in unique if shared is None or not shared[i]]
+        slots = self._slots(common, own)
+        common_tokens = _encode([v for i in common for v in values[i][0]])
+        for k in lanes:
+            tokens = common_tokens + _encode([v for i in own for v in values[i][k]])
+            tok = [tokens[q] for q in slots]  # back in ``unique``'s order, 4 a entry
+            args: list[str] = [""] * (5 * len(self.indices))
+            args[0::5] = self._shape_texts(shapes, k)
+            for j in range(4):
+                args[1 + j :: 5] = [tok[q + j] for q in pos4]
+            yield self.format % tuple(args)
+
+    def _slots(self, common: list[int], own: list[int]) -> list[int]:
+        """For each of ``unique``'s 4 tokens a entry, where it sits in ``common``'s tokens then ``own``'s."""
+        at = {index: 4 * n for n, index in enumerate(common + own)}
+        return [at[index] + j for index in self.unique for j in range(4)]
+
+    def _shape_texts(self, shapes: Sequence[Sequence[list[int]]], k: int) -> list[str]:
+        """Each record's shape text for lane ``k``; a lane's shape list shared by many records (one
+        cut, one shape) is formatted once per depth."""
+        memo: dict[tuple[int, int], str] = {}
+        texts = []
+        for index, level in zip(self.indices, self.levels, strict=True):
+            shape = shapes[index][k]
+            key = (id(shape), level)
+            text = memo.get(key)
+            if text is None:
+                text = memo[key] = self._shape(shape, level)
+            texts.append(text)
+        return texts
+
+
+def _encode(flat: list[Any]) -> list[str]:
+    """Scalars as json's C encoder writes them, one string each."""
+    return json.dumps(flat)[1:-1].split(", ") if flat else []
 
 
 def _escape(text: str) -> str:

@@ -113,6 +113,7 @@ class Entry:
     shapes: list[list[int]]
     values: list[list[Any]] | None = None  # [lane][Max, Min, Mean, Norm]
     pending: list[list[Any]] | None = None  # msprobe's own per-lane values, resolved at the end
+    shared: bool = False  # no lane cuts the tensor: every lane's shape and values are lane 0's
 
 
 class LaneStatQueue:
@@ -154,14 +155,18 @@ class LaneStatQueue:
         not reduced again: its index is returned (:meth:`seen`)."""
         import torch
 
-        again = self.seen(tensor, full)
-        if again is not None:
-            return again
-        cut = self.cut(tuple(tensor.shape))
-        key = (cut.dims, cut.sizes, tensor.dtype, full, tensor.device)
-        group = self._groups.get(key)
+        key = id(tensor)
+        found = self._seen.get(key)
+        if found is not None and found[0]() is tensor and found[1] == _version(tensor) and found[2] == full:
+            return found[3]
+        shape = tensor.shape
+        cut = self._cuts.get(shape) or self.cut(tuple(shape))
+        device = tensor.device
+        group = self._groups.get((cut.dims, cut.sizes, tensor.dtype, full, device))
         if group is None:
-            group = self._groups[key] = _Group(cut, tensor.dtype, full, tensor.device)
+            group = self._groups[(cut.dims, cut.sizes, tensor.dtype, full, device)] = _Group(
+                cut, tensor.dtype, full, device
+            )
         if cut.leading:  # [P, ...] or [1, P, ...]: a view, nothing to move
             flat = tensor.reshape(cut.rows, -1)
         else:
@@ -172,13 +177,13 @@ class LaneStatQueue:
             group.rows.append((low, high, total, torch.linalg.vector_norm(flat, dim=1, dtype=torch.float32)))
         else:
             group.rows.append((low, high))
-        group.records.append(len(self.entries))
+        index = len(self.entries)
+        group.records.append(index)
         group.inner.append(flat.shape[1])
-        self.entries.append(Entry(cut.lane_shapes))
-        index = len(self.entries) - 1
+        self.entries.append(Entry(cut.lane_shapes, shared=not cut.dims))
         version = _version(tensor)
         if version is not None:
-            self._seen[id(tensor)] = (weakref.ref(tensor), version, full, index)
+            self._seen[key] = (weakref.ref(tensor), version, full, index)
         return index
 
     def seen(self, tensor: torch.Tensor, full: bool) -> int | None:
@@ -209,7 +214,7 @@ class LaneStatQueue:
             part = cut(tensor, [c.as_msprobe() for c in cuts])
             shapes.append([int(n) for n in part.shape])
             pending.append(list(stat(part)))
-        self.entries.append(Entry(shapes, pending=pending))
+        self.entries.append(Entry(shapes, pending=pending, shared=not dims))
         return len(self.entries) - 1
 
     # -- the step's end ------------------------------------------------------------------------

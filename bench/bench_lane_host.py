@@ -1,0 +1,210 @@
+"""Host time of a one-pass dumped step per module call, on CPU (issue 32: what a dumped step costs
+beyond its forward, once the statistics are batched).
+
+Why: on the H200 a dumped FSDP log_prob pass was still ~3x its undumped pass, and what is left is
+host Python per module call (msprobe's hooks, our per-tensor queueing, the lanes' files). On a
+2-core CPU the forward of ``bench/gpu/fsdp_cost.py --tiny`` (2 layers) is dwarfed by verl's
+``gc.collect`` per pass and by the machine's load, so this bench isolates the host work: the
+vLLM-layout Qwen2 stand-in (``bench/support/vllm_qwen2.py``, as ``bench_lanes.py``) at Qwen2-0.5B's
+depth (24 layers, ~290 module calls a step) with tiny widths and short prompts, so the forward
+costs little and the dumped step is nearly all hook and lane work. torch runs one thread.
+
+It prints a ``ratio lane-host`` line (dumped over undumped, wall and CPU) and, per step, the
+medians of the wall and of the process CPU time (steadier than the wall on a shared machine),
+undumped (after msprobe's hooks are registered: ``off-after``) and dumped through the one-pass lanes
+(``lane_collector.LaneStats``, every request a lane), the difference per module call, the time in
+Python's garbage collector during the dumped steps, and where the lanes' own time goes
+(``_analyze_tensor``, ``LaneStatQueue.add``, ``write_json``).
+
+Run: ``OMP_NUM_THREADS=1 python -m bench.bench_lane_host [--lanes 8] [--reps 7] [--profile FILE]``.
+To compare two checkouts, run it in each, alternately, in one session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import gc
+import json
+import pstats
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.bench_lanes import _stand_in
+from bench.bench_overhead_gpu import SIZES, msprobe_config
+
+SHAPE = (24, 64, 4, 2, 128, 512)
+"""layers, hidden, heads, kv heads, intermediate, vocab: Qwen2-0.5B's depth, tiny widths."""
+
+TIMED = (
+    ("lane_collector", "LaneStats", "_analyze_tensor"),
+    ("lane_stats", "LaneStatQueue", "add"),
+    ("lane_collector", "LaneStats", "write_json"),
+)
+
+
+class GcClock:
+    """Seconds and counts of Python's collections per generation while ``on``."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._start = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        generation = info["generation"]
+        self.count[generation] += 1
+        self.seconds[generation] += time.perf_counter() - self._start
+
+
+def _time_methods(clock: GcClock, spent: dict[str, float]) -> None:
+    """Wrap the lanes' main methods to add their wall time to ``spent`` during dumped steps."""
+    import importlib
+
+    for module, cls_name, name in TIMED:
+        cls = getattr(importlib.import_module(f"verl_consistency.patches.hooks.{module}"), cls_name)
+        original = getattr(cls, name)
+
+        def wrapper(
+            *args: Any, _original: Callable[..., Any] = original, _name: str = name, **kw: Any
+        ) -> Any:
+            start = time.perf_counter()
+            try:
+                return _original(*args, **kw)
+            finally:
+                if clock.on:
+                    spent[_name] += time.perf_counter() - start
+
+        setattr(cls, name, wrapper)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lanes", type=int, default=8, help="requests in the step, each captured")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--profile", type=Path, help="cProfile the dumped steps into this text file")
+    args = ap.parse_args(argv)
+
+    import torch
+    from msprobe.pytorch import PrecisionDebugger
+
+    from bench.support.vllm_qwen2 import forward_step
+    from verl_consistency.patches.hooks import msprobe_lanes
+    from verl_consistency.patches.hooks.request_scope import start_lanes
+
+    torch.set_num_threads(1)
+    SIZES["deep"] = SHAPE
+    shape = argparse.Namespace(device="cpu", size="deep", lanes=args.lanes, min_len=4, max_len=16, seed=0)
+    model, ids, positions, tokens = _stand_in(shape, torch.float32)
+    order, lens = list(tokens), list(tokens.values())
+    lanes = msprobe_lanes.packed_lanes(tokens, order, order, request_rows=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-lane-host-"))
+    (work / "msprobe.json").write_text(json.dumps(msprobe_config("selective", work / "dump")))
+    clock = GcClock()
+    spent: dict[str, float] = collections.defaultdict(float)
+    _time_methods(clock, spent)
+    walls: dict[str, list[float]] = {"off": [], "off-after": [], "dumped": []}
+    cpus: dict[str, list[float]] = {"off": [], "off-after": [], "dumped": []}
+    debugger: Any = None
+
+    def step(label: str, prof: cProfile.Profile | None = None) -> None:
+        dump = label == "dumped"
+        cpu, wall = time.process_time(), time.perf_counter()
+        clock.on = dump
+        if prof:
+            prof.enable()
+        if dump:
+            start_lanes(debugger, model, lanes)
+        with torch.no_grad():
+            forward_step(model, ids, positions, lens)
+        if dump:
+            debugger.stop()
+            debugger.step()
+        if prof:
+            prof.disable()
+        clock.on = False
+        walls[label].append(time.perf_counter() - wall)
+        cpus[label].append(time.process_time() - cpu)
+        for folder in (work / "dump").glob("step*"):  # outside the timing
+            shutil.rmtree(folder)
+
+    for _ in range(3):
+        step("off")
+    walls["off"].clear()
+    cpus["off"].clear()
+    for _ in range(args.reps):
+        step("off")
+    debugger = PrecisionDebugger(config_path=str(work / "msprobe.json"))
+    start_lanes(debugger, model, lanes)  # warm-up, and the module calls a step makes
+    with torch.no_grad():
+        forward_step(model, ids, positions, lens)
+    debugger.stop()
+    debugger.step()
+    (first,) = (work / "dump").glob("step*/*/req0/dump.json")
+    calls = sum(1 for name in json.loads(first.read_text())["data"] if name.startswith("Module."))
+    shutil.rmtree(work / "dump")
+    step("dumped")
+    prof = cProfile.Profile() if args.profile else None
+    walls["dumped"].clear()
+    cpus["dumped"].clear()
+    spent.clear()
+    clock.count, clock.seconds = [0, 0, 0], [0.0, 0.0, 0.0]
+    for _ in range(args.reps):
+        step("dumped", prof)
+        step("off-after")
+    shutil.rmtree(work, ignore_errors=True)
+    _report(args, calls, sum(lens), walls, cpus, clock, spent)
+    if prof and args.profile:
+        with args.profile.open("w") as out:
+            stats = pstats.Stats(prof, stream=out)
+            stats.sort_stats("tottime").print_stats(45)
+            stats.sort_stats("cumulative").print_stats(80)
+
+
+def _report(
+    args: argparse.Namespace,
+    calls: int,
+    n_tokens: int,
+    walls: dict[str, list[float]],
+    cpus: dict[str, list[float]],
+    clock: GcClock,
+    spent: dict[str, float],
+) -> None:
+    import torch
+
+    wall = {k: statistics.median(v) for k, v in walls.items()}
+    cpu = {k: statistics.median(v) for k, v in cpus.items()}
+    print(
+        f"deep stand-in ({SHAPE[0]} layers, hidden {SHAPE[1]}), {args.lanes} lanes, {n_tokens} tokens, "
+        f"{calls} module calls a step; torch {torch.__version__}, 1 thread; {args.reps} reps, medians"
+    )
+    for label in ("off", "off-after", "dumped"):
+        print(f"  {label:<10} wall {wall[label] * 1e3:7.1f} ms   cpu {cpu[label] * 1e3:7.1f} ms")
+    per_wall = (wall["dumped"] - wall["off-after"]) / calls * 1e6
+    per_cpu = (cpu["dumped"] - cpu["off-after"]) / calls * 1e6
+    print(f"host per module call: wall {per_wall:.0f} us, cpu {per_cpu:.0f} us (dumped - off-after)")
+    print(
+        f"ratio lane-host dumped/off-after: {wall['dumped'] / wall['off-after']:.2f} wall, "
+        f"{cpu['dumped'] / cpu['off-after']:.2f} cpu ({args.lanes} lanes, {calls} module calls; cpu)"
+    )
+    gc_ms = [round(s / args.reps * 1e3, 1) for s in clock.seconds]
+    print(f"gc per dumped step: {gc_ms} ms by generation ({clock.count} collections in {args.reps} steps)")
+    parts = ", ".join(f"{k} {v / args.reps * 1e3:.1f} ms" for k, v in spent.items())
+    print(f"lanes per dumped step: {parts}")
+
+
+if __name__ == "__main__":
+    main()

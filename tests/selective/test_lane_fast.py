@@ -1,0 +1,236 @@
+"""``lane_fast``'s short ways give msprobe's own answers, on the pinned mindstudio-probe.
+
+The one-pass lanes answer the per-tensor questions of a plain tensor once per dtype
+(``PlainTensors``), send tensors straight to the one-pass ``_analyze_tensor`` (``single_element``)
+and check the log level before escaping a debug message (``quiet_debug``). Each is compared here
+with what msprobe's own code answers; ``test_lane_stats.py`` compares whole dumps.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from verl_consistency.patches.hooks.lane_collector import _one_pass_kind, resolve_type_checks
+from verl_consistency.patches.hooks.lane_fast import PlainTensors, quiet_debug, single_element
+
+pytestmark = [pytest.mark.msprobe, pytest.mark.pinset]
+
+
+def _tensors() -> dict[str, Any]:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.zeros(2, 3)
+    found = {
+        "float32": torch.randn(4, 3),
+        "bfloat16": torch.randn(2, 5).bfloat16(),
+        "float16 view": torch.randn(6, 4).half()[:, 1:3],
+        "float64": torch.randn(3, 2, dtype=torch.float64),
+        "int64": torch.arange(6).reshape(2, 3),
+        "uint8": torch.ones(5, dtype=torch.uint8),
+        "bool": torch.ones(3, dtype=torch.bool),
+        "0-d": torch.tensor(1.5),
+        "empty": torch.zeros(0, 4),
+        "meta": torch.zeros(2, 3, device="meta"),
+        "complex": torch.zeros(2, 2, dtype=torch.complex64),
+        "parameter": torch.nn.Parameter(torch.randn(3, 3)),
+        "frozen parameter": torch.nn.Parameter(torch.randn(3), requires_grad=False),
+        "nested": torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)], layout=torch.jagged),
+        "fake": fake,
+    }
+    if hasattr(torch, "float8_e4m3fn"):
+        found["float8"] = torch.zeros(2, 2).to(torch.float8_e4m3fn)
+    seen: dict[str, Any] = {}
+
+    def grab(row: torch.Tensor) -> torch.Tensor:
+        seen["batched"] = row  # a functorch BatchedTensor, of Python type torch.Tensor
+        return row.sum()
+
+    torch.vmap(grab)(torch.randn(3, 4))
+    found["batched"] = seen["batched"]
+    return found
+
+
+@pytest.mark.parametrize("precision", ["low", "high"])
+def test_a_plain_tensor_gets_msprobes_answers_and_any_other_takes_the_full_path(precision: str) -> None:
+    from msprobe.core.common.const import Const
+    from msprobe.core.dump.data_dump.data_processor.pytorch_processor import TensorHandler
+
+    handler = TensorHandler(None)
+    resolve_type_checks(handler)
+    config = SimpleNamespace(precision=precision)
+    plain = PlainTensors(precision == "high")
+    answers = {}
+    for name, tensor in _tensors().items():
+        got = plain.kind(tensor)
+        answers[name] = got
+        if got is None:
+            continue
+        assert handler.convert_common_tensor(tensor) is tensor, name
+        assert handler.get_tensor_type(tensor) == Const.TENSOR_TYPE, name
+        assert handler.get_tensor_dtype(tensor) == got[0], name
+        assert not handler.is_dtensor(tensor), name
+        assert _one_pass_kind(tensor, handler, config) is got[1], name
+    high = precision == "high"
+    assert answers["float32"] == ("torch.float32", not high)
+    assert answers["bfloat16"] == ("torch.bfloat16", not high)
+    assert answers["float16 view"] == ("torch.float16", not high)
+    assert answers["parameter"] == ("torch.float32", not high)
+    assert answers["frozen parameter"] == ("torch.float32", not high)
+    assert answers["float64"] == ("torch.float64", False)
+    assert answers["int64"] == ("torch.int64", False)
+    assert answers["uint8"] == ("torch.uint8", False)
+    # msprobe's own per-lane path, or a tensor msprobe unwraps or names otherwise: the full path
+    for name in ("bool", "0-d", "empty", "meta", "complex", "nested", "fake", "batched", "float8"):
+        assert answers.get(name) is None, name
+
+
+def test_single_element_sends_tensors_to_the_one_pass_and_the_rest_to_msprobe() -> None:
+    calls: list[tuple[str, Any]] = []
+    processor = SimpleNamespace(
+        torch_object_key={"dtype": None, "device": None},
+        _analyze_tensor=lambda tensor, suffix: calls.append(("one-pass", tensor)) or {"one": "pass"},
+    )
+
+    def msprobes(element: Any, suffix_stack: Any) -> Any:
+        calls.append(("msprobe", element))
+        return {"msprobe": True}
+
+    analyze = single_element(processor, msprobes)
+    tensor, parameter = torch.ones(2), torch.nn.Parameter(torch.ones(1))
+    assert analyze(tensor, [0, "x"]) == {"one": "pass"}
+    assert analyze(parameter, []) == {"one": "pass"}
+    assert analyze(tensor, ["dtype"]) == {"msprobe": True}  # msprobe's torch_object_key analysers first
+    assert analyze(3, [1]) == {"msprobe": True}
+    assert analyze(torch.Size([2, 3]), []) == {"msprobe": True}
+    assert [(who, type(what).__name__) for who, what in calls] == [
+        ("one-pass", "Tensor"),
+        ("one-pass", "Parameter"),
+        ("msprobe", "Tensor"),
+        ("msprobe", "int"),
+        ("msprobe", "Size"),
+    ]
+
+
+def test_single_element_routes_as_msprobes_own_method() -> None:
+    """On msprobe's real statistics processor: every element's record is what msprobe's own
+    ``analyze_single_element`` makes of it, with the same ``_analyze_tensor`` behind both."""
+    from msprobe.core.dump.data_dump.data_processor.pytorch_processor import StatisticsDataProcessor
+
+    config = SimpleNamespace(
+        task="statistics", level="L0", summary_mode="statistics", async_dump=False, precision="low",
+        data_mode=["all"], scope=[], list=[], slice_info=[], is_slice_info_modified=False,
+    )  # fmt: skip
+    try:
+        processor = StatisticsDataProcessor(config, None)
+    except Exception as exc:  # a constructor that wants more of the config: say which
+        pytest.fail(f"msprobe's StatisticsDataProcessor(config, None): {exc!r}")
+    processor._analyze_tensor = lambda tensor, suffix: {"tensor": tuple(tensor.shape)}
+    ours = single_element(processor, processor.analyze_single_element)
+    elements = [
+        (torch.ones(2, 3), [0]),
+        (torch.nn.Parameter(torch.ones(4)), ["weight"]),
+        (5, [1]),
+        (2.5, []),
+        ("text", [0]),
+        (torch.Size([3, 4]), [2]),
+        (torch.float16, ["dtype"]),
+        (torch.device("cpu"), ["device"]),
+        (None, [0]),
+        (object(), [0]),
+    ]
+    for element, suffix in elements:
+        assert ours(element, suffix) == processor.analyze_single_element(element, suffix), element
+
+
+def test_quiet_debug_prints_what_msprobe_prints_and_checks_the_level_first(capsys: Any) -> None:
+    from msprobe.core.common.const import MsgConst
+    from msprobe.core.common.log import BaseLogger
+
+    debug_level = MsgConst.LogLevel.DEBUG.value
+    theirs, ours = BaseLogger(), BaseLogger()
+    quiet_debug(ours, debug_level)
+    quiet_debug(ours, debug_level)  # once is enough: not wrapped twice
+    assert getattr(ours.debug, "_lane_quiet", False)
+    for lg in (theirs, ours):
+        lg.level = MsgConst.LogLevel.INFO.value
+    ours.debug("dropped\n")
+    theirs.debug("dropped\n")
+    assert capsys.readouterr().out == ""
+    for lg in (theirs, ours):
+        lg.level = debug_level  # a level set after the patch still counts
+    theirs.debug("a\nb\tc")
+    want = capsys.readouterr().out
+    ours.debug("a\nb\tc")
+    got = capsys.readouterr().out
+    assert "a_b_c" in want
+    assert got.split("[DEBUG]")[1] == want.split("[DEBUG]")[1]  # past the time stamp
+    quiet_debug(SimpleNamespace(), debug_level)  # a logger without debug or level: left alone
+
+
+def test_every_lane_renders_what_json_dump_writes_with_entries_named_twice_and_shared() -> None:
+    """``StepTemplate.render_lanes`` encodes an entry once per lane (and a shared one once for all
+    lanes): each lane's text is still ``json.dumps(lane's data, indent=1)``, for records that name
+    one entry twice (an output that is the next module's input), at different depths, and entries
+    shared by every lane between ones that are not."""
+    import json
+
+    from verl_consistency.patches.hooks.lane_json import LANE_RECORD, StepTemplate
+
+    def rec(i: int) -> dict[str, Any]:
+        return {"type": "torch.Tensor", "dtype": "torch.bfloat16", LANE_RECORD: i, "requires_grad": True}
+
+    data = {
+        "task": "statistics",
+        "data": {
+            "Module.a.forward.0": {
+                "input_args": [rec(0)],
+                "output": [rec(1)],
+                "parameters": {"weight": rec(2)},
+            },
+            "Module.b.forward.0": {
+                "input_args": [rec(1)],
+                "input_kwargs": {"x": [rec(3)]},
+                "output": [rec(4)],
+            },
+            "Module.c.forward.0": {"input_args": [[rec(4)]], "output": [rec(2)]},
+        },
+    }
+    lanes = 3
+    shared = [False, False, True, True, False]
+    weight, bias = [4, 2], [7]
+    shapes = [
+        [[k + 1, 2] for k in range(lanes)],
+        [[k + 1, 2] for k in range(lanes)],
+        [weight] * lanes,
+        [bias] * lanes,
+        [[1, k + 1] for k in range(lanes)],
+    ]
+    values = [
+        [[0.1 * k, -1.5, 1 / 3 + k, float("nan")] for k in range(lanes)],
+        [[2.0 + k, float("-inf"), None, None] for k in range(lanes)],
+        [[0.25, -0.75, 0.001, 12.5]] * lanes,
+        [[3, -4, None, None]] * lanes,
+        [[k, k - 1, 1e-40 * (k + 1), float("inf")] for k in range(lanes)],
+    ]
+
+    def filled(node: Any, k: int) -> Any:
+        if isinstance(node, dict):
+            if LANE_RECORD in node:
+                i = node[LANE_RECORD]
+                head = {"type": node["type"], "dtype": node["dtype"], "shape": shapes[i][k]}
+                stats = dict(zip(("Max", "Min", "Mean", "Norm"), values[i][k], strict=True))
+                return head | stats | {"requires_grad": node["requires_grad"]}
+            return {key: filled(v, k) for key, v in node.items()}
+        return [filled(v, k) for v in node] if isinstance(node, list) else node
+
+    template = StepTemplate(data, lambda n: n.get(LANE_RECORD))
+    want = [json.dumps(filled(data, k), indent=1) for k in range(lanes)]
+    assert list(template.render_lanes(shapes, values, range(lanes), shared)) == want
+    assert list(template.render_lanes(shapes, values, range(lanes))) == want  # nothing marked shared
+    assert [template.render(shapes, values, k) for k in range(lanes)] == want
+    assert len(set(want)) == lanes  # the lanes' texts differ: a mixed-up lane would show
