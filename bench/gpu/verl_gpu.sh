@@ -418,6 +418,27 @@ if [ "$cmd" = setup ]; then
   assets
   stamp setup; exit 0
 fi
+collect() {  # ID LOG_DIR
+  # What `ride` and `fullyasync` do after the run: postprocess and verify on the device, run.json's
+  # `steps` and the report's summary to $OUT, then the run folder trimmed by the checkout's trim_run.py
+  # within what is left of the call (the first ride on the H200 overran 600 s here) and $OUT/<id>.tar.xz
+  # of logs/<id>/ and trim/<id>/. TRIM_MIB, TRIM_PAIRS: the committed folder is an xz of statistics
+  # dumps, so 64+ pairs fit in a few MiB.
+  local id=$1 log=$2 s left b
+  s=$(date +%s)
+  verl-consistency postprocess "$G/dump/$id" >"$log/postprocess.log" 2>&1
+  echo "POST $id rc=$? wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
+  for b in "$G/dump/bundles"/bundle-"$id"*.tar.zst; do
+    [ -f "$b" ] && { verl-consistency verify "$b" >"$log/verify.log" 2>&1; echo "VERIFY $id rc=$?" | tee -a "$OUT/stages.txt"; }
+  done
+  python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1])).get("steps"), indent=1))' \
+    "$G/dump/$id/run.json" >"$OUT/steps.json" 2>&1
+  cp "$G/dump/bundles/work-$id/results/summary.md" "$OUT/" 2>/dev/null
+  left=$(( ${BUDGET:-575} - ($(date +%s) - t0) - 20 ))
+  timeout -k 5 "$left" python3 "$HERE/trim_run.py" "$G/dump/$id" "$G/trim/$id" --max-mib "${TRIM_MIB:-48}" \
+    --min-pairs 1 --max-pairs "${TRIM_PAIRS:-72}" 2>&1 | tail -3 | cut -c1-400 | tee -a "$OUT/stages.txt"
+  timeout 30 tar -cf - -C "$G" "logs/$id" "trim/$id" | timeout 30 xz -T8 -6 >"$OUT/$id.tar.xz"
+}
 if [ "$cmd" = ride ]; then
   # Issue 35's proofs: `verl-consistency run MODE --device cuda` of THIS checkout as a user types it, a
   # ride-along collection (no --prompts-only: full responses, the run's varying reward, the weights move),
@@ -440,22 +461,8 @@ if [ "$cmd" = ride ]; then
   # shellcheck disable=SC2086  # RIDE_ARGS: more verl overrides, split on spaces
   (cd "$REPO" && timeout -k 10 $(( left - 150 )) verl-consistency run "$mode" --device cuda --capture fraction:1 \
     --dump-root "$G/dump" --run-id "$id" model="$G/assets/model" "${GPU_OVERRIDES[@]}" ${RIDE_ARGS:-}) >"$log/run.log" 2>&1
-  rc=$?; echo "RIDE $id rc=$rc wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"; s=$(date +%s)
-  verl-consistency postprocess "$G/dump/$id" >"$log/postprocess.log" 2>&1
-  echo "POST $id rc=$? wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
-  for b in "$G/dump/bundles"/bundle-"$id"*.tar.zst; do
-    [ -f "$b" ] && { verl-consistency verify "$b" >"$log/verify.log" 2>&1; echo "VERIFY $id rc=$?" | tee -a "$OUT/stages.txt"; }
-  done
-  python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1])).get("steps"), indent=1))' \
-    "$G/dump/$id/run.json" >"$OUT/steps.json" 2>&1
-  cp "$G/dump/bundles/work-$id/results/summary.md" "$OUT/" 2>/dev/null
-  # the trim gets what is left of the call (the first ride on the H200 overran 600 s here)
-  left=$(( ${BUDGET:-575} - ($(date +%s) - t0) - 20 ))
-  # (the checkout's trim_run.py; TRIM_MIB, TRIM_PAIRS: the committed folder is an xz of statistics dumps,
-  # so 64+ pairs fit in a few MiB)
-  timeout -k 5 "$left" python3 "$HERE/trim_run.py" "$G/dump/$id" "$G/trim/$id" --max-mib "${TRIM_MIB:-48}" \
-    --min-pairs 1 --max-pairs "${TRIM_PAIRS:-72}" 2>&1 | tail -3 | cut -c1-400 | tee -a "$OUT/stages.txt"
-  timeout 30 tar -cf - -C "$G" "logs/$id" "trim/$id" | timeout 30 xz -T8 -6 >"$OUT/$id.tar.xz"
+  rc=$?; echo "RIDE $id rc=$rc wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
+  collect "$id" "$log"
   grep -E "step:[0-9]+ |FAULT|Traceback|Error" "$log/run.log" | cut -c1-300 | tail -14 | tee "$OUT/ride.log"
   tail -25 "$log/postprocess.log" | tee -a "$OUT/ride.log"
   exit $rc
@@ -502,21 +509,10 @@ if [ "$cmd" = fullyasync ]; then
   (cd "$REPO" && CUDA_VISIBLE_DEVICES=0,0 PYTHONPATH=$REPO/bench/gpu/one_gpu:$PYTHONPATH timeout -k 10 $(( left - 150 )) \
     verl-consistency run fully-async --device cuda "${phase[@]}" --capture fraction:1 --dump-root "$G/dump" --run-id "$id" \
     model="$G/assets/model" "${base[@]}" "${FA_OVERRIDES[@]}" ${FA_ARGS:-}) >"$log/run.log" 2>&1
-  rc=$?; echo "FULLYASYNC $id rc=$rc wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"; s=$(date +%s)
+  rc=$?; echo "FULLYASYNC $id rc=$rc wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
   # a run killed by timeout skips Ray's exit handlers: its cluster (the machine's only) would keep the GPU
   case $rc in 124|137) ray stop --force >/dev/null 2>&1 ;; esac
-  verl-consistency postprocess "$G/dump/$id" >"$log/postprocess.log" 2>&1
-  echo "POST $id rc=$? wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
-  for b in "$G/dump/bundles"/bundle-"$id"*.tar.zst; do
-    [ -f "$b" ] && { verl-consistency verify "$b" >"$log/verify.log" 2>&1; echo "VERIFY $id rc=$?" | tee -a "$OUT/stages.txt"; }
-  done
-  python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1])).get("steps"), indent=1))' \
-    "$G/dump/$id/run.json" >"$OUT/steps.json" 2>&1
-  cp "$G/dump/bundles/work-$id/results/summary.md" "$OUT/" 2>/dev/null
-  left=$(( ${BUDGET:-575} - ($(date +%s) - t0) - 20 ))
-  timeout -k 5 "$left" python3 "$HERE/trim_run.py" "$G/dump/$id" "$G/trim/$id" --max-mib "${TRIM_MIB:-48}" \
-    --min-pairs 1 --max-pairs "${TRIM_PAIRS:-72}" 2>&1 | tail -3 | cut -c1-400 | tee -a "$OUT/stages.txt"
-  timeout 30 tar -cf - -C "$G" "logs/$id" "trim/$id" | timeout 30 xz -T8 -6 >"$OUT/$id.tar.xz"
+  collect "$id" "$log"
   # the evidence of the harness: vLLM's device, each weight sync's size through one_gpu_shm, errors
   grep -E "step:[0-9]+ |one_gpu_shm|CUDA_VISIBLE_DEVICES|invalid device|Traceback|Error" "$log/run.log" | cut -c1-300 | tail -24 |
     tee "$OUT/fullyasync.log"
