@@ -289,10 +289,14 @@ class LaneStats:
         msprobe's pure-Python JSON encoder over every record, so it is made once per kind of step.
         msprobe gives each step a new ``cache_data`` (``DataWriter.reset_cache``), so the last one
         is kept as it was; equal dicts may differ in key order, which the text follows, so the
-        module names' and each module's keys' orders must match too."""
+        module names' and each module's keys' orders must match too. The very same dict again (a
+        second write in one step, after msprobe added records to it) is encoded anew: what was kept
+        is no longer what was encoded."""
         last = self._last
-        if last is not None and last[0] == cache_data and _same_order(last[0], cache_data):
-            return last[1]
+        if last is not None:
+            kept, step = last
+            if kept is not cache_data and kept == cache_data and _same_order(kept, cache_data):
+                return step
         step = StepTemplate(cache_data, _record_index)
         self._last = (cache_data, step)
         return step

@@ -377,6 +377,24 @@ def test_a_step_like_the_last_reuses_its_template_and_a_reordered_one_does_not()
     assert list(json.loads(text)["data"]["Module.a.forward.0"]) == ["output", "input_args"]
 
 
+def test_the_same_step_dict_written_again_after_more_records_is_encoded_anew() -> None:
+    """msprobe fills one ``cache_data`` in place through a step and may write it twice (``stop()``,
+    then ``step()``, with a ``start()`` between): the template kept from the first write must not
+    stand for the dict once it holds more records."""
+    from verl_consistency.patches.hooks.lane_collector import LaneStats
+
+    record = {"type": "torch.Tensor", "dtype": "torch.float32", LANE_RECORD: 0, "requires_grad": False}
+    modules = {"Module.a.forward.0": {"output": [record]}}
+    data: dict[str, Any] = {"task": "statistics", "level": "L0", "data": modules}
+    stats = LaneStats(original=None)
+    first = stats._template(data)
+    data["data"]["Module.b.forward.0"] = {"output": [dict(record, **{LANE_RECORD: 1})]}
+    again = stats._template(data)
+    assert again is not first
+    text = again.render([[[2]], [[3]]], [[[1.0, 0.0, 0.5, 1.0]], [[2.0, 0.0, 1.0, 2.0]]], 0)
+    assert list(json.loads(text)["data"]) == ["Module.a.forward.0", "Module.b.forward.0"]
+
+
 def test_the_resolved_type_checks_answer_as_msprobes() -> None:
     """``lane_collector.resolve_type_checks``: msprobe's four tensor-kind tests, classes looked up
     once, give msprobe's answers for a plain, a nested (jagged) and a fake tensor."""
