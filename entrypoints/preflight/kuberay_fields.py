@@ -7,7 +7,7 @@ every field the schema does not name, without an error (``kubectl apply`` says
 operator's version is often not visible to a namespace user, but the CRD is, and its schema
 grows with every release: the fields below were read from ``ray.io_rayjobs.yaml`` at the tags
 v1.0.0, v1.1.0, v1.2.2, v1.3.2, v1.4.2, v1.5.2, v1.6.2 and v1.7.0 of ray-project/kuberay
-(``tests/k8s/preflight_fixtures/crds/`` keeps them; a test checks this table against each).
+(``tests/k8s/crds/`` keeps their schemas; a test checks this table against each).
 
 Paths are dotted from the RayJob's root, ``[]`` standing for any list item
 (``spec.rayClusterSpec.workerGroupSpecs[].resources``). Fields of the pod templates follow the

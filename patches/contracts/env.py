@@ -73,7 +73,7 @@ images at once (about 25 GB); leave it unset where the venvs and images should s
 
 KUBERAY_CRD = "VERL_CONSISTENCY_KUBERAY_CRD"
 """A KubeRay RayJob CRD (ray.io_rayjobs.yaml) the k8s tests validate against besides the releases
-1.1.0 to 1.7.0 that tests/k8s/crds/ holds, e.g. a newer release's (unset: those only)."""
+1.1.0 to 1.7.0 of tests/k8s/crds/, e.g. a newer release's (unset: those only)."""
 
 
 class DumpPhase(StrEnum):

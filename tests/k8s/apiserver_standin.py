@@ -3,7 +3,8 @@
 No API server can run here, so this answers over real HTTP (a ``ThreadingHTTPServer`` on
 loopback) the few GET paths the preflight reads, with the object shapes of real clusters kept
 in ``preflight_fixtures/`` (nodes of MindCluster, HAMi, CCE and NVIDIA device plugins; storage
-classes; KubeRay's own RayJob CRDs of each release; a ResourceQuota; a Helm-installed operator).
+classes; a ResourceQuota; a Helm-installed operator), and KubeRay's own RayJob CRD of each
+release, made at serve time from that release's schema in ``crds/`` (:mod:`tests.k8s.kuberay_crds`).
 Everything above the socket is real: the kubernetes Python client, its kubeconfig loading
 (``kubeconfig()`` writes one pointing here), the preflight's code.
 
@@ -29,7 +30,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 import yaml
-import zstandard
+
+from tests.k8s import kuberay_crds
+from verl_consistency.entrypoints.preflight.kuberay_fields import RAYJOB_CRD, RAYJOB_VERSION
 
 FIXTURES = Path(__file__).resolve().parent / "preflight_fixtures"
 NAMESPACE = "vc"
@@ -63,15 +66,35 @@ def fixture_cluster(kind: str) -> dict[str, Any]:
 
 
 def kuberay_crd(tag: str) -> dict[str, Any]:
-    """KubeRay's RayJob CRD at ``tag`` (v1.0.0, v1.1.0, v1.2.2, ..., v1.7.0), trimmed."""
-    return copy.deepcopy(_crd(tag))
+    """KubeRay's RayJob CRD at ``tag`` (v1.0.0, v1.1.0, v1.2.2, ..., v1.7.0) as the API server
+    serves it, each caller its own copy (tests change it).
 
-
-@cache
-def _crd(tag: str) -> dict[str, Any]:
-    raw = (FIXTURES / "crds" / f"rayjobs.ray.io.{tag}.json.zst").read_bytes()
-    crd: dict[str, Any] = orjson.loads(zstandard.ZstdDecompressor().decompress(raw))
-    return crd
+    Why a wrapper and not a stored CRD: what the preflight reads of a CRD object is its served
+    ``spec.versions[]`` (``name``, ``served``, ``schema.openAPIV3Schema``), and that schema is the
+    one the admission tests use, stored once in ``crds/``. Around it stand the fields every CRD
+    object has and KubeRay never changed (name, group, names, scope), and ``v1``, the served
+    storage version of every stored release. Left out, because the preflight reads none of them:
+    the ``v1alpha1`` version the real CRDs also serve, subresources, printer columns, the
+    controller-gen annotation, ``names.categories`` and ``status``.
+    """
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": RAYJOB_CRD},
+        "spec": {
+            "group": "ray.io",
+            "names": {"kind": "RayJob", "listKind": "RayJobList", "plural": "rayjobs", "singular": "rayjob"},
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": RAYJOB_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": kuberay_crds.load_schema(tag)},
+                }
+            ],
+        },
+    }
 
 
 @dataclass

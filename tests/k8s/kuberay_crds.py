@@ -1,19 +1,27 @@
-"""The RayJob schema of every KubeRay release the manifests support, kept as test data.
+"""The RayJob schema of every KubeRay release the tests need: the one store of KubeRay CRD test data.
 
 tests/k8s/crds/rayjob-<release>.schema.json.zst is the ``openAPIV3Schema`` of the served
 ``ray.io/v1`` version of ``ray-operator/config/crd/bases/ray.io_rayjobs.yaml`` at that release's
 tag (tests/k8s/crds/README.md lists tag and commit): compact JSON with sorted keys, zstd level 19,
 about 5 KB each instead of the CRD's 1.1-1.4 MB of YAML. Nothing else of the CRD matters to an
 API server's admission of a RayJob: it prunes unknown fields by this schema, applies its
-defaults, then validates against it.
+defaults, then validates against it. Nothing else matters to ``verl-consistency preflight``
+either (it reads only the served version's schema), so the API-server stand-in of its tests
+(tests/k8s/apiserver_standin.py) wraps these same schemas into a CRD object when it serves one:
+one set of files, one generator, for both.
+
+:data:`RELEASES` are the releases the manifests support (the admission tests run on each);
+:data:`OLDER` are stored for the preflight only, to show it tells a CRD older than the range.
 
 Regenerate them from a KubeRay checkout (a full clone, or the ``git`` directory of a mirror)::
 
     .venv/bin/python -m tests.k8s.kuberay_crds --kuberay-git /path/to/kuberay/.git
 
-It reads each tag of :data:`RELEASES` with ``git show`` (the tag must resolve to the recorded
-commit) and writes each file atomically; tests/k8s/test_kuberay_releases.py checks that the
-README names every release and commit of :data:`RELEASES`.
+It reads each tag of :func:`stored` with ``git show`` (the tag must resolve to the recorded
+commit), and only once every tag has been read writes the files, each atomically, and removes a
+schema file of a release no longer listed: a rerun is safe, and one stopped by a moved tag or a
+missing file changes nothing.
+tests/k8s/test_kuberay_releases.py checks that the README names every stored release and commit.
 """
 
 from __future__ import annotations
@@ -45,6 +53,21 @@ RELEASES: dict[str, str] = {
     "v1.7.0": "59d663aeec13760646da3db9c1cf8cfe883e30b7",
 }
 """The releases the manifests are validated against, oldest first: 1.1.0 to 1.7.0."""
+
+OLDER: dict[str, str] = {
+    "v1.0.0": "1add258fcfd5c83319428355c0af4dde60ea9047",
+}
+"""Releases older than :data:`RELEASES`, stored only for the preflight's tests: a CRD of 1.0
+(``ray.io/v1`` was new then) must be reported as older than the first release it knows."""
+
+
+def stored() -> dict[str, str]:
+    """Every release with a schema file (release: commit), oldest first. A function, not a
+    constant, so that a test that swaps :data:`RELEASES` or :data:`OLDER` swaps this too."""
+    return {**OLDER, **RELEASES}
+
+
+SCHEMA_GLOB = "rayjob-*.schema.json.zst"
 
 
 def schema_file(release: str) -> Path:
@@ -100,19 +123,26 @@ def _git(git_dir: Path, *args: str) -> str:
 
 
 def regenerate(git_dir: Path) -> list[str]:
-    """Write every release's schema file from ``git_dir``; returns one line per file written."""
-    lines = []
-    for release, commit in RELEASES.items():
+    """Write every stored release's schema file from ``git_dir``; one line per file written or
+    removed. Every tag is checked and read before the first file is written, so a moved tag or a
+    missing file stops the run with the store as it was."""
+    files: dict[Path, tuple[str, bytes]] = {}
+    for release, commit in stored().items():
         found = _git(git_dir, "rev-list", "-n", "1", release).strip()
         if found != commit:
             raise SystemExit(
                 f"tag {release} is commit {found} in {git_dir}, not {commit}: the tag moved, "
-                "or this is not ray-project/kuberay; check and update RELEASES"
+                "or this is not ray-project/kuberay; check and update RELEASES or OLDER"
             )
         crd = yaml.safe_load(_git(git_dir, "show", f"{commit}:{CRD_PATH}"))
-        data = encode(served_schema(crd))
-        _write_atomic(schema_file(release), data)
-        lines.append(f"{schema_file(release).name}: {release} ({commit}), {len(data)} bytes")
+        files[schema_file(release)] = (f"{release} ({commit})", encode(served_schema(crd)))
+    lines = []
+    for path, (what, data) in files.items():
+        _write_atomic(path, data)
+        lines.append(f"{path.name}: {what}, {len(data)} bytes")
+    for stale in sorted(set(CRD_DIR.glob(SCHEMA_GLOB)) - set(files)):
+        stale.unlink()
+        lines.append(f"{stale.name}: removed (its release is no longer listed)")
     return lines
 
 

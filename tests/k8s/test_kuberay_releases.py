@@ -6,8 +6,9 @@ stores. This file shows why that matters, on the form the manifests had before: 
 ``resources`` (a field of KubeRay 1.5+) and ``spec.backoffLimit`` (1.2+). An older API server
 drops both without a word, and with them the NPU resource and the pool tags: the trainer and
 rollout pods then offer Ray no NPU and no tag, and verl's pools are no longer split. It also
-checks the test data itself (tests/k8s/crds/): each file is what kuberay_crds.py writes, and its
-README names the tag and commit of each.
+checks the test data itself (tests/k8s/crds/, the one store of KubeRay CRDs, 1.0.0 too for the
+preflight): each file is what kuberay_crds.py writes, its README names the tag and commit of each,
+and the generator reads every tag before it writes, then writes each file whole.
 """
 
 from __future__ import annotations
@@ -128,13 +129,15 @@ def test_every_release_takes_ray_start_params_as_strings(release: str) -> None:
 
 def test_the_stored_schemas_are_what_the_script_writes() -> None:
     readme = (kuberay_crds.CRD_DIR / "README.md").read_text()
-    for release, commit in kuberay_crds.RELEASES.items():
+    stored = kuberay_crds.stored()
+    assert list(stored)[-len(RELEASES) :] == RELEASES  # the supported ones, after the older
+    for release, commit in stored.items():
         path = kuberay_crds.schema_file(release)
         assert kuberay_crds.encode(kuberay_crds.load_schema(release)) == path.read_bytes(), release
         assert path.stat().st_size < 10_000  # the compact form, not the 1 MB CRD
         assert f"| {release} | {commit} |" in readme, f"the README does not name {release} at {commit}"
     assert sorted(p.name for p in kuberay_crds.CRD_DIR.glob("*.zst")) == sorted(
-        kuberay_crds.schema_file(r).name for r in RELEASES
+        kuberay_crds.schema_file(r).name for r in stored
     )
 
 
@@ -151,30 +154,51 @@ def _git(repo: Path, *args: str) -> str:
 def test_regenerate_reads_each_tag_and_refuses_a_moved_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fully_async: dict[str, Any]
 ) -> None:
-    """The script on a stand-in KubeRay repository (one commit, one tag, a CRD of two versions)."""
+    """The script on a stand-in KubeRay repository (two tagged commits, a CRD of two versions):
+    it writes a supported and an older release, removes the file of a release no longer listed,
+    and on a moved tag stops before it writes anything."""
     repo = tmp_path / "kuberay"
     crd_file = repo / kuberay_crds.CRD_PATH
     crd_file.parent.mkdir(parents=True)
-    schema = kuberay_crds.load_schema("v1.7.0")
-    crd = {
-        "spec": {
-            "versions": [
-                {"name": "v1alpha1", "served": True, "schema": {"openAPIV3Schema": {"type": "object"}}},
-                {"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}},
-            ]
-        }
-    }
-    crd_file.write_text(yaml.safe_dump(crd))
+    schemas = {"v9.8.0": kuberay_crds.load_schema("v1.0.0"), "v9.9.9": kuberay_crds.load_schema("v1.7.0")}
+    commits = {}
     _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "crd")
-    _git(repo, "tag", "v9.9.9")
+    for tag, schema in schemas.items():
+        crd = {
+            "spec": {
+                "versions": [
+                    {"name": "v1alpha1", "served": True, "schema": {"openAPIV3Schema": {"type": "object"}}},
+                    {"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}},
+                ]
+            }
+        }
+        crd_file.write_text(yaml.safe_dump(crd))
+        _git(repo, "add", ".")
+        _git(repo, "commit", "-qm", tag)
+        _git(repo, "tag", tag)
+        commits[tag] = _git(repo, "rev-parse", "HEAD")
     out = tmp_path / "crds"
     out.mkdir()
+    (out / "rayjob-v0.1.0.schema.json.zst").write_bytes(b"a release no longer listed")
+    (out / "README.md").write_text("kept")
     monkeypatch.setattr(kuberay_crds, "CRD_DIR", out)
-    monkeypatch.setattr(kuberay_crds, "RELEASES", {"v9.9.9": _git(repo, "rev-parse", "HEAD")})
+    monkeypatch.setattr(kuberay_crds, "OLDER", {"v9.8.0": commits["v9.8.0"]})
+    monkeypatch.setattr(kuberay_crds, "RELEASES", {"v9.9.9": commits["v9.9.9"]})
     kuberay_crds.main(["--kuberay-git", str(repo / ".git")])
-    assert (out / "rayjob-v9.9.9.schema.json.zst").read_bytes() == kuberay_crds.encode(schema)
+    written = {tag: (out / f"rayjob-{tag}.schema.json.zst").read_bytes() for tag in schemas}
+    assert written == {tag: kuberay_crds.encode(schema) for tag, schema in schemas.items()}
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README.md",
+        "rayjob-v9.8.0.schema.json.zst",
+        "rayjob-v9.9.9.schema.json.zst",
+    ]
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in out.glob("*.zst"))  # not mkstemp's 0600
+    kuberay_crds.main(["--kuberay-git", str(repo / ".git")])  # a rerun writes the same bytes
+    assert {tag: (out / f"rayjob-{tag}.schema.json.zst").read_bytes() for tag in schemas} == written
+    # The later tag has moved: nothing is written, not even the earlier release's file.
+    (out / "rayjob-v9.8.0.schema.json.zst").write_bytes(b"as it was")
     monkeypatch.setattr(kuberay_crds, "RELEASES", {"v9.9.9": "0" * 40})
     with pytest.raises(SystemExit, match=r"tag v9\.9\.9 is commit"):
         kuberay_crds.main(["--kuberay-git", str(repo / ".git")])
+    assert (out / "rayjob-v9.8.0.schema.json.zst").read_bytes() == b"as it was"
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # no temporary file left

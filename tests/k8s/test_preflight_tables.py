@@ -1,8 +1,9 @@
 """The preflight's tables hold against what they describe: KubeRay's CRDs, the overlays, the Makefile.
 
 - ``kuberay_fields.FIELDS_ADDED`` (which release added which RayJob field) against KubeRay's own
-  RayJob CRD at each release tag (``preflight_fixtures/crds/``), and the trimmed fixtures
-  against the full v1.7.0 CRD (``/work/shared/kuberay``) where it is present;
+  RayJob CRD at each release tag (the stored schemas of ``crds/``, every one of them, as the
+  stand-in serves them), and the stored v1.7.0 schema against the full v1.7.0 CRD
+  (``/work/shared/kuberay``) where it is present;
 - ``nodes.DEVICE_PLUGINS`` (device name → overlay) against each overlay rendered by
   ``kubectl kustomize``;
 - ``checks.default_image`` against ``make -s image-name`` (and IMAGE_A3, IMAGE_CUDA, PINS=next);
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.k8s import kuberay_crds
 from tests.k8s.apiserver_standin import NAMESPACE, StandInCluster, fixture_storage_classes, kuberay_crd, serve
 from tests.k8s.conftest import FILES, K8S, REPO, extra_crd, kubectl, render
 from verl_consistency.entrypoints.preflight import cluster, manifest, nodes
@@ -35,6 +37,10 @@ TAGS = {
     "v1.6.2": "1.6",
     "v1.7.0": "1.7",
 }
+
+
+def test_every_stored_crd_is_checked_against_the_table() -> None:
+    assert list(TAGS) == list(kuberay_crds.stored())
 
 
 def minor(v: str) -> tuple[int, ...]:
