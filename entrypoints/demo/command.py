@@ -81,7 +81,7 @@ class DemoOptions:
 # ----------------------------------------------------------------------------- one run
 
 
-def _versions() -> dict[str, str]:
+def venv_versions() -> dict[str, str]:
     """The set in force's vLLM and verl, checked against what this venv has installed.
 
     The demo venv of one set must not run under the other set's name: its patches, pairing
@@ -141,7 +141,7 @@ def _prepare(opts: DemoOptions, echo: Any) -> _Demo:
         )
     token_prompts = tiny_model.encode(model_dir, texts)
     timings = {"model_s": round(time.monotonic() - t0, 1)}
-    return _Demo(opts, echo, models, model_dir, token_prompts, rule, _versions(), timings)
+    return _Demo(opts, echo, models, model_dir, token_prompts, rule, venv_versions(), timings)
 
 
 def _rollout(demo: _Demo, lay: layout.RunLayout) -> dict[str, Any]:

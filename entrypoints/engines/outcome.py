@@ -28,6 +28,11 @@ class RunOutcome:
     first_divergences: list[str | None]
     timings: dict[str, float] = field(default_factory=dict)
     stage_info: dict[str, Any] = field(default_factory=dict)
+    comparisons: list[dict[str, Any]] = field(default_factory=list)
+    """The bundle's comparisons (one per pair: request id, verdict, first divergence), for a caller
+    that groups them (``demo-weight-sync`` by phase); not in :meth:`summary`."""
+    pair_versions: dict[str, int | None] = field(default_factory=dict)
+    """Each paired request's weight version (``Pair.weight_version``); not in :meth:`summary`."""
 
     def summary(self) -> dict[str, Any]:
         """What ``demo-summary.json`` (per run) and the check's ``<run>-summary.json`` hold."""
@@ -79,6 +84,8 @@ def run_outcome(run_dir: Path, bundles: Path, timings: dict[str, float], info: d
         verdicts=verdicts,
         first_divergences=[c.get("first_divergence") for c in comparisons],
         timings=timings,
+        comparisons=list(comparisons),
+        pair_versions={p.request_id: p.weight_version for p in outcome.result.pairs},
         stage_info={
             **info,
             "exit_code": int(outcome.code),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import subprocess
 import sys
 import traceback
@@ -77,9 +78,44 @@ class Session:
                 self.proc.kill()
                 self.proc.wait()
 
+    def kill(self) -> None:
+        """End the process at once (it may be blocked on a peer that is gone)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
     def _error(self, what: str) -> StageError:
         tail = self.log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
         return StageError(f"the {self.role} session {what}\nlog {self.log}:\n" + "\n".join(tail))
+
+
+def answers(*sessions: Session) -> list[dict[str, Any]]:
+    """The answers of sessions that work at once (``tell`` to each first), in their order.
+
+    Why not ``a.answer()`` then ``b.answer()``: in a weight sync the trainer's sender blocks until
+    vLLM has loaded each bucket, so when vLLM fails, the trainer never answers and waiting on it
+    first would hang the flow (met on verl 0.9.1 on CPU). Whichever answers first is read first;
+    the first failure ends the sessions still working and raises its :class:`StageError`."""
+    selector = selectors.DefaultSelector()
+    for session in sessions:
+        assert session.proc.stdout is not None
+        selector.register(session.proc.stdout, selectors.EVENT_READ, session)
+    got: dict[int, dict[str, Any]] = {}
+    try:
+        while len(got) < len(sessions):
+            for key, _ in selector.select():
+                session = key.data
+                selector.unregister(key.fileobj)
+                try:
+                    got[id(session)] = session.answer()
+                except StageError:
+                    for other in sessions:
+                        if other is not session and id(other) not in got:
+                            other.kill()
+                    raise
+    finally:
+        selector.close()
+    return [got[id(session)] for session in sessions]
 
 
 def _protocol_out() -> IO[str]:

@@ -35,7 +35,7 @@ from verl_consistency.contracts.atomic import write_json_atomic
 from verl_consistency.contracts.env import ACTOR_CONFIG, CAPTURE, DUMP_ON, RUN_DIR, TOKEN_LEVEL
 from verl_consistency.entrypoints.engines import tiny_model, weight_sync
 from verl_consistency.entrypoints.engines.cpu_runtime import runtime_env
-from verl_consistency.entrypoints.engines.session import Session
+from verl_consistency.entrypoints.engines.session import Session, answers
 from verl_consistency.entrypoints.engines.stage_runner import free_port
 from verl_consistency.entrypoints.msprobe.config import Task, write_single_node
 
@@ -61,7 +61,8 @@ def _sync(trainer: Session, rollout: Session, label: int, skip: tuple[str, ...])
     loaded each bucket)."""
     rollout.tell("load", label=label)
     trainer.tell("send", label=label, skip=list(skip))
-    return {**trainer.answer(), **rollout.answer()}
+    sent, loaded = answers(trainer, rollout)
+    return {**sent, **loaded}
 
 
 def _sessions(lay: layout.RunLayout) -> tuple[Session, Session]:
