@@ -74,6 +74,12 @@
 #   run():  CHECK_MODEL=assets PROMPTS=16 bash bench/gpu/verl_gpu.sh check     (step 0 of the same model)
 # Each ride writes $OUT/<run id>.tar.xz: trim/<run id>/ goes to tests/postprocess/fixtures/ as
 # <run id>.tar.xz (one run folder, as h200-next-check.tar.xz), re-paired in CI.
+# A whole session for the three open GPU issues, in order of what each proves (2026-12-04 plan, from
+# the walls measured above; ~26 of the 30 device-minutes): the five stage calls (~2 min held) and
+# `setup` (~1.5 min); issue 35: `ride` (~5 min), `FAULT=1 STEPS=4 ride` (~3.5), `CHECK_MODEL=assets
+# PROMPTS=16 check` (~2); issue 33: `fullyasync` (not yet run: budget a whole call); issue 32: `cost`
+# (~6) last, as it only measures. Commit each $OUT tarball as soon as it is back: an earlier try lost
+# its ride and fault folders with its machine.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 cmd=${1:-}; shift || true
