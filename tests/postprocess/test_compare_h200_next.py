@@ -214,6 +214,18 @@ def test_bundle_shape(bundle: tuple[str, dict[str, Any]]) -> None:
     assert len(paths) == exp.pairs * per_pair + 8
 
 
+def _trim(src: Path, dest: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """bench/gpu/trim_run.py SRC DEST ARGS, as the run script calls it."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "bench/gpu/trim_run.py"), str(src), str(dest), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=dest.parent,
+    )
+
+
 def test_trim_keeps_the_shortest_prompt_pairs(tmp_path: Path) -> None:
     """bench/gpu/trim_run.py, as the run script calls it: under the size bound, the longest-prompt
     pairs go first (their step folders too, so they re-pair as ``dump_missing``)."""
@@ -223,32 +235,9 @@ def test_trim_keeps_the_shortest_prompt_pairs(tmp_path: Path) -> None:
     src = FIXTURES / "h200-next-hybrid-update-actor"
     before = sorted(pair_run(discover.Roots.open(src)).pairs, key=lambda p: (p.prompt_tokens, p.pair_id))
     dest = tmp_path / "trimmed"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "bench/gpu/trim_run.py"), str(src), str(dest), "--max-mib", "3"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=tmp_path,
-    )
+    proc = _trim(src, dest, "--max-mib", "3")
     assert proc.returncode == 1, "3 MiB cannot hold the 8 pairs --min-pairs asks for by default"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench/gpu/trim_run.py"),
-            str(src),
-            str(dest),
-            "--max-mib",
-            "3",
-            "--min-pairs",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=tmp_path,
-    )
+    proc = _trim(src, dest, "--max-mib", "3", "--min-pairs", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sum(f.stat().st_size for f in dest.rglob("*") if f.is_file()) <= 3 * 2**20
     after = pair_run(discover.Roots.open(dest))
@@ -263,17 +252,7 @@ def test_trim_keeps_the_shortest_prompt_pairs(tmp_path: Path) -> None:
     assert (dest / "run.json").read_bytes() == (src / "run.json").read_bytes()
     # --max-pairs bounds the count under a size that would hold them all (the ride-along folders)
     capped = tmp_path / "capped"
-    proc = subprocess.run(
-        [
-            *(sys.executable, str(REPO / "bench/gpu/trim_run.py"), str(src), str(capped)),
-            *("--max-mib", "64", "--min-pairs", "1", "--max-pairs", "2"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=tmp_path,
-    )
+    proc = _trim(src, capped, "--max-mib", "64", "--min-pairs", "1", "--max-pairs", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     two = sorted(p.pair_id for p in pair_run(discover.Roots.open(capped)).pairs)
     assert two == sorted(p.pair_id for p in before[:2])
