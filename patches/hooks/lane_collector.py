@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from verl_consistency.contracts.records import lane_folder
 from verl_consistency.patches.hooks.call_stack import remembering
-from verl_consistency.patches.hooks.lane_fast import PlainTensors, quiet_debug, single_element
+from verl_consistency.patches.hooks.lane_fast import PlainTensors, dtype_kind, quiet_debug, single_element
 from verl_consistency.patches.hooks.lane_json import LANE_RECORD, StepTemplate, save_text, stack_text
 from verl_consistency.patches.hooks.lane_stats import LaneStatQueue
 
@@ -369,7 +369,7 @@ def _one_pass_kind(tensor: Any, handler: Any, config: Any) -> bool | None:
         or handler.is_gradtrackingtensor(tensor)
     ):
         return None
-    if tensor.is_complex() or tensor.numel() == 0 or not tensor.data_ptr():
+    if tensor.numel() == 0 or not tensor.data_ptr():
         return None
     if tensor.device.type == "npu":
         torch_npu = sys.modules.get("torch_npu")
@@ -377,11 +377,7 @@ def _one_pass_kind(tensor: Any, handler: Any, config: Any) -> bool | None:
             return None
         if torch_npu.get_npu_format(tensor) == torch_npu.Format.FRACTAL_NZ:
             return None
-    if "float4" in str(tensor.dtype) or "float8" in str(tensor.dtype):
-        return None
-    if not tensor.is_floating_point():
-        return False
-    return tensor.dtype != torch.float64 and getattr(config, "precision", "low") != "high"
+    return dtype_kind(tensor.dtype, getattr(config, "precision", "low") == "high")
 
 
 def _same_order(a: dict[str, Any], b: dict[str, Any]) -> bool:

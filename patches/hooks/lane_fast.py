@@ -67,7 +67,6 @@ class PlainTensors:
         self.batched = getattr(functorch, "is_batchedtensor", None)
         self.grad_tracking = getattr(functorch, "is_gradtrackingtensor", None)
         self.precision_high = precision_high
-        self.float64 = torch.float64
         self.dtypes: dict[Any, Kind | None] = {}
 
     def kind(self, tensor: Any) -> Kind | None:
@@ -92,15 +91,24 @@ class PlainTensors:
             return found
 
     def _dtype_kind(self, dtype: Any) -> Kind | None:
-        """``lane_collector._one_pass_kind``'s dtype and precision tests, once per dtype."""
-        import torch
+        """:func:`dtype_kind` with msprobe's dtype text, once per dtype."""
+        full = dtype_kind(dtype, self.precision_high)
+        return None if full is None else (str(dtype), full)
 
-        text = str(dtype)
-        if dtype == torch.bool or dtype.is_complex or "float4" in text or "float8" in text:
-            return None
-        if not dtype.is_floating_point:
-            return text, False
-        return text, dtype != self.float64 and not self.precision_high
+
+def dtype_kind(dtype: Any, precision_high: bool) -> bool | None:
+    """How a tensor of this dtype is reduced in one pass: True for max, min, mean and norm; False
+    for max and min only (integers; float64 and every float under ``precision: high``, as msprobe's
+    ``get_stat_info``); None for msprobe's own per-lane path (bool, complex, float8/4). The dtype
+    half of ``lane_collector._one_pass_kind``, which :class:`PlainTensors` asks once per dtype."""
+    import torch
+
+    text = str(dtype)
+    if dtype == torch.bool or dtype.is_complex or "float4" in text or "float8" in text:
+        return None
+    if not dtype.is_floating_point:
+        return False
+    return dtype != torch.float64 and not precision_high
 
 
 def quiet_debug(logger: Any, debug_level: int) -> None:

@@ -155,18 +155,14 @@ class LaneStatQueue:
         not reduced again: its index is returned (:meth:`seen`)."""
         import torch
 
-        key = id(tensor)
-        found = self._seen.get(key)
-        if found is not None and found[0]() is tensor and found[1] == _version(tensor) and found[2] == full:
-            return found[3]
-        shape = tensor.shape
-        cut = self._cuts.get(shape) or self.cut(tuple(shape))
-        device = tensor.device
-        group = self._groups.get((cut.dims, cut.sizes, tensor.dtype, full, device))
+        again = self.seen(tensor, full)
+        if again is not None:
+            return again
+        cut = self.cut(tensor.shape)
+        key = (cut.dims, cut.sizes, tensor.dtype, full, tensor.device)
+        group = self._groups.get(key)
         if group is None:
-            group = self._groups[(cut.dims, cut.sizes, tensor.dtype, full, device)] = _Group(
-                cut, tensor.dtype, full, device
-            )
+            group = self._groups[key] = _Group(cut, tensor.dtype, full, tensor.device)
         if cut.leading:  # [P, ...] or [1, P, ...]: a view, nothing to move
             flat = tensor.reshape(cut.rows, -1)
         else:
@@ -183,7 +179,7 @@ class LaneStatQueue:
         self.entries.append(Entry(cut.lane_shapes, shared=not cut.dims))
         version = _version(tensor)
         if version is not None:
-            self._seen[key] = (weakref.ref(tensor), version, full, index)
+            self._seen[id(tensor)] = (weakref.ref(tensor), version, full, index)
         return index
 
     def seen(self, tensor: torch.Tensor, full: bool) -> int | None:
