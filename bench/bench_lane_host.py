@@ -23,72 +23,22 @@ To compare two checkouts, run it in each, alternately, in one session.
 from __future__ import annotations
 
 import argparse
-import collections
 import cProfile
-import gc
 import json
 import pstats
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.bench_lanes import _stand_in
 from bench.bench_overhead_gpu import SIZES, msprobe_config
+from bench.support.host_clock import HostClock, split_line
 
 SHAPE = (24, 64, 4, 2, 128, 512)
 """layers, hidden, heads, kv heads, intermediate, vocab: Qwen2-0.5B's depth, tiny widths."""
-
-TIMED = (
-    ("lane_collector", "LaneStats", "_analyze_tensor"),
-    ("lane_stats", "LaneStatQueue", "add"),
-    ("lane_collector", "LaneStats", "write_json"),
-)
-
-
-class GcClock:
-    """Seconds and counts of Python's collections per generation while ``on``."""
-
-    def __init__(self) -> None:
-        self.on = False
-        self.count = [0, 0, 0]
-        self.seconds = [0.0, 0.0, 0.0]
-        self._start = 0.0
-        gc.callbacks.append(self._callback)
-
-    def _callback(self, phase: str, info: dict[str, Any]) -> None:
-        if not self.on:
-            return
-        if phase == "start":
-            self._start = time.perf_counter()
-            return
-        generation = info["generation"]
-        self.count[generation] += 1
-        self.seconds[generation] += time.perf_counter() - self._start
-
-
-def _time_methods(clock: GcClock, spent: dict[str, float]) -> None:
-    """Wrap the lanes' main methods to add their wall time to ``spent`` during dumped steps."""
-    import importlib
-
-    for module, cls_name, name in TIMED:
-        cls = getattr(importlib.import_module(f"verl_consistency.patches.hooks.{module}"), cls_name)
-        original = getattr(cls, name)
-
-        def wrapper(
-            *args: Any, _original: Callable[..., Any] = original, _name: str = name, **kw: Any
-        ) -> Any:
-            start = time.perf_counter()
-            try:
-                return _original(*args, **kw)
-            finally:
-                if clock.on:
-                    spent[_name] += time.perf_counter() - start
-
-        setattr(cls, name, wrapper)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -113,9 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     lanes = msprobe_lanes.packed_lanes(tokens, order, order, request_rows=True)
     work = Path(tempfile.mkdtemp(prefix="bench-lane-host-"))
     (work / "msprobe.json").write_text(json.dumps(msprobe_config("selective", work / "dump")))
-    clock = GcClock()
-    spent: dict[str, float] = collections.defaultdict(float)
-    _time_methods(clock, spent)
+    clock = HostClock()
     walls: dict[str, list[float]] = {"off": [], "off-after": [], "dumped": []}
     cpus: dict[str, list[float]] = {"off": [], "off-after": [], "dumped": []}
     debugger: Any = None
@@ -147,6 +95,12 @@ def main(argv: list[str] | None = None) -> None:
     cpus["off"].clear()
     for _ in range(args.reps):
         step("off")
+    # torch.distributed up, as in every verl and vLLM worker: msprobe names the rank's folder once,
+    # not at every hook call (its ``_maybe_update_dump_dir`` tests the path until a rank is known)
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"file://{work}/dist-store", rank=0, world_size=1)
     debugger = PrecisionDebugger(config_path=str(work / "msprobe.json"))
     start_lanes(debugger, model, lanes)  # warm-up, and the module calls a step makes
     with torch.no_grad():
@@ -160,13 +114,13 @@ def main(argv: list[str] | None = None) -> None:
     prof = cProfile.Profile() if args.profile else None
     walls["dumped"].clear()
     cpus["dumped"].clear()
-    spent.clear()
-    clock.count, clock.seconds = [0, 0, 0], [0.0, 0.0, 0.0]
+    clock.reset()
     for _ in range(args.reps):
         step("dumped", prof)
         step("off-after")
+    dist.destroy_process_group()
     shutil.rmtree(work, ignore_errors=True)
-    _report(args, calls, sum(lens), walls, cpus, clock, spent)
+    _report(args, calls, sum(lens), walls, cpus, clock)
     if prof and args.profile:
         with args.profile.open("w") as out:
             stats = pstats.Stats(prof, stream=out)
@@ -180,8 +134,7 @@ def _report(
     n_tokens: int,
     walls: dict[str, list[float]],
     cpus: dict[str, list[float]],
-    clock: GcClock,
-    spent: dict[str, float],
+    clock: HostClock,
 ) -> None:
     import torch
 
@@ -200,10 +153,14 @@ def _report(
         f"ratio lane-host dumped/off-after: {wall['dumped'] / wall['off-after']:.2f} wall, "
         f"{cpu['dumped'] / cpu['off-after']:.2f} cpu ({args.lanes} lanes, {calls} module calls; cpu)"
     )
-    gc_ms = [round(s / args.reps * 1e3, 1) for s in clock.seconds]
-    print(f"gc per dumped step: {gc_ms} ms by generation ({clock.count} collections in {args.reps} steps)")
-    parts = ", ".join(f"{k} {v / args.reps * 1e3:.1f} ms" for k, v in spent.items())
-    print(f"lanes per dumped step: {parts}")
+    gc_ms = [round(s / args.reps * 1e3, 1) for s in clock.gc_seconds]
+    print(f"gc per dumped step: {gc_ms} ms by generation ({clock.gc_count} collections in {args.reps} steps)")
+    split = clock.split()
+    parts = ", ".join(f"{k} {v / args.reps * 1e3:.1f} ms" for k, v in split.items() if not k.startswith("gc"))
+    print(f"lanes per dumped step (collections taken out): {parts}")
+    # the mean, not the median: a full collection comes every few steps and is part of the cost
+    extra = (sum(walls["dumped"]) - sum(walls["off-after"])) / args.reps
+    print("host split per dumped step: " + split_line({k: v / args.reps for k, v in split.items()}, extra, 0))
 
 
 if __name__ == "__main__":

@@ -187,6 +187,13 @@ def test_the_bench_runs_on_cpu_in_the_demo_venv(tmp_path, repo):
     assert set(across) == {"off-mb4 vs off-mb1", "off-mb8 vs off-mb1"}, diffs
     assert all(v <= ACROSS_MICRO_BATCHES for v in across.values()), diffs
     assert out.with_suffix(".txt").read_text().count("ratio dumps mb1/mb") == 2
+    # one more dumped pass per micro batch above 1 with the host clocks: the lanes' step and write
+    # ran (one step at micro batch 8, two at 4), and the table says where the added time went
+    split = result["summary"]["host_split"]
+    assert set(split) == {"mb4", "mb8"}
+    assert [split[k]["steps"] for k in ("mb4", "mb8")] == [2, 1]
+    assert all(split[k]["_analyze_tensor"] > 0 and split[k]["write_json"] > 0 for k in split)
+    assert out.with_suffix(".txt").read_text().count("the rest (msprobe's hook walk)") == 2
 
 
 @pytest.mark.parametrize(

@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="after the timed passes, profile one more dumped pass per micro batch above 1 (cProfile "
         "tables to this file)",
     )
+    ap.add_argument(
+        "--no-split",
+        action="store_true",
+        help="skip the last dumped pass per micro batch above 1 with the host clocks (where the added "
+        "time goes: the lanes' per-tensor step and write, Python's collector, msprobe's hook walk)",
+    )
     args = ap.parse_args(argv)
     try:
         args.micro_batches = [int(x) for x in args.micro_batches.split(",")]

@@ -129,7 +129,26 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"ratio {k}: {v}{note}")
     for k, v in s.get("log_prob_max_abs_diff", {}).items():
         lines.append(f"max |log p diff| {k}: {v:.3g}")
+    lines += split_lines(s)
     lines.append(f"elapsed {result.get('elapsed_s')} s; " + ("OK" if result["ok"] else "NOT OK"))
     lines += [f"PROBLEM: {p}" for p in result["problems"]]
     lines += [f"SKIPPED (time budget): {p}" for p in result.get("skipped", [])]
     return "\n".join(lines)
+
+
+def split_lines(summary: dict[str, Any]) -> list[str]:
+    """``host split mbN:`` lines: where the last dumped pass's added time went (``split_passes``),
+    against the undumped median of the same micro batch."""
+    from bench.support.host_clock import split_line
+
+    medians = {(r["label"], r["micro_batch"]): r["median_s"] for r in summary.get("rows", [])}
+    lines = []
+    for key, split in summary.get("host_split", {}).items():
+        off = medians.get(("off", int(key[2:])))
+        extra = split["wall_s"] - off if off else None
+        parts = {k: v for k, v in split.items() if k not in ("wall_s", "steps")}
+        lines.append(
+            f"host split {key} (one more dumped pass, {split['wall_s']:.3f} s, clocks on): "
+            + split_line(parts, extra, int(split["steps"]))
+        )
+    return lines

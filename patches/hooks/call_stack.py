@@ -7,10 +7,13 @@ the largest host cost left in a dumped step on an H200 (0.33 ms a call, ~400 cal
 Qwen2-0.5B: ``bench/results/fsdp-onepass-profile-h200-next.txt``). A forward calls each module from
 the same few call sites step after step, so the frames' (code, line) pairs repeat exactly, and so
 does the text msprobe makes of them. :func:`remembering` walks the frames as msprobe does (from the
-same depth, with its ``skip_frames``), looks the pairs up, and formats a stack only the first time
-it is seen: per frame the same ``linecache`` line, the same filters (``Const.STACK_FILTER_KEYWORDS``,
-``Const.CALL_STACK_FLAG``) and the same text. ``tests/selective/test_lane_stats.py`` compares its
-result with msprobe's own function called from the same depth.
+same depth, with its ``skip_frames``), looks the stack up by each frame's code object's identity
+and last instruction (one int each: a code object's own hash is recomputed from its bytecode and
+constants at every call, ~7 us for a 40-frame stack; an instruction has one line), and formats a
+stack only the first time it is seen: per frame the same ``linecache`` line, the same filters
+(``Const.STACK_FILTER_KEYWORDS``, ``Const.CALL_STACK_FLAG``) and the same text.
+``tests/selective/test_lane_stats.py`` compares its result with msprobe's own function called from
+the same depth.
 
 Where: :class:`lane_collector.LaneStats` puts it on its one collector's data processor (an instance
 attribute over the static method; msprobe's ``DataCollector.call_stack_collect`` calls
@@ -28,6 +31,7 @@ from __future__ import annotations
 import linecache
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 Site = tuple[Any, int]
@@ -39,7 +43,7 @@ def remembering(msprobe_const: Any, warn: Callable[[str], None]) -> Callable[[st
 
     ``msprobe_const`` is msprobe's ``Const`` (its filters and its ``WITHOUT_CALL_STACK``); ``warn``
     its logger's ``warning``, as msprobe reports a failed capture."""
-    stacks: dict[tuple[Site, ...], tuple[str, ...]] = {}
+    stacks: dict[tuple[int, ...], tuple[str, ...]] = {}
     lines: dict[Site, str | None] = {}
     filters = tuple(msprobe_const.STACK_FILTER_KEYWORDS)
     flag = msprobe_const.CALL_STACK_FLAG
@@ -56,26 +60,36 @@ def remembering(msprobe_const: Any, warn: Callable[[str], None]) -> Callable[[st
         # frame 0 is this function, where msprobe's frame 0 is its own: the same skip counts
         skip = 4 if name.startswith("Primitive") else 5
         try:
-            frame = sys._getframe(0)
+            top: FrameType | None = sys._getframe(0)
             for _ in range(skip):
-                if frame is None:
+                if top is None:
                     break
-                frame = frame.f_back
-            sites: list[Site] = []
+                top = top.f_back
+            # the key: each frame's code by identity and its last instruction. A code object hashes
+            # its name, bytecode and constants anew at every hash (~0.2 us each, ~40 frames a call),
+            # its id is one int; ``f_lineno`` is looked up in the line table at every read, the
+            # instruction offset is stored (one offset has one line, so the texts follow). Every
+            # code object of a remembered stack is kept alive by ``lines``: no id met here can be a
+            # later code object's.
+            key: list[int] = []
+            frame: FrameType | None = top
             while frame is not None:
-                sites.append((frame.f_code, frame.f_lineno))
+                key.append(id(frame.f_code))
+                key.append(frame.f_lasti)
                 frame = frame.f_back
-            key = tuple(sites)
-            found = stacks.get(key)
+            found = stacks.get(tuple(key))
             if found is None:
                 texts = []
-                for site in key:
+                frame = top
+                while frame is not None:
+                    site = (frame.f_code, frame.f_lineno)
                     if site not in lines:
                         lines[site] = line_of(site)
                     text = lines[site]
                     if text is not None:
                         texts.append(text)
-                found = stacks[key] = tuple(texts)
+                    frame = frame.f_back
+                found = stacks[tuple(key)] = tuple(texts)
             return found
         except Exception as exc:  # as msprobe: a failed capture is a warning and a placeholder
             warn(f"The call stack of <{name}> failed to retrieve, {exc}.")

@@ -51,6 +51,15 @@ if TYPE_CHECKING:
 MASK_ELEMENTS = 1 << 24
 """At most this many elements in one masked reduction ``[tensors, lanes, rows]`` (memory bound)."""
 
+BLOCK = 64
+"""Row statistics of this many tensors of a group are stacked into one tensor each as they come.
+
+Why: a dumped step queues hundreds of tensors, each with 2-4 row-statistic tensors (Python
+objects tracked by the garbage collector). Kept one by one until the step's end, they outlive two
+young collections and count towards the next full one, whose cost per step grows with what each
+step leaves behind (CPython's rule: a full collection once the survivors reach a quarter of the
+old heap). Stacked every ``BLOCK`` tensors, they die young."""
+
 Span = tuple[int, int]
 
 
@@ -99,6 +108,27 @@ class _Group:
     records: list[int] = field(default_factory=list)
     inner: list[int] = field(default_factory=list)
     rows: list[tuple[Any, ...]] = field(default_factory=list)  # (min, max[, sum, norm]) per tensor
+    blocks: list[tuple[Any, ...]] = field(default_factory=list)  # the same, stacked by BLOCK tensors
+
+    def take(self, row: tuple[Any, ...]) -> None:
+        """Queue one tensor's row statistics; every :data:`BLOCK` of them are stacked (:data:`BLOCK`)."""
+        import torch
+
+        self.rows.append(row)
+        if len(self.rows) == BLOCK:
+            self.blocks.append(tuple(torch.stack(column) for column in zip(*self.rows, strict=True)))
+            self.rows.clear()
+
+    def columns(self) -> list[Any]:
+        """``[tensors, P]`` per statistic (min, max[, sum, norm]), every queued tensor's, in order."""
+        import torch
+
+        if self.rows:
+            self.blocks.append(tuple(torch.stack(column) for column in zip(*self.rows, strict=True)))
+        found = [torch.cat(column) for column in zip(*self.blocks, strict=True)]
+        self.rows.clear()
+        self.blocks.clear()
+        return found
 
     @property
     def lane_rows(self) -> list[int]:
@@ -106,13 +136,12 @@ class _Group:
         return [math.prod(stop - start for start, stop in box) for box in self.cut.boxes]
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
-    """One queued tensor's per-lane result: shapes, and the values once materialised."""
+    """One queued tensor's per-lane result, as :meth:`LaneStatQueue.materialise` answers it."""
 
     shapes: list[list[int]]
     values: list[list[Any]] | None = None  # [lane][Max, Min, Mean, Norm]
-    pending: list[list[Any]] | None = None  # msprobe's own per-lane values, resolved at the end
     shared: bool = False  # no lane cuts the tensor: every lane's shape and values are lane 0's
 
 
@@ -121,13 +150,20 @@ class LaneStatQueue:
 
     def __init__(self, lanes: Sequence[Sequence[Cut]]) -> None:
         self.lanes = [tuple(cuts) for cuts in lanes]
-        self.entries: list[Entry] = []
+        # per queued tensor, in order (parallel lists: no object per tensor until the step's end)
+        self._shapes: list[list[list[int]]] = []
+        self._shared: list[bool] = []
+        self._pending: dict[int, list[list[Any]]] = {}
+        self._values: list[list[list[Any]] | None] = []  # filled by materialise, kept for a later write
         self._groups: dict[tuple[Any, ...], _Group] = {}
         self._cuts: dict[tuple[int, ...], ShapeCut] = {}
         self._seen: dict[int, tuple[Any, int, bool, int]] = {}
+        # per (shape, dtype, kind, device): the cut, its group and the entries' shared shapes,
+        # looked up once per tensor instead of a cut, then a group key built and hashed
+        self._routes: dict[tuple[Any, ...], tuple[ShapeCut, _Group]] = {}
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self._shapes)
 
     def cut(self, shape: tuple[int, ...]) -> ShapeCut:
         """The lanes' cut of a tensor of this shape (kept per shape: a step has few of them)."""
@@ -158,11 +194,16 @@ class LaneStatQueue:
         again = self.seen(tensor, full)
         if again is not None:
             return again
-        cut = self.cut(tensor.shape)
-        key = (cut.dims, cut.sizes, tensor.dtype, full, tensor.device)
-        group = self._groups.get(key)
-        if group is None:
-            group = self._groups[key] = _Group(cut, tensor.dtype, full, tensor.device)
+        route = (tensor.shape, tensor.dtype, full, tensor.device)
+        found = self._routes.get(route)
+        if found is None:
+            cut = self.cut(tensor.shape)
+            key = (cut.dims, cut.sizes, tensor.dtype, full, tensor.device)
+            group = self._groups.get(key)
+            if group is None:
+                group = self._groups[key] = _Group(cut, tensor.dtype, full, tensor.device)
+            found = self._routes[route] = (cut, group)
+        cut, group = found
         if cut.leading:  # [P, ...] or [1, P, ...]: a view, nothing to move
             flat = tensor.reshape(cut.rows, -1)
         else:
@@ -170,13 +211,14 @@ class LaneStatQueue:
         low, high = _row_min_max(flat)
         if full:
             total = flat.sum(1, dtype=torch.float32)
-            group.rows.append((low, high, total, torch.linalg.vector_norm(flat, dim=1, dtype=torch.float32)))
+            group.take((low, high, total, torch.linalg.vector_norm(flat, dim=1, dtype=torch.float32)))
         else:
-            group.rows.append((low, high))
-        index = len(self.entries)
+            group.take((low, high))
+        index = len(self._shapes)
         group.records.append(index)
         group.inner.append(flat.shape[1])
-        self.entries.append(Entry(cut.lane_shapes, shared=not cut.dims))
+        self._shapes.append(cut.lane_shapes)
+        self._shared.append(not cut.dims)
         version = _version(tensor)
         if version is not None:
             self._seen[id(tensor)] = (weakref.ref(tensor), version, full, index)
@@ -201,7 +243,8 @@ class LaneStatQueue:
         Where no lane's cut applies to the tensor's shape (a 0-d tensor, a flag), every lane takes it
         whole: its statistics are computed once and shared."""
         dims, _ = lane_boxes(tuple(tensor.shape), self.lanes)
-        shapes, pending = [], []
+        shapes: list[list[int]] = []
+        pending: list[list[Any]] = []
         for k, cuts in enumerate(self.lanes):
             if not dims and k:
                 shapes.append(list(shapes[0]))
@@ -210,8 +253,10 @@ class LaneStatQueue:
             part = cut(tensor, [c.as_msprobe() for c in cuts])
             shapes.append([int(n) for n in part.shape])
             pending.append(list(stat(part)))
-        self.entries.append(Entry(shapes, pending=pending, shared=not dims))
-        return len(self.entries) - 1
+        self._pending[len(self._shapes)] = pending
+        self._shapes.append(shapes)
+        self._shared.append(not dims)
+        return len(self._shapes) - 1
 
     # -- the step's end ------------------------------------------------------------------------
     def materialise(self) -> list[Entry]:
@@ -223,18 +268,24 @@ class LaneStatQueue:
         parts = [_reduce(g) for g in groups]
         # one device-to-host copy for the whole step (the first sync since the forward began)
         host = torch.cat([p.reshape(-1).to(parts[0].device) for p in parts]).cpu() if parts else None
+        values = self._values
+        values += [None] * (len(self._shapes) - len(values))
         offset = 0
         for group, part in zip(groups, parts, strict=True):
             n = part.numel()
             assert host is not None
-            _fill(group, host[offset : offset + n].reshape(part.shape), self.entries)
+            _fill(group, host[offset : offset + n].reshape(part.shape), values)
             offset += n
-        for entry in self.entries:
-            if entry.pending is not None:
-                entry.values = [[_item(v) for v in values[:4]] for values in entry.pending]
-                entry.pending = None
+        for index, pending in self._pending.items():
+            values[index] = [[_item(v) for v in lane[:4]] for lane in pending]
+        entries = [
+            Entry(shapes, found, shared=shared)
+            for shapes, found, shared in zip(self._shapes, values, self._shared, strict=True)
+        ]
+        self._pending.clear()
         self._groups.clear()
-        return self.entries
+        self._routes.clear()
+        return entries
 
 
 def _row_min_max(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -285,16 +336,15 @@ def _reduce(group: _Group) -> torch.Tensor:
 
     mask = _mask(group)
     lanes, rows = mask.shape
-    low = torch.stack([r[0] for r in group.rows])
-    high = torch.stack([r[1] for r in group.rows])
+    low, high, *more = group.columns()
     if group.dtype.is_floating_point:
         floor, ceil = -math.inf, math.inf
     else:
         floor, ceil = torch.iinfo(group.dtype).min, torch.iinfo(group.dtype).max
     step = max(1, MASK_ELEMENTS // max(1, lanes * rows))
     if group.full:  # float64 sums of the rows' float32 sums and squared norms
-        sums = torch.stack([r[2] for r in group.rows]).double()
-        squares = torch.stack([r[3] for r in group.rows]).double().square()
+        sums = more[0].double()
+        squares = more[1].double().square()
     columns: list[list[torch.Tensor]] = [[], [], [], []]
     for begin in range(0, low.shape[0], step):
         chunk = slice(begin, begin + step)
@@ -304,34 +354,28 @@ def _reduce(group: _Group) -> torch.Tensor:
         if group.full:
             columns[2].append(torch.where(mask, sums[chunk, None, :], 0.0).sum(-1))
             columns[3].append(torch.where(mask, squares[chunk, None, :], 0.0).sum(-1))
-    group.rows.clear()
     return torch.stack([torch.cat(c) for c in columns if c], dim=-1)
 
 
-def _fill(group: _Group, values: torch.Tensor, entries: list[Entry]) -> None:
+def _fill(group: _Group, values: torch.Tensor, found: list[list[list[Any]] | None]) -> None:
     """Each lane's msprobe values from ``[tensors, lanes, 2|4]`` on the host: the mean and norm
     rounded to the tensor's dtype (what ``torch.mean``/``torch.norm`` return), integers as ints,
-    and ``None`` for a lane that selects nothing (msprobe skips an empty cut)."""
+    and ``None`` for a lane that selects nothing (msprobe skips an empty cut).
+
+    The table is built by torch (one ``tolist`` for the group), not per value in Python: a step
+    has hundreds of entries times its lanes."""
     import torch
 
-    lane_rows = group.lane_rows
-    counts = [[n * inner for n in lane_rows] for inner in group.inner]
-    as_int = not group.dtype.is_floating_point
-    high = values[..., 0].tolist()
-    low = values[..., 1].tolist()
+    rows = torch.tensor(group.lane_rows, dtype=torch.float64)
+    counts = torch.tensor(group.inner, dtype=torch.float64)[:, None] * rows  # exact below 2**53
     if group.full:
-        divisor = torch.tensor(counts, dtype=torch.float64).clamp(min=1)
-        mean = (values[..., 2] / divisor).to(group.dtype).double().tolist()
-        norm = values[..., 3].sqrt().to(group.dtype).double().tolist()
-    for g, record in enumerate(group.records):
-        per_lane: list[list[Any]] = []
-        for k in range(len(lane_rows)):
-            if counts[g][k] == 0:
-                per_lane.append([None, None, None, None])
-            elif as_int:
-                per_lane.append([int(high[g][k]), int(low[g][k]), None, None])
-            elif group.full:
-                per_lane.append([high[g][k], low[g][k], mean[g][k], norm[g][k]])
-            else:
-                per_lane.append([high[g][k], low[g][k], None, None])
-        entries[record].values = per_lane
+        mean = (values[..., 2] / counts.clamp(min=1)).to(group.dtype).double()
+        norm = values[..., 3].sqrt().to(group.dtype).double()
+        table = torch.stack([values[..., 0], values[..., 1], mean, norm], dim=-1).tolist()
+    else:
+        pair = values[..., :2] if group.dtype.is_floating_point else values[..., :2].long()
+        table = [[[*lane, None, None] for lane in tensor] for tensor in pair.tolist()]
+    for g, k in (counts == 0).nonzero().tolist():
+        table[g][k] = [None, None, None, None]
+    for record, per_lane in zip(group.records, table, strict=True):
+        found[record] = per_lane

@@ -54,6 +54,7 @@ from typing import Any, Literal
 
 from verl_consistency.contracts.records import lane_folder
 from verl_consistency.patches.hooks.lane_collector import LaneStats, lane_paths
+from verl_consistency.patches.hooks.lane_fast import modes_context
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,17 @@ def install(service: Any, lanes: Sequence[Lane], path: Path | None = None) -> La
     front.aim(service.config, lanes)
     service.data_collector = front
     service.hook_manager.data_collector = front
+    _lean_modes(service.hook_manager)
     return front
+
+
+def _lean_modes(hook_manager: Any) -> None:
+    """``lane_fast.modes_context`` on msprobe's hook manager (an instance attribute over its static
+    method), once; a manager without the method is left as it is."""
+    current = getattr(hook_manager, "_no_grad_context", None)
+    if current is None or getattr(current, "_lane_modes", False):
+        return
+    hook_manager._no_grad_context = modes_context(current)
 
 
 def uninstall(service: Any) -> None:
@@ -280,3 +291,6 @@ def uninstall(service: Any) -> None:
     if isinstance(current, (LaneFanout, LaneStats)):
         service.data_collector = current.original
         service.hook_manager.data_collector = current.original
+    manager = getattr(service, "hook_manager", None)
+    if manager is not None and hasattr(manager, "__dict__"):
+        manager.__dict__.pop("_no_grad_context", None)  # msprobe's own static method again

@@ -2,7 +2,8 @@
 
 The one-pass lanes answer the per-tensor questions of a plain tensor once per dtype
 (``PlainTensors``), send tensors straight to the one-pass ``_analyze_tensor`` (``single_element``)
-and check the log level before escaping a debug message (``quiet_debug``). Each is compared here
+check the log level before escaping a debug message (``quiet_debug``) and skip popping torch's
+dispatch modes when none is pushed (``modes_context``). Each is compared here
 with what msprobe's own code answers; ``test_lane_stats.py`` compares whole dumps.
 """
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from verl_consistency.patches.hooks.lane_collector import _one_pass_kind, resolve_type_checks
-from verl_consistency.patches.hooks.lane_fast import PlainTensors, quiet_debug, single_element
+from verl_consistency.patches.hooks.lane_fast import PlainTensors, modes_context, quiet_debug, single_element
 
 pytestmark = [pytest.mark.msprobe, pytest.mark.pinset]
 
@@ -170,6 +171,57 @@ def test_quiet_debug_prints_what_msprobe_prints_and_checks_the_level_first(capsy
     assert "a_b_c" in want
     assert got.split("[DEBUG]")[1] == want.split("[DEBUG]")[1]  # past the time stamp
     quiet_debug(SimpleNamespace(), debug_level)  # a logger without debug or level: left alone
+
+
+def test_the_modes_context_is_msprobes_when_a_dispatch_mode_is_on_and_nothing_otherwise() -> None:
+    """msprobe's ``_no_grad_context`` pops every torch dispatch mode for the hook's own tensor work;
+    with none pushed, ``modes_context`` answers a no-op context; with one pushed, msprobe's own, under
+    which the mode does not see the hook's operations, as under msprobe's."""
+    from msprobe.pytorch.dump.api_dump.pt_hook_manager import PytorchHookManager
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    theirs = PytorchHookManager._no_grad_context
+    ours = modes_context(theirs)
+    assert getattr(ours, "_lane_modes", False)
+    with ours() as nothing:
+        assert nothing is None
+    assert type(ours()).__name__ == "nullcontext"
+    x = torch.ones(3)
+    for context in (theirs, ours):
+        with Seen() as mode:
+            with context():
+                x.sum()
+            x.amax()
+        assert mode.ops == ["aten.amax.default"]  # the hook's sum is hidden from the mode
+
+
+def test_install_puts_the_modes_context_on_msprobes_hook_manager_and_uninstall_takes_it_off() -> None:
+    from verl_consistency.patches.hooks import msprobe_lanes
+
+    class Manager:  # stands for msprobe's PytorchHookManager: the context a static method
+        @staticmethod
+        def _no_grad_context() -> str:
+            return "msprobe's"
+
+    manager = Manager()
+    msprobe_lanes._lean_modes(manager)
+    msprobe_lanes._lean_modes(manager)  # once: not wrapped twice
+    assert getattr(manager._no_grad_context, "_lane_modes", False)
+    with manager._no_grad_context() as nothing:
+        assert nothing is None
+    service = SimpleNamespace(data_collector=None, hook_manager=manager)
+    msprobe_lanes.uninstall(service)
+    assert "_no_grad_context" not in vars(manager)
+    assert manager._no_grad_context() == "msprobe's"
 
 
 def test_every_lane_renders_what_json_dump_writes_with_entries_named_twice_and_shared() -> None:

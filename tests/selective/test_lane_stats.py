@@ -334,8 +334,9 @@ def test_the_remembered_call_stack_is_msprobes(name: str) -> None:
 
 
 def test_the_call_stack_is_remembered_per_stack_not_per_name() -> None:
-    """The second capture from the same site is the first's object (formatted once); one from
-    another line of the caller is a different stack, formatted anew and naming that line."""
+    """The second capture from the same call site (a loop's) is the first's object (formatted
+    once); one from another line of the caller is a different stack, formatted anew and naming that
+    line; two call sites on one line are two keys with the same text."""
     from msprobe.core.common.const import Const
     from msprobe.core.common.log import logger
 
@@ -347,13 +348,19 @@ def test_the_call_stack_is_remembered_per_stack_not_per_name() -> None:
         return site(depth - 1) if depth > 1 else capture("Module.a.forward.0")
 
     def layer(again: bool) -> list[Any]:  # the first frame that the stack shows
-        return [site(), site()] if again else [site()]
+        return [site() for _ in range(2)] if again else [site()]
 
     first, second = layer(True)
     assert first is second
     (other,) = layer(False)
     assert other != first
     assert [line for line in other if line not in first]  # the caller's other line
+
+    def one_line() -> list[Any]:
+        return [site(), site()]
+
+    left, right = one_line()
+    assert left == right
 
 
 def test_a_step_like_the_last_reuses_its_template_and_a_reordered_one_does_not() -> None:
@@ -437,3 +444,32 @@ def test_a_tensor_no_lane_cuts_is_counted_once_for_every_lane() -> None:
     assert entries[scalar].shapes == [[], []]
     assert entries[scalar].values == [[True, True, 1.0, 1.0]] * 2
     assert [v[0] for v in entries[cut].values or []] == [True, False]
+
+
+def test_blocks_of_many_tensors_and_a_second_write_keep_every_entrys_values() -> None:
+    """Past ``BLOCK`` tensors a group's row statistics are stacked as they come; the entries keep
+    their order and values across blocks and groups, and a second ``materialise`` in the step (a
+    second write after more records) keeps the first's values and adds the new ones."""
+    from verl_consistency.patches.hooks.lane_stats import BLOCK
+
+    queue = LaneStatQueue([[Cut(0, 4, 0, 1)], [Cut(0, 4, 1, 4)]])
+    gen = torch.Generator().manual_seed(1)
+    tensors = [torch.randn((4, 3 + i % 2), generator=gen) for i in range(2 * BLOCK + 5)]
+    ints = [torch.arange(4 * i, 4 * i + 8).reshape(4, 2) for i in range(3)]
+    indices = [queue.add(t, full=True) for t in tensors] + [queue.add(t, full=False) for t in ints]
+    first = queue.materialise()
+    later = torch.full((4, 2), 7.0)
+    again = queue.add(later, full=True)
+    second = queue.materialise()
+    assert len(first) == len(tensors) + len(ints)
+    assert len(second) == len(first) + 1
+    for index, tensor in zip(indices, tensors + ints, strict=True):
+        for entries in (first, second):
+            for (lane_max, lane_min, *_), rows in zip(
+                entries[index].values or [], (tensor[:1], tensor[1:]), strict=True
+            ):
+                assert (lane_max, lane_min) == (rows.max().item(), rows.min().item())
+    assert second[again].values == [
+        [7.0, 7.0, 7.0, pytest.approx(math.sqrt(2 * 49))],
+        [7.0, 7.0, 7.0, pytest.approx(math.sqrt(6 * 49))],
+    ]

@@ -1,0 +1,136 @@
+"""Where a dumped step's host time goes, without a profiler: the lanes' methods and Python's collector.
+
+Why: issue 32's bound is a ratio of wall times, and what a dumped step adds beyond its forward is
+host Python. cProfile answers where it goes but charges every function call (on the H200 host a
+builtin as cheap as ``id()`` showed 11 us a call under it), so it overstates msprobe's many small
+calls; a clock around a handful of methods charges a microsecond or so a call and tells apart our
+lanes' share (``_analyze_tensor``, which includes ``LaneStatQueue.add``, and ``write_json``), Python's
+garbage collector and, by difference, msprobe's own hook walk. ``bench/bench_lane_host.py`` (the CPU
+stand-in) and ``bench/gpu/fsdp_cost.py`` (verl's FSDP log_prob pass, on the device) print the same
+split.
+
+The clocks run only while ``on``; wrapping is for the whole process (the benches are processes of
+their own).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+TIMED = (
+    ("lane_collector", "LaneStats", "_analyze_tensor"),
+    ("lane_stats", "LaneStatQueue", "add"),
+    ("lane_collector", "LaneStats", "write_json"),
+)
+"""(module under ``verl_consistency.patches.hooks``, class, method): the lanes' host work per dumped step."""
+
+
+class HostClock:
+    """Seconds in the :data:`TIMED` methods and in each generation's collections while :attr:`on`.
+
+    A collection runs inside whatever allocated last, often a timed method: its seconds count to
+    ``gc`` and are taken out of each timed method it ran in (:meth:`split`), so no second is
+    counted twice."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.spent: dict[str, float] = defaultdict(float)
+        self.gc_within: dict[str, float] = defaultdict(float)
+        self._inside: list[str] = []
+        self.gc_count = [0, 0, 0]
+        self.gc_seconds = [0.0, 0.0, 0.0]
+        self.called_seconds = 0.0
+        """Collections someone asked for (``gc.collect()``: verl's engine calls it every pass, dumped
+        or not), apart from the automatic ones that what a step allocates sets off."""
+        self._gc_start = 0.0
+        self._called = False
+        gc.callbacks.append(self._collected)
+        gc.collect = self._timed_collect(gc.collect)
+        for module, cls_name, name in TIMED:
+            cls = getattr(importlib.import_module(f"verl_consistency.patches.hooks.{module}"), cls_name)
+            setattr(cls, name, self._timed(getattr(cls, name), name))
+
+    def reset(self) -> None:
+        self.spent.clear()
+        self.gc_within.clear()
+        self.gc_count, self.gc_seconds = [0, 0, 0], [0.0, 0.0, 0.0]
+        self.called_seconds = 0.0
+
+    def split(self) -> dict[str, float]:
+        """Seconds so far: each timed method's without the collections inside it, ``gc`` (the
+        automatic collections, every generation's) and ``gc.collect()`` (the ones asked for)."""
+        own = {name: seconds - self.gc_within[name] for name, seconds in self.spent.items()}
+        return {**own, "gc": sum(self.gc_seconds), "gc.collect()": self.called_seconds}
+
+    def _timed_collect(self, collect: Callable[..., int]) -> Callable[..., int]:
+        clock = self
+
+        def timed_collect(*args: Any, **kwargs: Any) -> int:
+            if not clock.on or clock._called:
+                return collect(*args, **kwargs)
+            clock._called = True
+            start = time.perf_counter()
+            try:
+                return collect(*args, **kwargs)
+            finally:
+                clock._called = False
+                clock.called_seconds += time.perf_counter() - start
+
+        return timed_collect
+
+    def _timed(self, original: Callable[..., Any], name: str) -> Callable[..., Any]:
+        clock = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not clock.on:
+                return original(*args, **kwargs)
+            start = time.perf_counter()
+            clock._inside.append(name)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                clock._inside.pop()
+                clock.spent[name] += time.perf_counter() - start
+
+        return timed
+
+    def _collected(self, phase: str, info: dict[str, Any]) -> None:
+        if not self.on or self._called:
+            return
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+            return
+        generation, seconds = info["generation"], time.perf_counter() - self._gc_start
+        self.gc_count[generation] += 1
+        self.gc_seconds[generation] += seconds
+        for name in set(self._inside):
+            self.gc_within[name] += seconds
+
+
+def split_line(split: dict[str, float], extra_s: float | None, steps: int) -> str:
+    """One line: each part's seconds and share of what the dumped pass added (``extra_s``), the rest
+    (msprobe's hook walk, the forward's own variation), and any ``gc.collect()`` calls apart."""
+    parts = [("_analyze_tensor", "lanes' per-tensor step (add included)"), ("write_json", "lanes' write")]
+    parts.append(("gc", "automatic collections"))
+    words = []
+    for key, what in parts:
+        seconds = split.get(key, 0.0)
+        share = f", {seconds / extra_s:.0%}" if extra_s else ""
+        words.append(f"{what} {seconds:.3f} s{share}")
+    if extra_s:
+        rest = extra_s - sum(split.get(key, 0.0) for key, _ in parts)
+        words.append(
+            f"the rest (msprobe's hook walk) {rest:.3f} s, {rest / extra_s:.0%}, of {extra_s:.3f} s added"
+        )
+    if steps:
+        words.append(f"{steps} steps")
+    if split.get("gc.collect()"):
+        words.append(
+            f"besides: gc.collect() calls {split['gc.collect()']:.3f} s (undumped passes make them too)"
+        )
+    return "; ".join(words)
