@@ -41,7 +41,13 @@ from typing import TYPE_CHECKING, Any
 
 from verl_consistency.contracts.records import lane_folder
 from verl_consistency.patches.hooks.call_stack import remembering
-from verl_consistency.patches.hooks.lane_fast import PlainTensors, dtype_kind, quiet_debug, single_element
+from verl_consistency.patches.hooks.lane_fast import (
+    PlainTensors,
+    dtype_kind,
+    element_walk,
+    quiet_debug,
+    single_element,
+)
 from verl_consistency.patches.hooks.lane_json import LANE_RECORD, StepTemplate, save_text, stack_text
 from verl_consistency.patches.hooks.lane_stats import LaneStatQueue
 
@@ -53,6 +59,8 @@ PROCESSOR_NEEDS = (
     "tensor_handler",
     "get_stat_info",
     "analyze_single_element",
+    "analyze_element",
+    "recursive_apply_transform",
     "torch_object_key",
 )
 
@@ -140,6 +148,9 @@ class LaneStats:
             processor.analyze_api_call_stack = remembering(Const, logger.warning)
             # less Python per tensor and per hook call (lane_fast.py): the same answers as msprobe's
             processor.analyze_single_element = single_element(processor, processor.analyze_single_element)
+            processor.analyze_element = element_walk(
+                processor, processor.recursive_apply_transform, Const.DUMP_MAX_DEPTH
+            )
             from msprobe.core.common.const import MsgConst
             from msprobe.pytorch.common.log import logger as pytorch_logger
 

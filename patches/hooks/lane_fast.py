@@ -9,7 +9,7 @@ handler the same questions about the tensor several times over (``convert_common
 ``get_tensor_type``, ``is_empty_data``, ``is_batchedtensor`` twice, ``str(dtype)`` three times),
 and msprobe's ``logger.debug`` escapes thirteen characters of every message it then drops.
 
-What: four drop-ins, each answering exactly what msprobe's own code answers, the first three put on
+What: five drop-ins, each answering exactly what msprobe's own code answers, the first four put on
 the one-pass collector's own objects by ``lane_collector.LaneStats.aim``, the last on msprobe's hook
 manager while lanes are in place (msprobe's code itself stays unpatched):
 
@@ -18,6 +18,12 @@ manager while lanes are in place (msprobe's code itself stays unpatched):
   too for every tensor whose key is not one of its ``torch_object_key`` names (a tensor is neither
   a builtin nor a ``torch.Size``); the suffix it builds is unused in statistics mode (it names
   tensor files). Everything else goes to msprobe's own method.
+- :func:`element_walk`: msprobe's ``analyze_element`` (its ``recursive_apply_transform`` over a
+  module's args, kwargs, output and parameters) that walks exact tuples, lists and dicts, plain
+  tensors, ``None`` and builtin scalars itself, in msprobe's order and with its key stack, and
+  hands every other kind (a namedtuple, a dataclass such as a model output, ``torch.Size``, a
+  dtype) to msprobe's own method at that depth. msprobe's asks ~20 ``isinstance`` questions of
+  every element after joining three type tuples anew (``get_special_types``).
 - :class:`PlainTensors`: for a *plain* tensor (exactly ``torch.Tensor`` or ``nn.Parameter``, not a
   functorch wrapper, on a CPU or CUDA device, not meta, not empty, >= 1 dimension), msprobe's
   answers are fixed by its dtype: the tensor is its own ``convert_common_tensor``, its type is
@@ -60,6 +66,49 @@ def single_element(processor: Any, original: Callable[[Any, Any], Any]) -> Calla
         return original(element, suffix_stack)
 
     return analyze_single_element
+
+
+def element_walk(processor: Any, recursive: Callable[..., Any], max_depth: int) -> Callable[[Any], Any]:
+    """msprobe's ``analyze_element`` for ``processor``: ``recursive`` is its class's
+    ``recursive_apply_transform`` (bound), ``max_depth`` its ``Const.DUMP_MAX_DEPTH``."""
+    import torch
+
+    tensors = (torch.Tensor, torch.nn.Parameter)
+    scalars = (bool, int, float, str)
+    sequences = (tuple, list)
+
+    def walk(element: Any, depth: int, keys: list[Any]) -> Any:
+        kind = type(element)
+        if depth > max_depth:  # msprobe's own check, error and all
+            return recursive(element, processor.analyze_single_element, depth, keys)
+        if kind in tensors or kind in scalars:
+            return processor.analyze_single_element(element, keys)
+        if element is None:
+            return None
+        if kind in sequences:
+            found = []
+            for i, item in enumerate(element):
+                keys.append(i)
+                try:
+                    found.append(walk(item, depth + 1, keys))
+                finally:
+                    keys.pop()
+            return found
+        if kind is dict:
+            out = {}
+            for key, item in element.items():
+                keys.append(key)
+                try:
+                    out[key] = walk(item, depth + 1, keys)
+                finally:
+                    keys.pop()
+            return out
+        return recursive(element, processor.analyze_single_element, depth, keys)
+
+    def analyze_element(element: Any) -> Any:
+        return walk(element, 0, [])
+
+    return analyze_element
 
 
 class PlainTensors:

@@ -16,7 +16,13 @@ import pytest
 import torch
 
 from verl_consistency.patches.hooks.lane_collector import _one_pass_kind, resolve_type_checks
-from verl_consistency.patches.hooks.lane_fast import PlainTensors, modes_context, quiet_debug, single_element
+from verl_consistency.patches.hooks.lane_fast import (
+    PlainTensors,
+    element_walk,
+    modes_context,
+    quiet_debug,
+    single_element,
+)
 
 pytestmark = [pytest.mark.msprobe, pytest.mark.pinset]
 
@@ -117,9 +123,8 @@ def test_single_element_sends_tensors_to_the_one_pass_and_the_rest_to_msprobe() 
     ]
 
 
-def test_single_element_routes_as_msprobes_own_method() -> None:
-    """On msprobe's real statistics processor: every element's record is what msprobe's own
-    ``analyze_single_element`` makes of it, with the same ``_analyze_tensor`` behind both."""
+def _statistics_processor() -> Any:
+    """msprobe's real statistics processor, with a config of the fields it reads."""
     from msprobe.core.dump.data_dump.data_processor.pytorch_processor import StatisticsDataProcessor
 
     config = SimpleNamespace(
@@ -127,9 +132,15 @@ def test_single_element_routes_as_msprobes_own_method() -> None:
         data_mode=["all"], scope=[], list=[], slice_info=[], is_slice_info_modified=False,
     )  # fmt: skip
     try:
-        processor = StatisticsDataProcessor(config, None)
+        return StatisticsDataProcessor(config, None)
     except Exception as exc:  # a constructor that wants more of the config: say which
         pytest.fail(f"msprobe's StatisticsDataProcessor(config, None): {exc!r}")
+
+
+def test_single_element_routes_as_msprobes_own_method() -> None:
+    """On msprobe's real statistics processor: every element's record is what msprobe's own
+    ``analyze_single_element`` makes of it, with the same ``_analyze_tensor`` behind both."""
+    processor = _statistics_processor()
     processor._analyze_tensor = lambda tensor, suffix: {"tensor": tuple(tensor.shape)}
     ours = single_element(processor, processor.analyze_single_element)
     elements = [
@@ -146,6 +157,68 @@ def test_single_element_routes_as_msprobes_own_method() -> None:
     ]
     for element, suffix in elements:
         assert ours(element, suffix) == processor.analyze_single_element(element, suffix), element
+
+
+def test_the_element_walk_gives_msprobes_records_in_msprobes_order() -> None:
+    """``element_walk`` on msprobe's real processor: for a module's args, kwargs, outputs and
+    parameters of every shape a forward passes (nested tuples, lists and dicts, None, scalars, a
+    namedtuple, a dataclass model output, torch.Size, dtype and device kwargs), the records are
+    msprobe's own ``analyze_element``'s, and its single-element step sees the same elements with
+    the same key stacks in the same order; past msprobe's depth limit it raises as msprobe does."""
+    import collections
+    import dataclasses
+
+    from msprobe.core.common.const import Const
+    from msprobe.core.common.utils import CompareException
+
+    @dataclasses.dataclass
+    class Output:  # a model output: a dataclass
+        logits: Any
+        hidden: Any = None
+
+    Pair = collections.namedtuple("Pair", "first second")
+    x, w = torch.randn(2, 3), torch.nn.Parameter(torch.ones(3))
+    elements = [
+        (x, None, 3, 2.5, True, "text"),
+        {"hidden_states": x, "dtype": torch.float16, "device": torch.device("cpu"), "flags": [1, None]},
+        [x, (x, [w, {"k": x}]), {}],
+        (Pair(x, 4), Output(x, (x,)), torch.Size([2, 3]), slice(1, 2), ...),
+        {"weight": w, "bias": None},
+        None,
+        x,
+    ]
+    processor = _statistics_processor()
+    seen: list[tuple[str, Any, tuple[Any, ...]]] = []
+
+    def records(who: str) -> Any:
+        def analyze(tensor: Any, suffix: str) -> dict[str, Any]:
+            return {"tensor": tuple(tensor.shape)}
+
+        def single(element: Any, keys: list[Any]) -> Any:
+            seen.append((who, type(element).__name__, tuple(keys)))
+            return original(element, keys)
+
+        processor._analyze_tensor = analyze
+        processor.analyze_single_element = single
+        return single
+
+    original = processor.analyze_single_element
+    ours = element_walk(processor, processor.recursive_apply_transform, Const.DUMP_MAX_DEPTH)
+    for element in elements:
+        seen.clear()
+        records("msprobe")
+        theirs = processor.recursive_apply_transform(element, processor.analyze_single_element)
+        records("ours")
+        got = ours(element)
+        assert got == theirs, element
+        assert [s[1:] for s in seen if s[0] == "ours"] == [s[1:] for s in seen if s[0] == "msprobe"]
+    nested: Any = x
+    for _ in range(Const.DUMP_MAX_DEPTH + 2):
+        nested = [nested]
+    with pytest.raises(CompareException):
+        processor.recursive_apply_transform(nested, processor.analyze_single_element)
+    with pytest.raises(CompareException):
+        ours(nested)
 
 
 def test_quiet_debug_prints_what_msprobe_prints_and_checks_the_level_first(capsys: Any) -> None:
