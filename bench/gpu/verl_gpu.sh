@@ -47,6 +47,10 @@
 # the last call with MBS=1,8. REQUESTS, MBS, REPS, DEVICE (cpu), COST_ARGS (e.g. --tiny) override.
 # Since issue 32 the lanes are written in one pass (hooks/lane_collector.py; the table's first line says
 # which path ran); COST_ARGS="--lanes-path fanout" times the path before it (one msprobe collector per lane).
+# After the timed passes, one more dumped pass per micro batch above 1 runs with bench/support/host_clock.py's
+# clocks: the table's `host split mbN` lines say where the added time went (the lanes' per-tensor step and
+# write, automatic collections, msprobe's hook walk by difference; verl's own gc.collect() calls apart), no
+# profiler needed (COST_ARGS=--no-split skips them, ~2 dumped passes' time).
 #
 # Since the H200 fixtures (~25 MB) travel with every call, p1/p2 (60 MB each) no longer fit a call's
 # 64 MiB: `bash bench/gpu/verl_gpu.sh pack` (here, after `prepare`) cuts SHA256 + p1..p3 into chunks of
