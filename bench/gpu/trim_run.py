@@ -85,9 +85,10 @@ def _plan(
         return "unpaired step folders", order, True
     base = size(set(), True)
     own: dict[str, int] = {p: 0 for p in order}
+    rank = {p: i for i, p in enumerate(order)}
     for f in files:
         if f.owners:
-            first = min(f.owners, key=order.index)  # a shared folder counts once, for its shortest pair
+            first = min(f.owners, key=rank.__getitem__)  # a shared folder counts once, for its shortest pair
             own[first] += f.size
     kept: list[str] = []
     total = base
