@@ -35,7 +35,7 @@ from typing import Any
 
 from bench.bench_lanes import _stand_in
 from bench.bench_overhead_gpu import SIZES, msprobe_config
-from bench.support.host_clock import HostClock, split_line
+from bench.support.host_clock import HostClock, per_lane_line, split_line
 
 SHAPE = (24, 64, 4, 2, 128, 512)
 """layers, hidden, heads, kv heads, intermediate, vocab: Qwen2-0.5B's depth, tiny widths."""
@@ -161,6 +161,7 @@ def _report(
     # the mean, not the median: a full collection comes every few steps and is part of the cost
     extra = (sum(walls["dumped"]) - sum(walls["off-after"])) / args.reps
     print("host split per dumped step: " + split_line({k: v / args.reps for k, v in split.items()}, extra, 0))
+    print(per_lane_line(clock.per_lane, args.reps) + " per dumped step")
 
 
 if __name__ == "__main__":

@@ -379,7 +379,7 @@ def profile_passes(b: Bench, out: Path) -> None:
     out.write_text(text.getvalue())
 
 
-def split_passes(b: Bench) -> dict[str, dict[str, float]]:
+def split_passes(b: Bench) -> dict[str, dict[str, Any]]:
     """After the timed passes (and any profile), one more dumped pass at each micro batch above 1 with
     ``bench.support.host_clock``'s clocks on: the seconds in the lanes' per-tensor step and write and
     in Python's collector; the rest of what the pass adds over the undumped median is msprobe's hook
@@ -387,7 +387,7 @@ def split_passes(b: Bench) -> dict[str, dict[str, float]]:
     from bench.support.host_clock import HostClock
 
     clock = HostClock()
-    found: dict[str, dict[str, float]] = {}
+    found: dict[str, dict[str, Any]] = {}
     for mb in b.args.micro_batches[1:]:
         need = estimate(b, "dumps", mb) * 1.15 + 5
         if b.elapsed() + need > b.args.budget_s:
@@ -403,6 +403,7 @@ def split_passes(b: Bench) -> dict[str, dict[str, float]]:
         b.log_off = harvest(b.lay, b.work / "reps" / f"split-mb{mb}", b.log_off, b.ids, rep)
         shutil.rmtree(b.work / "reps" / f"split-mb{mb}", ignore_errors=True)
         found[f"mb{mb}"] = {"wall_s": round(wall, 4), "steps": rep.steps, **clock.split()}
+        found[f"mb{mb}"]["per_lane"] = dict(clock.per_lane)
         print(f"[{b.elapsed():6.1f}s] dumps mb{mb} with the host clocks: {wall:.3f} s", flush=True)
     return found
 

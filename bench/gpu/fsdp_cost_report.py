@@ -139,16 +139,19 @@ def table(result: dict[str, Any]) -> str:
 def split_lines(summary: dict[str, Any]) -> list[str]:
     """``host split mbN:`` lines: where the last dumped pass's added time went (``split_passes``),
     against the undumped median of the same micro batch."""
-    from bench.support.host_clock import split_line
+    from collections import Counter
+
+    from bench.support.host_clock import per_lane_line, split_line
 
     medians = {(r["label"], r["micro_batch"]): r["median_s"] for r in summary.get("rows", [])}
     lines = []
     for key, split in summary.get("host_split", {}).items():
         off = medians.get(("off", int(key[2:])))
         extra = split["wall_s"] - off if off else None
-        parts = {k: v for k, v in split.items() if k not in ("wall_s", "steps")}
+        parts = {k: v for k, v in split.items() if k not in ("wall_s", "steps", "per_lane")}
         lines.append(
             f"host split {key} (one more dumped pass, {split['wall_s']:.3f} s, clocks on): "
             + split_line(parts, extra, int(split["steps"]))
         )
+        lines.append(f"host split {key}: " + per_lane_line(Counter(split.get("per_lane", {})), 1) + " a pass")
     return lines

@@ -18,13 +18,14 @@ from __future__ import annotations
 import gc
 import importlib
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
 TIMED = (
     ("lane_collector", "LaneStats", "_analyze_tensor"),
     ("lane_stats", "LaneStatQueue", "add"),
+    ("lane_stats", "LaneStatQueue", "add_per_lane"),
     ("lane_collector", "LaneStats", "write_json"),
 )
 """(module under ``verl_consistency.patches.hooks``, class, method): the lanes' host work per dumped step."""
@@ -40,6 +41,10 @@ class HostClock:
     def __init__(self) -> None:
         self.on = False
         self.spent: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.per_lane: Counter[str] = Counter()
+        """What took msprobe's own per-lane path (``add_per_lane``: cut and reduced once per lane,
+        each value read with ``.item()``), by kind: a tensor the one pass does not take."""
         self.gc_within: dict[str, float] = defaultdict(float)
         self._inside: list[str] = []
         self.gc_count = [0, 0, 0]
@@ -49,14 +54,26 @@ class HostClock:
         or not), apart from the automatic ones that what a step allocates sets off."""
         self._gc_start = 0.0
         self._called = False
+        self._originals: list[tuple[Any, str, Any]] = [(gc, "collect", gc.collect)]
         gc.callbacks.append(self._collected)
         gc.collect = self._timed_collect(gc.collect)
         for module, cls_name, name in TIMED:
             cls = getattr(importlib.import_module(f"verl_consistency.patches.hooks.{module}"), cls_name)
+            self._originals.append((cls, name, cls.__dict__[name]))
             setattr(cls, name, self._timed(getattr(cls, name), name))
+
+    def close(self) -> None:
+        """Put back what the clock wrapped (a test's process goes on after it)."""
+        for owner, name, original in reversed(self._originals):
+            setattr(owner, name, original)
+        self._originals.clear()
+        if self._collected in gc.callbacks:
+            gc.callbacks.remove(self._collected)
 
     def reset(self) -> None:
         self.spent.clear()
+        self.calls.clear()
+        self.per_lane.clear()
         self.gc_within.clear()
         self.gc_count, self.gc_seconds = [0, 0, 0], [0.0, 0.0, 0.0]
         self.called_seconds = 0.0
@@ -89,7 +106,10 @@ class HostClock:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if not clock.on:
                 return original(*args, **kwargs)
+            if name == "add_per_lane":
+                clock.per_lane[_kind(args[1])] += 1
             start = time.perf_counter()
+            clock.calls[name] += 1
             clock._inside.append(name)
             try:
                 return original(*args, **kwargs)
@@ -112,9 +132,26 @@ class HostClock:
             self.gc_within[name] += seconds
 
 
+def _kind(tensor: Any) -> str:
+    """A tensor's type, dtype and shape, as one short text (what took the per-lane path)."""
+    shape = "x".join(str(n) for n in getattr(tensor, "shape", ()))
+    return f"{type(tensor).__name__} {getattr(tensor, 'dtype', '?')} [{shape}]"
+
+
+def per_lane_line(per_lane: Counter[str], passes: int) -> str:
+    """The tensors that took msprobe's own per-lane path, per pass (or step), the most frequent first."""
+    if not per_lane:
+        return "msprobe's per-lane path: none (every tensor took the one pass)"
+    total = sum(per_lane.values()) / passes
+    kinds = ", ".join(f"{kind} x{n / passes:g}" for kind, n in per_lane.most_common(3))
+    return f"msprobe's per-lane path: {total:g} tensors ({kinds})"
+
+
 def split_line(split: dict[str, float], extra_s: float | None, steps: int) -> str:
     """One line: each part's seconds and share of what the dumped pass added (``extra_s``), the rest
     (msprobe's hook walk, the forward's own variation), and any ``gc.collect()`` calls apart."""
+    if extra_s is not None and extra_s <= 0:  # the pass was no slower than the undumped median: noise
+        extra_s = None
     parts = [("_analyze_tensor", "lanes' per-tensor step (add included)"), ("write_json", "lanes' write")]
     parts.append(("gc", "automatic collections"))
     words = []
@@ -122,6 +159,8 @@ def split_line(split: dict[str, float], extra_s: float | None, steps: int) -> st
         seconds = split.get(key, 0.0)
         share = f", {seconds / extra_s:.0%}" if extra_s else ""
         words.append(f"{what} {seconds:.3f} s{share}")
+    if split.get("add_per_lane"):
+        words[0] += f" (msprobe's per-lane path {split['add_per_lane']:.3f} s of it)"
     if extra_s:
         rest = extra_s - sum(split.get(key, 0.0) for key, _ in parts)
         words.append(
