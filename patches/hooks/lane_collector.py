@@ -368,11 +368,11 @@ def _instance_test(cls: type) -> Any:
 
 def _one_pass_kind(tensor: Any, handler: Any, config: Any) -> bool | None:
     """Whether ``LaneStatQueue.add`` reduces this tensor: True with mean and norm, False with max
-    and min only (integers, float64, ``precision: high``, as msprobe's ``get_stat_info``), None for
-    what msprobe's own per-lane path handles (bool, 0-d, empty, meta/fake, float8/4, complex, NZ)."""
+    and min only (integers, bool, float64, ``precision: high``, as msprobe's ``get_stat_info``), None
+    for what msprobe's own per-lane path handles (0-d, empty, meta/fake, float8/4, complex, NZ)."""
     import torch
 
-    if not isinstance(tensor, torch.Tensor) or tensor.ndim == 0 or tensor.dtype == torch.bool:
+    if not isinstance(tensor, torch.Tensor) or tensor.ndim == 0:
         return None
     if (
         handler.is_empty_data(tensor)

@@ -126,7 +126,7 @@ class PlainTensors:
 
     def kind(self, tensor: Any) -> Kind | None:
         """The tensor's dtype text and one-pass kind, or None: not plain, or not reduced in one pass
-        (bool, complex, float8/4 and the like: msprobe's own per-lane path), or a question only the
+        (complex, float8/4 and the like: msprobe's own per-lane path), or a question only the
         full path answers."""
         if type(tensor) not in self.exact or tensor.ndim == 0 or tensor.is_meta:
             return None
@@ -153,13 +153,13 @@ class PlainTensors:
 
 def dtype_kind(dtype: Any, precision_high: bool) -> bool | None:
     """How a tensor of this dtype is reduced in one pass: True for max, min, mean and norm; False
-    for max and min only (integers; float64 and every float under ``precision: high``, as msprobe's
-    ``get_stat_info``); None for msprobe's own per-lane path (bool, complex, float8/4). The dtype
+    for max and min only (integers and bool; float64 and every float under ``precision: high``, as
+    msprobe's ``get_stat_info``); None for msprobe's own per-lane path (complex, float8/4). The dtype
     half of ``lane_collector._one_pass_kind``, which :class:`PlainTensors` asks once per dtype."""
     import torch
 
     text = str(dtype)
-    if dtype == torch.bool or dtype.is_complex or "float4" in text or "float8" in text:
+    if dtype.is_complex or "float4" in text or "float8" in text:
         return None
     if not dtype.is_floating_point:
         return False

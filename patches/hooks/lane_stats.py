@@ -26,11 +26,15 @@ Memory: until the step's end the queue holds each reduced tensor's P row statist
 (two of the tensor's dtype and two float32 a row: ~12 bytes a token a tensor in bf16), never the
 tensor; the end's masked reductions work in chunks of at most :data:`MASK_ELEMENTS` elements.
 
-What msprobe does not reduce this way stays msprobe's: bool tensors (``any``/``all``), 0-d
-tensors, empty, meta, fake, float8/4, complex and NPU NZ tensors are cut and counted per lane by
-msprobe's own ``slice_by_config`` and ``get_stat_info`` (:meth:`LaneStatQueue.add_per_lane`).
-Integer and float64 tensors (and every float under ``precision: high``) get max and min only,
-mean and norm ``None``, as msprobe writes them.
+What msprobe does not reduce this way stays msprobe's: 0-d tensors, empty, meta, fake, float8/4,
+complex and NPU NZ tensors are cut and counted per lane by msprobe's own ``slice_by_config`` and
+``get_stat_info`` (:meth:`LaneStatQueue.add_per_lane`). Integer and float64 tensors (and every
+float under ``precision: high``) get max and min only, mean and norm ``None``, as msprobe writes
+them; bool tensors too, as msprobe's ``any`` (Max) and ``all`` (Min), each row's ``any`` and
+``all`` combined with the lanes' masks by ``any`` and ``all`` again and written as booleans (a
+padded micro batch's attention mask, ``[batch, 1, T, T]``, is cut by every lane and met by every
+decoder layer and attention module: 48 tensors a micro batch for Qwen2-0.5B, each once per lane
+on msprobe's path, with two ``.item()`` reads a lane).
 
 torch is imported lazily: this package is imported where torch may be absent.
 """
@@ -297,6 +301,8 @@ def _row_min_max(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     forward on CPU. NPU kernels are not assumed to have a fused one either."""
     import torch
 
+    if flat.dtype == torch.bool:  # msprobe's min and max of a bool tensor: all and any
+        return flat.all(1), flat.any(1)
     if flat.device.type == "cuda":
         low, high = torch.aminmax(flat, dim=1)
         return low, high
@@ -337,7 +343,10 @@ def _reduce(group: _Group) -> torch.Tensor:
     mask = _mask(group)
     lanes, rows = mask.shape
     low, high, *more = group.columns()
-    if group.dtype.is_floating_point:
+    flags = group.dtype == torch.bool
+    if flags:  # any and all: a lane's rows combined by any and all again
+        floor, ceil = False, True
+    elif group.dtype.is_floating_point:
         floor, ceil = -math.inf, math.inf
     else:
         floor, ceil = torch.iinfo(group.dtype).min, torch.iinfo(group.dtype).max
@@ -349,8 +358,10 @@ def _reduce(group: _Group) -> torch.Tensor:
     for begin in range(0, low.shape[0], step):
         chunk = slice(begin, begin + step)
         # where, not a product with the mask: an inf or nan in another lane's rows stays there
-        columns[0].append(torch.where(mask, high[chunk, None, :], floor).amax(-1).double())
-        columns[1].append(torch.where(mask, low[chunk, None, :], ceil).amin(-1).double())
+        highs = torch.where(mask, high[chunk, None, :], floor)
+        lows = torch.where(mask, low[chunk, None, :], ceil)
+        columns[0].append((highs.any(-1) if flags else highs.amax(-1)).double())
+        columns[1].append((lows.all(-1) if flags else lows.amin(-1)).double())
         if group.full:
             columns[2].append(torch.where(mask, sums[chunk, None, :], 0.0).sum(-1))
             columns[3].append(torch.where(mask, squares[chunk, None, :], 0.0).sum(-1))
@@ -373,7 +384,11 @@ def _fill(group: _Group, values: torch.Tensor, found: list[list[list[Any]] | Non
         norm = values[..., 3].sqrt().to(group.dtype).double()
         table = torch.stack([values[..., 0], values[..., 1], mean, norm], dim=-1).tolist()
     else:
-        pair = values[..., :2] if group.dtype.is_floating_point else values[..., :2].long()
+        pair = values[..., :2]
+        if group.dtype == torch.bool:
+            pair = pair.bool()
+        elif not group.dtype.is_floating_point:
+            pair = pair.long()
         table = [[[*lane, None, None] for lane in tensor] for tensor in pair.tolist()]
     for g, k in (counts == 0).nonzero().tolist():
         table[g][k] = [None, None, None, None]

@@ -91,8 +91,9 @@ def test_a_plain_tensor_gets_msprobes_answers_and_any_other_takes_the_full_path(
     assert answers["float64"] == ("torch.float64", False)
     assert answers["int64"] == ("torch.int64", False)
     assert answers["uint8"] == ("torch.uint8", False)
+    assert answers["bool"] == ("torch.bool", False)  # msprobe's any and all, in one pass
     # msprobe's own per-lane path, or a tensor msprobe unwraps or names otherwise: the full path
-    for name in ("bool", "0-d", "empty", "meta", "complex", "nested", "fake", "batched", "float8"):
+    for name in ("0-d", "empty", "meta", "complex", "nested", "fake", "batched", "float8"):
         assert answers.get(name) is None, name
 
 

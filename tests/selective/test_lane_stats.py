@@ -210,13 +210,17 @@ def test_lane_boxes_is_msprobes_slice_by_config(case: tuple[list[int], list[list
         assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.float64, torch.bool])
 def test_queue_values_are_each_lanes_statistics(dtype: torch.dtype) -> None:
     from msprobe.core.common.utils import slice_by_config
 
     gen = torch.Generator().manual_seed(0)
     tensor = (torch.randn((3, 10, 6), generator=gen) * 5).to(dtype)
-    tensor[1, 2, 3] = float("inf") if dtype.is_floating_point else 99
+    if dtype == torch.bool:  # the first lane all False (any and all False), the others mixed
+        tensor = torch.randn((3, 10, 6), generator=gen) > 0
+        tensor[1, 0:7] = False
+    else:
+        tensor[1, 2, 3] = float("inf") if dtype.is_floating_point else 99
     lanes = [
         [Cut(0, 3, 1, 2), Cut(1, 10, 0, 7)],  # padded: a row, its first positions
         [Cut(1, 10, 4, 10)],  # packed: positions on dim 1
@@ -234,6 +238,7 @@ def test_queue_values_are_each_lanes_statistics(dtype: torch.dtype) -> None:
             assert values == [None] * 4
             continue
         assert values[:2] == [part.max().item(), part.min().item()]
+        assert [type(v) for v in values[:2]] == [type(part.max().item())] * 2  # bools as bools
         if not full:
             assert values[2:] == [None, None]
             continue
