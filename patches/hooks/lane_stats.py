@@ -280,8 +280,8 @@ class LaneStatQueue:
             assert host is not None
             _fill(group, host[offset : offset + n].reshape(part.shape), values)
             offset += n
-        for index, pending in self._pending.items():
-            values[index] = [[_item(v) for v in lane[:4]] for lane in pending]
+        for index, found in _read_pending(self._pending).items():
+            values[index] = found
         entries = [
             Entry(shapes, found, shared=shared)
             for shapes, found, shared in zip(self._shapes, values, self._shared, strict=True)
@@ -319,8 +319,33 @@ def _version(tensor: torch.Tensor) -> int | None:
         return None
 
 
-def _item(value: Any) -> Any:
-    return value.item() if hasattr(value, "item") else value
+def _read_pending(pending: dict[int, list[list[Any]]]) -> dict[int, list[list[Any]]]:
+    """msprobe's own per-lane values, as its ``.item()`` reads them: every one-element tensor among
+    them read in one stack and one copy per device and dtype (``tolist`` gives each the Python
+    scalar ``.item()`` gives), each tensor once however many lanes share it, not one host sync per
+    value; anything else with ``.item()`` is read by it, the rest kept as it is."""
+    import torch
+
+    found = {index: [list(lane[:4]) for lane in lanes] for index, lanes in pending.items()}
+    where: dict[int, list[tuple[int, int, int]]] = {}
+    tensors: dict[int, Any] = {}
+    for index, lanes in found.items():
+        for k, lane in enumerate(lanes):
+            for j, value in enumerate(lane):
+                if isinstance(value, torch.Tensor) and value.numel() == 1:
+                    tensors[id(value)] = value
+                    where.setdefault(id(value), []).append((index, k, j))
+                elif hasattr(value, "item"):
+                    lane[j] = value.item()
+    groups: dict[tuple[Any, Any], list[int]] = {}
+    for key, tensor in tensors.items():
+        groups.setdefault((tensor.device, tensor.dtype), []).append(key)
+    for keys in groups.values():
+        read = torch.stack([tensors[key].reshape(()) for key in keys]).tolist()
+        for key, value in zip(keys, read, strict=True):
+            for index, k, j in where[key]:
+                found[index][k][j] = value
+    return found
 
 
 def _mask(group: _Group) -> torch.Tensor:

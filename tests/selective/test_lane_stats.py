@@ -478,3 +478,41 @@ def test_blocks_of_many_tensors_and_a_second_write_keep_every_entrys_values() ->
         [7.0, 7.0, 7.0, pytest.approx(math.sqrt(2 * 49))],
         [7.0, 7.0, 7.0, pytest.approx(math.sqrt(6 * 49))],
     ]
+
+
+def test_msprobes_per_lane_values_are_read_as_item_reads_them_in_one_copy_per_kind(monkeypatch: Any) -> None:
+    """``_read_pending``: 0-d tensors of every dtype (msprobe's statistics), a one-element tensor
+    of more dimensions, numbers and None come back as ``.item()`` gives them (value and type),
+    a tensor several lanes share read once, one ``torch.stack`` per device and dtype."""
+    from verl_consistency.patches.hooks import lane_stats
+
+    shared = torch.tensor(2.5, dtype=torch.bfloat16)
+    pending = {
+        0: [[torch.tensor(True), torch.tensor(False), None, None]] * 2,
+        3: [
+            [torch.tensor(7), torch.tensor(-2), None, None],
+            [torch.tensor(1.25), torch.tensor(-0.5), torch.tensor(0.375), torch.tensor([[3.0]])],
+        ],
+        5: [[shared, shared, shared, shared], [shared, 1.5, 2, None]],
+    }
+    want = {
+        i: [[v.item() if hasattr(v, "item") else v for v in lane] for lane in lanes]
+        for i, lanes in pending.items()
+    }
+    stacks: list[int] = []
+    real_stack = torch.stack
+
+    def counting_stack(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        stacks.append(len(tensors))
+        return real_stack(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "stack", counting_stack)
+    got = lane_stats._read_pending(pending)
+    monkeypatch.undo()
+    assert got == want
+    assert [[[type(v) for v in lane] for lane in lanes] for lanes in got.values()] == [
+        [[type(v) for v in lane] for lane in lanes] for lanes in want.values()
+    ]
+    # bool, int64, float32 (4 tensors: the [[3.0]] one too) and bfloat16 (one shared tensor, once)
+    assert sorted(stacks) == [1, 2, 2, 4]
+    assert got[0][0] is not got[0][1]  # each lane's own list, though msprobe's lanes shared one
