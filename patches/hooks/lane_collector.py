@@ -312,10 +312,21 @@ class LaneStats:
         self._last = (cache_data, step)
         return step
 
-    def __getattr__(self, name: str) -> Any:
-        # only reached for names this class does not define
+    @property
+    def data_processor(self) -> Any:
+        """The collector's processor (msprobe's hook manager asks for it twice a module call)."""
         collector = self.__dict__.get("collector")
-        return getattr(collector if collector is not None else self.__dict__["original"], name)
+        return (collector if collector is not None else self.__dict__["original"]).data_processor
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for names this class does not define (or has not kept yet)
+        collector = self.__dict__.get("collector")
+        value = getattr(collector if collector is not None else self.__dict__["original"], name)
+        if collector is not None and getattr(value, "__self__", None) is collector:
+            # a method of the kept collector (update_api_or_module_name, forward_*_data_collect:
+            # several a module call): kept on the instance, found without this fallback next time
+            self.__dict__[name] = value
+        return value
 
 
 TYPE_CHECKS = {
