@@ -115,7 +115,7 @@ class _Group:
     blocks: list[tuple[Any, ...]] = field(default_factory=list)  # the same, stacked by BLOCK tensors
 
     def take(self, row: tuple[Any, ...]) -> None:
-        """Queue one tensor's row statistics; every :data:`BLOCK` of them are stacked (:data:`BLOCK`)."""
+        """Queue one tensor's row statistics; every :data:`BLOCK` of them become one stack each."""
         import torch
 
         self.rows.append(row)
@@ -162,8 +162,8 @@ class LaneStatQueue:
         self._groups: dict[tuple[Any, ...], _Group] = {}
         self._cuts: dict[tuple[int, ...], ShapeCut] = {}
         self._seen: dict[int, tuple[Any, int, bool, int]] = {}
-        # per (shape, dtype, kind, device): the cut, its group and the entries' shared shapes,
-        # looked up once per tensor instead of a cut, then a group key built and hashed
+        # per (shape, dtype, kind, device): the cut and its group, one lookup per tensor instead
+        # of the cut's, then a group key built and hashed
         self._routes: dict[tuple[Any, ...], tuple[ShapeCut, _Group]] = {}
 
     def __len__(self) -> int:
