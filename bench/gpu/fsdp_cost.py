@@ -404,6 +404,7 @@ def split_passes(b: Bench) -> dict[str, dict[str, Any]]:
         shutil.rmtree(b.work / "reps" / f"split-mb{mb}", ignore_errors=True)
         found[f"mb{mb}"] = {"wall_s": round(wall, 4), "steps": rep.steps, **clock.split()}
         found[f"mb{mb}"]["per_lane"] = dict(clock.per_lane)
+        found[f"mb{mb}"]["calls"] = dict(clock.calls)  # tensors queued, per-lane, writes: the JSON only
         print(f"[{b.elapsed():6.1f}s] dumps mb{mb} with the host clocks: {wall:.3f} s", flush=True)
     return found
 

@@ -148,7 +148,7 @@ def split_lines(summary: dict[str, Any]) -> list[str]:
     for key, split in summary.get("host_split", {}).items():
         off = medians.get(("off", int(key[2:])))
         extra = split["wall_s"] - off if off else None
-        parts = {k: v for k, v in split.items() if k not in ("wall_s", "steps", "per_lane")}
+        parts = {k: v for k, v in split.items() if k not in ("wall_s", "steps", "per_lane", "calls")}
         lines.append(
             f"host split {key} (one more dumped pass, {split['wall_s']:.3f} s, clocks on): "
             + split_line(parts, extra, int(split["steps"]))
