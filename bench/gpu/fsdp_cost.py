@@ -355,6 +355,16 @@ def run_schedule(b: Bench) -> None:
             one_pass(b, "off-after", mb, 0)
 
 
+def extra_pass_dump(b: Bench, label: str, mb: int) -> Rep:
+    """An extra dumped pass's records read (its steps counted in the answer) and its dump removed:
+    it is not one of the timed passes."""
+    rep = Rep(label, mb, 0)
+    into = b.work / "reps" / f"{label}-mb{mb}"
+    b.log_off = harvest(b.lay, into, b.log_off, b.ids, rep)
+    shutil.rmtree(into, ignore_errors=True)
+    return rep
+
+
 def profile_passes(b: Bench, out: Path) -> None:
     """``--profile``: after the timed passes, one more dumped pass at each micro batch above 1 under
     cProfile; the tables (by own time and by cumulative time) go to ``out``. Where a dumped step's
@@ -369,9 +379,7 @@ def profile_passes(b: Bench, out: Path) -> None:
         prof.enable()
         wall, _, _ = infer(b.engine, b.batch, mb, b.device, True)
         prof.disable()
-        rep = Rep("profiled", mb, 0)
-        b.log_off = harvest(b.lay, b.work / "reps" / f"profiled-mb{mb}", b.log_off, b.ids, rep)
-        shutil.rmtree(b.work / "reps" / f"profiled-mb{mb}", ignore_errors=True)
+        rep = extra_pass_dump(b, "profiled", mb)
         print(f"[{b.elapsed():6.1f}s] profiled dumps mb{mb}: {wall:.3f} s under cProfile", flush=True)
         text.write(f"# dumped pass at micro batch {mb} under cProfile: {wall:.3f} s, {rep.steps} steps\n")
         for order, rows in (("tottime", 45), ("cumulative", 70)):
@@ -399,12 +407,14 @@ def split_passes(b: Bench) -> dict[str, dict[str, Any]]:
             wall, _, _ = infer(b.engine, b.batch, mb, b.device, True)
         finally:
             clock.on = False
-        rep = Rep("split", mb, 0)
-        b.log_off = harvest(b.lay, b.work / "reps" / f"split-mb{mb}", b.log_off, b.ids, rep)
-        shutil.rmtree(b.work / "reps" / f"split-mb{mb}", ignore_errors=True)
-        found[f"mb{mb}"] = {"wall_s": round(wall, 4), "steps": rep.steps, **clock.split()}
-        found[f"mb{mb}"]["per_lane"] = dict(clock.per_lane)
-        found[f"mb{mb}"]["calls"] = dict(clock.calls)  # tensors queued, per-lane, writes: the JSON only
+        rep = extra_pass_dump(b, "split", mb)
+        found[f"mb{mb}"] = {
+            "wall_s": round(wall, 4),
+            "steps": rep.steps,
+            **clock.split(),
+            "per_lane": dict(clock.per_lane),
+            "calls": dict(clock.calls),  # tensors queued, per-lane, writes: the JSON only
+        }
         print(f"[{b.elapsed():6.1f}s] dumps mb{mb} with the host clocks: {wall:.3f} s", flush=True)
     return found
 
