@@ -27,6 +27,7 @@ debugger first), ``VC_TEST_TOKEN_LEVEL`` (1: after the old log-probs, verl's
 ``VC_TEST_MICRO`` (the micro batch size, default 1), ``VC_TEST_RMPAD`` (0: the padded layout
 instead of verl's packed THD one),
 ``VC_TEST_V1_TQ`` (1, verl 0.9 only: the V1 trainer's data path instead of steps 2-3, below),
+``VC_TEST_VERSIONS`` (1: two weight versions instead of steps 3-4, see :func:`_run_versions`),
 plus the hooks' own variables (DUMP_ON, DUMP_PHASE, ...).
 
 With ``VC_TEST_V1_TQ=1`` the batch takes verl 0.9's V1 path through a real TransferQueue on a local
@@ -270,6 +271,58 @@ def _run_v1(engine: Any, report: dict[str, Any]) -> None:
     report["error"] = None
 
 
+def _log_probs(engine: Any, batch: Any) -> Any:
+    """verl's old log-probs of ``batch``, as ``RayPPOTrainer._compute_old_log_prob`` computes them."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+    td = left_right_2_no_padding(batch.to_tensordict())
+    _engine_keys(td, calculate_entropy=True, compute_loss=False)
+    with engine.eval_mode():
+        out = engine.infer_batch(td)
+    return no_padding_2_padding(tu.get(out["model_output"], "log_probs"), td).float()
+
+
+def _run_versions(engine: Any, actor_cfg: Any, report: dict[str, Any]) -> None:
+    """Two weight versions, as an async trainer meets them (issue 41: the forward at the rollout's weights).
+
+    Sync 0; old log-probs of the batch, every request rolled out at version 0 (``min_global_steps``,
+    verl's own label); one actor update (verl's GRPO advantages and ``ppo_loss``); sync 1; old
+    log-probs of the same batch again, requests 0-1 now stale (rolled out at 0), 2-3 at 1. The
+    report holds verl's log-probs of the second pass as exact hex floats, so that a run with the dump
+    and one without can be compared bit for bit, and the update's grad norm.
+    """
+    import numpy as np
+    import torch
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    from verl_consistency.patches.hooks import weight_sync
+
+    batch = _rollout_batch()
+    report["request_ids"] = list(batch.non_tensor_batch["request_id"])
+    weight_sync.weights_sent(0)
+    batch.non_tensor_batch["min_global_steps"] = np.array([0, 0, 0, 0], dtype=object)
+    batch.batch["old_log_probs"] = _log_probs(engine, batch)
+    batch.batch["token_level_rewards"] = batch.batch["rm_scores"]
+    batch = compute_advantage(batch, adv_estimator=AdvantageEstimator.GRPO, num_repeat=2)
+    td = left_right_2_no_padding(batch.to_tensordict())
+    _engine_keys(td, calculate_entropy=True, global_batch_size=BATCH)
+    with engine.train_mode():
+        out = engine.train_batch(td, loss_function=partial(ppo_loss, actor_cfg))
+    report["grad_norm"] = float(out["metrics"]["grad_norm"])
+    weight_sync.weights_sent(1)
+    batch.non_tensor_batch["min_global_steps"] = np.array([0, 0, 1, 1], dtype=object)
+    second = _log_probs(engine, batch)
+    report["second_log_probs"] = [float(x).hex() for x in second.flatten().tolist()]
+    report["finite"] = bool(torch.isfinite(second).all()) and bool(
+        torch.isfinite(torch.tensor(report["grad_norm"]))
+    )
+    report["error"] = None
+
+
 def _recipe_trim(data: Any) -> Any:
     """The public recipe's get_prompts_only_batch, verbatim in effect: zero response tokens."""
     r = data.batch["responses"].size(1)
@@ -341,6 +394,12 @@ def main() -> None:
         v1_report: dict[str, Any] = {}
         _run_v1(engine, v1_report)
         print("VC_REPORT " + json.dumps(v1_report))
+        return
+
+    if os.environ.get("VC_TEST_VERSIONS") == "1":
+        versions_report: dict[str, Any] = {}
+        _run_versions(engine, actor_cfg, versions_report)
+        print("VC_REPORT " + json.dumps(versions_report))
         return
 
     batch = _rollout_batch()

@@ -80,6 +80,21 @@ ENV: tuple[EnvVar, ...] = (
         why="which requests are dumped, evaluated the same way on both sides (--capture)",
     ),
     EnvVar(
+        name=hook_env.KEEP_VERSIONS,
+        value="0",
+        modes=frozenset({Mode.HYBRID}),
+        why="hybrid trains each step on what that step's weights generated, so the trainer keeps no "
+        "older weights on the host (the async modes keep up to 8 versions, verl's "
+        "max_off_policy_threshold, to dump each request's forward at its rollout's weights)",
+    ),
+    EnvVar(
+        name=hook_env.KEEP_VERSIONS,
+        value="0",
+        modes=ASYNC_MODES,
+        kinds=PROMPTS_ONLY_KIND,
+        why="--prompts-only pins every staleness knob and never moves the weights: no older weights are kept",
+    ),
+    EnvVar(
         name="VLLM_USE_V2_MODEL_RUNNER",
         value="0",
         why="vLLM's V2 model runner has no msprobe debugger hooks, so the inference side would dump nothing",

@@ -44,6 +44,11 @@ TOKEN_LEVEL = "VERL_CONSISTENCY_TOKEN_LEVEL"
 TOKEN_THRESHOLD = "VERL_CONSISTENCY_TOKEN_THRESHOLD"
 """``|Δ log p|`` above which a token counts as drifted (``first_above``; ``patches.hooks.token_mismatch``)."""
 
+KEEP_VERSIONS = "VERL_CONSISTENCY_KEEP_VERSIONS"
+"""How many weight versions each trainer rank keeps on the host, so that a request's dumped forward
+runs the weights its rollout used (``patches.hooks.older_weights``; default 8, verl's
+``max_off_policy_threshold``; 0: every request is dumped at the trainer's own weights)."""
+
 POOL_RESOURCES = "VERL_CONSISTENCY_POOL_RESOURCES"
 """``pool_prefix=resource`` pairs for the Ray placement hook (``patches.hooks.placement``)."""
 

@@ -126,6 +126,13 @@ class UpdateActorRecord(_Record):
     only). ``unsynced_updates`` > 0 says the trainer has taken that many optimizer steps since
     that sync (a later mini-batch of update_actor, a fully-async trainer between syncs): its
     weights are then no sync's, and the record never pairs (``weights_differ``).
+
+    In the async modes a request's rollout may have run older weights than the trainer's step:
+    its lanes are then dumped by a second forward at those weights (``hooks/older_weights.py``), in a
+    record of their own whose ``weight_version`` is the rollout's and whose
+    ``trainer_weight_version`` is what verl's own computation of that call ran (the staleness is the
+    difference). ``lanes_elsewhere`` names the micro batch's requests dumped in such another record,
+    so that neither record counts them as mixed into its dump.
     """
 
     source: Literal["update_actor"] = "update_actor"
@@ -143,6 +150,19 @@ class UpdateActorRecord(_Record):
         default=0,
         ge=0,
         description="optimizer steps the trainer took after the sync named by weight_version",
+    )
+    lanes_elsewhere: list[str] | None = Field(
+        default=None,
+        description="requests of this micro batch whose lanes are in another record of the same "
+        "forward_backward_batch call (a forward at the weights of their rollout)",
+    )
+    trainer_weight_version: int | None = Field(
+        default=None,
+        description="present when this forward ran other weights than the trainer's step: the sync "
+        "label of the weights verl's own computation of the call ran (weight_version: the rollout's)",
+    )
+    trainer_unsynced_updates: int = Field(
+        default=0, ge=0, description="optimizer steps after trainer_weight_version (as unsynced_updates)"
     )
 
 

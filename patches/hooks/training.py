@@ -46,22 +46,23 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import orjson
-
-from verl_consistency.contracts import capture, env, layout, records
-from verl_consistency.patches.hooks import msprobe_lanes, next_token, weight_sync
+from verl_consistency.contracts import env, records
+from verl_consistency.patches.hooks import (
+    msprobe_lanes,
+    next_token,
+    older_weights,
+    training_session,
+    weight_sync,
+)
 from verl_consistency.patches.hooks.prompt_rows import PackedLayout, PromptRowsError
 from verl_consistency.patches.hooks.prompts_only import PREFILL_ROWS
+from verl_consistency.patches.hooks.training_session import TrainingDumpError
 
 Backend = Literal["fsdp", "megatron"]
 Phase = Literal["log_prob", "update_actor"]
-
-
-class TrainingDumpError(RuntimeError):
-    """The training-side dump is misconfigured; the message says what to set."""
 
 
 class _NoDump:
@@ -71,6 +72,9 @@ class _NoDump:
         return None
 
     def stop(self, micro_batch: Any) -> None:
+        return None
+
+    def replay(self, engine: Any, loss_function: Any) -> None:
         return None
 
 
@@ -101,6 +105,11 @@ EXTRA_FIELDS = "extra_fields"
 """verl 0.9's V1 data path keeps each sample's agent-loop ``extra_fields`` as one dict per row
 (``agent_loop_tq.py`` stores ``AgentLoopOutput.as_dict()`` in TransferQueue unflattened), where
 0.8.0's ``AgentLoopWorker._postprocess`` flattened them into top-level non-tensor columns."""
+
+ROLLOUT_VERSION = "min_global_steps"
+"""verl 0.9.1's label of the weights of a trajectory's first generate call (its prefill): the vLLM
+server stamps ``global_steps`` on every output, ``LLMServerClient.generate`` and the fully-async
+client's resume loop keep the first as ``min_global_steps`` in ``extra_fields``."""
 
 _PADDING_UID = re.compile(r"^pad[0-9a-f]{32}$")
 """verl 0.9's ``upsample_batch_to_divisible_size`` (``trainer/ppo/padding_utils.py``) names its
@@ -137,99 +146,10 @@ def padding_rows(micro_batch: Any) -> list[bool]:
     return [isinstance(u, str) and bool(_PADDING_UID.match(u)) for u in uids]
 
 
-def _config_dump_path(config_path: Path) -> str:
-    try:
-        data = orjson.loads(config_path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise TrainingDumpError(
-            f"{env.ACTOR_CONFIG}={config_path}: cannot read it as msprobe JSON config ({exc})"
-        ) from None
-    dump_path = data.get("dump_path") if isinstance(data, dict) else None
-    if not dump_path:
-        raise TrainingDumpError(
-            f"{config_path}: has no 'dump_path'; set it, or set {env.RUN_DIR} to the run folder"
-        )
-    return str(dump_path)
-
-
-class _Session:
-    """Process-wide state: the debugger, the per-pid folder and the log writer."""
-
-    def __init__(self, environ: dict[str, str] | os._Environ[str]) -> None:
-        raw = environ.get(env.ACTOR_CONFIG, "").strip()
-        if not raw:
-            raise TrainingDumpError(
-                f"{env.DUMP_ON}=1 but {env.ACTOR_CONFIG} is not set: point it at the training-side "
-                "msprobe config (the run's config/msprobe_actor.json)"
-            )
-        self.config_path = Path(raw)
-        if not self.config_path.is_file():
-            raise TrainingDumpError(f"{env.ACTOR_CONFIG}={raw}: no such file")
-        run_dir = environ.get(env.RUN_DIR, "").strip() or None
-        self.run_dir = Path(run_dir) if run_dir else None
-        if self.run_dir is not None:
-            side = layout.RunLayout.from_run_dir(self.run_dir).actor_dir
-        else:
-            side = Path(_config_dump_path(self.config_path))
-        self.dump_dir = layout.process_dump_dir(side)
-        self.dump_dir.mkdir(parents=True, exist_ok=True)
-        self.rel_dump_path = layout.relative_to_run(self.dump_dir, self.run_dir)
-        self.capture = capture.from_env(dict(environ))
-        self.writer = records.JsonlWriter(self.dump_dir / records.UPDATE_ACTOR_LOG)
-
-        from msprobe.pytorch import PrecisionDebugger
-
-        existing = PrecisionDebugger._instance
-        self.borrowed = bool(existing is not None and getattr(existing, "initialized", False))
-        if self.borrowed:
-            self.debugger = existing
-            self._own_config = self._build_config(existing)
-        else:
-            self.debugger = PrecisionDebugger(config_path=str(self.config_path), dump_path=str(self.dump_dir))
-            self._own_config = None
-        self._saved_config: Any = None
-
-    def _build_config(self, debugger: Any) -> Any:
-        """Our DebuggerConfig, built the way msprobe builds its own, for a borrowed instance."""
-        from msprobe.pytorch.dump.debugger.debugger_config import DebuggerConfig
-
-        common, task = debugger._parse_config_path(str(self.config_path), None)
-        return DebuggerConfig(common, task, None, str(self.dump_dir), None)
-
-    @property
-    def service(self) -> Any:
-        return self.debugger.service
-
-    def enter(self) -> None:
-        if self.borrowed:
-            self._saved_config = self.service.config
-            self.service.apply_runtime_config(self._own_config)
-
-    def leave(self) -> None:
-        if self.borrowed and self._saved_config is not None:
-            self.service.apply_runtime_config(self._saved_config)
-            self._saved_config = None
-
-
-_SESSION: _Session | None = None
-_SESSION_PID: int | None = None
-
-
-def _session() -> _Session:
-    global _SESSION, _SESSION_PID
-    if _SESSION is None or os.getpid() != _SESSION_PID:
-        _SESSION = _Session(os.environ)
-        _SESSION_PID = os.getpid()
-    return _SESSION
-
-
 def reset_for_tests() -> None:
-    """Forget the process-wide session (tests run several configurations in one process)."""
-    global _SESSION, _SESSION_PID
-    if _SESSION is not None:
-        _SESSION.writer.close()
-    _SESSION = None
-    _SESSION_PID = None
+    """Forget the process-wide session and kept weights (tests run several configurations in one process)."""
+    training_session.reset_for_tests()
+    older_weights.reset_for_tests()
 
 
 def _rank(engine: Any) -> int:
@@ -266,12 +186,32 @@ def check_megatron_prompt_only(micro_batch: Any, packed: PackedLayout | None) ->
     )
 
 
+@dataclass
+class _Active:
+    """The micro batch being dumped: msprobe's step and what its record will say."""
+
+    step: int
+    ids: list[str]
+    ids_all: list[Any]
+    lane_ids: list[str] | None
+    version: tuple[int | None, int]
+    elsewhere: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Deferred:
+    """A micro batch whose requests of one older weight version are dumped by :meth:`BatchDumper.replay`."""
+
+    micro_batch: Any
+    request_ids: list[str]
+
+
 class BatchDumper:
     """One ``forward_backward_batch`` call of the actor engine, dumped micro batch by micro batch."""
 
     def __init__(
         self,
-        session: _Session,
+        session: training_session.Session,
         backend: Backend,
         phase: Phase,
         rank: int,
@@ -283,14 +223,41 @@ class BatchDumper:
         self.rank = rank
         self.version = version
         """The weights of this call (``weight_sync.trainer_version``), read before its update."""
-        self._active: tuple[int, list[str], list[Any], list[str] | None] | None = None
+        self._active: _Active | None = None
         self._next: next_token.NextTokenProbe | None = None
+        self._deferred: dict[int, list[_Deferred]] = {}
+        """Older rollout version -> the micro batches whose requests of it :meth:`replay` dumps."""
 
     def _captured(self, ids: list[str], padding: list[bool]) -> list[str]:
         """The micro batch's requests to dump, in row order: padding rows never, else by the rule."""
         rule = self.session.capture
         real = [i for i, pad in zip(ids, padding or [False] * len(ids), strict=False) if not pad]
         return [i for i in real if rule.is_all or rule.captures(records.base_request_id(i))]
+
+    def _defer_older(self, micro_batch: Any, ids: list[str], captured: list[str]) -> list[str]:
+        """Set aside the captured requests whose rollout ran other kept weights; return the rest.
+
+        The rollout's version is verl's ``min_global_steps`` (:mod:`.older_weights`). A request
+        whose version is unknown, is this call's own, or is no longer kept stays in this forward.
+        """
+        if self.backend != "fsdp" or not captured:
+            return captured
+        versions = request_ids_of(micro_batch, ROLLOUT_VERSION)
+        if len(versions) != len(ids):
+            return captured
+        of = dict(zip(ids, versions, strict=True))
+        store = older_weights.store()
+        now: list[str] = []
+        later: dict[int, list[str]] = {}
+        for rid in captured:
+            v = weight_sync.label(of.get(rid))
+            if v is None or (v, 0) == self.version or not store.has(v):
+                now.append(rid)
+            else:
+                later.setdefault(v, []).append(rid)
+        for v, subset in later.items():
+            self._deferred.setdefault(v, []).append(_Deferred(micro_batch, subset))
+        return now
 
     def _lanes(
         self, micro_batch: Any, ids: list[str], captured: list[str]
@@ -315,6 +282,12 @@ class BatchDumper:
         return packed, packed.lanes(ids, captured)
 
     def start(self, micro_batch: Any, model: Any) -> None:
+        self._begin(micro_batch, model, only=None, version=self.version)
+
+    def _begin(
+        self, micro_batch: Any, model: Any, only: list[str] | None, version: tuple[int | None, int]
+    ) -> None:
+        """Start msprobe for the micro batch's captured requests (``only``: a replay's subset)."""
         ids = [str(i) for i in request_ids_of(micro_batch)]
         ids_all = request_ids_of(micro_batch, "request_ids_all")
         padding = padding_rows(micro_batch)
@@ -328,11 +301,21 @@ class BatchDumper:
             if len(ids_all) == len(padding):
                 ids_all = [[] if pad else x for x, pad in zip(ids_all, padding, strict=True)]
         captured = self._captured(ids, padding)
+        if only is None:
+            every = captured
+            captured = self._defer_older(micro_batch, ids, captured)
+        else:
+            every, captured = captured, [i for i in captured if i in only]
+        elsewhere = [i for i in every if i not in captured]
         # 'all' dumps a micro batch that names no request too (the pairing lists it no_request_id)
-        if self.session.service.should_stop_service or not (captured or self.session.capture.is_all):
+        whole_ok = self.session.capture.is_all and not elsewhere
+        if self.session.service.should_stop_service or not (captured or whole_ok):
             self._active = None
             return
         packed, lanes = self._lanes(micro_batch, ids, captured)
+        if elsewhere and not lanes:  # a whole dump would mix in the requests dumped elsewhere
+            self._active = None
+            return
         self.session.enter()
         if lanes:
             msprobe_lanes.install(self.session.service, lanes)
@@ -341,7 +324,7 @@ class BatchDumper:
         self.session.debugger.start(model=model)
         step = int(self.session.service.current_iter)
         lane_ids = [lane.request_id for lane in lanes] if lanes else None
-        self._active = (step, ids, ids_all, lane_ids)
+        self._active = _Active(step, ids, ids_all, lane_ids, version, elsewhere)
         if lane_ids and packed is not None:
             self._next = next_token.NextTokenProbe.attach(
                 micro_batch,
@@ -358,8 +341,7 @@ class BatchDumper:
     def stop(self, micro_batch: Any) -> None:
         if self._active is None:
             return
-        step, ids, ids_all, lane_ids = self._active
-        self._active = None
+        active, self._active = self._active, None
         probe, self._next = self._next, None
         try:
             self.session.debugger.stop()
@@ -370,40 +352,76 @@ class BatchDumper:
                 probe.detach()
         # msprobe decides on its own whether a step is written (config step/rank lists, its
         # end of service, dump_enable); log exactly the steps that exist on disk.
-        if not (self.session.dump_dir / f"step{step}").is_dir():
+        if not (self.session.dump_dir / f"step{active.step}").is_dir():
             return
+        ids, lane_ids = active.ids, active.lane_ids
         if probe is not None:
             probe.write(
                 self.session.dump_dir,
-                step=step,
+                step=active.step,
                 dump_path=self.session.rel_dump_path,
                 phase=self.phase,
                 request_ids=list(lane_ids) if lane_ids else [ids[0] if ids else None],
             )
-        extra: dict[str, Any] = {}
-        if ids_all:
-            extra["request_ids_all"] = [[str(i) for i in (x or [])] for x in ids_all]
-        if lane_ids is not None:
-            extra["lane_request_ids"] = lane_ids
-        version, unsynced = self.version
-        if version is not None:
-            extra["weight_version"] = version
-        if unsynced:
-            extra["unsynced_updates"] = unsynced
         self.session.writer.write(
             records.UpdateActorRecord(
                 timestamp=records.now(),
                 pid=os.getpid(),
                 rank=self.rank,
-                step=step,
+                step=active.step,
                 dump_path=self.session.rel_dump_path,
                 phase=self.phase,
                 backend=self.backend,
                 request_ids=ids,
                 num_requests=len(ids),
-                **extra,
+                **self._record_extra(active),
             )
         )
+
+    def _record_extra(self, active: _Active) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if active.ids_all:
+            extra["request_ids_all"] = [[str(i) for i in (x or [])] for x in active.ids_all]
+        if active.lane_ids is not None:
+            extra["lane_request_ids"] = active.lane_ids
+        if active.elsewhere:
+            extra["lanes_elsewhere"] = active.elsewhere
+        version, unsynced = active.version
+        if version is not None:
+            extra["weight_version"] = version
+        if unsynced:
+            extra["unsynced_updates"] = unsynced
+        if active.version != self.version and self.version[0] is not None:
+            extra["trainer_weight_version"] = self.version[0]
+            if self.version[1]:
+                extra["trainer_unsynced_updates"] = self.version[1]
+        return extra
+
+    def replay(self, engine: Any, loss_function: Any) -> None:
+        """Dump the deferred requests' forwards at the weights their rollout used (``older_weights``).
+
+        Called by the patched engine after its own loop, so every value verl returns is already
+        computed. Each older version: its kept shards are copied in, the engine's own
+        ``forward_step`` runs each deferred micro batch under ``no_grad`` (its output discarded),
+        and the engine's own shards are copied back, bit for bit.
+        """
+        if not self._deferred:
+            return
+        import torch
+
+        deferred, self._deferred = self._deferred, {}
+        store = older_weights.store()
+        for version in sorted(deferred):
+            with store.swapped(engine.module, version):
+                for item in deferred[version]:
+                    self._begin(item.micro_batch, engine.module, only=item.request_ids, version=(version, 0))
+                    try:
+                        with torch.no_grad():
+                            engine.forward_step(
+                                item.micro_batch, loss_function=loss_function, forward_only=True
+                            )
+                    finally:
+                        self.stop(item.micro_batch)
 
 
 def batch_dumper(engine: Any, *, backend: Backend, forward_only: bool) -> BatchDumper | _NoDump:
@@ -417,13 +435,17 @@ def batch_dumper(engine: Any, *, backend: Backend, forward_only: bool) -> BatchD
     if not env.flag(env.DUMP_ON) or not is_actor_engine(engine):
         return NO_DUMP
     version = weight_sync.trainer_version()
+    if backend == "fsdp" and version[0] is not None and version[1] == 0:
+        # the engine holds exactly what it sent as this version: keep a host copy of it, for the
+        # dumped forwards of requests a later step trains (older_weights)
+        older_weights.store().keep(engine.module, version[0])
     if not forward_only:
         weight_sync.note_update()
     phase: Phase = "log_prob" if forward_only else "update_actor"
     wanted = env.dump_phase()
     if wanted is not env.DumpPhase.ALL and wanted.value != phase:
         return NO_DUMP
-    return BatchDumper(_session(), backend, phase, _rank(engine), version)
+    return BatchDumper(training_session.session(), backend, phase, _rank(engine), version)
 
 
 def current(engine: Any) -> BatchDumper | _NoDump:

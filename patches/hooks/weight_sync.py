@@ -64,7 +64,7 @@ def _state() -> _State:
     return _STATE
 
 
-def _label(global_steps: object) -> int | None:
+def label(global_steps: object) -> int | None:
     """verl's label as an int; None for a sync without one (``update_weights()`` called bare)."""
     if global_steps is None or isinstance(global_steps, bool):
         return None
@@ -76,7 +76,7 @@ def _label(global_steps: object) -> int | None:
 
 def sync_kwargs(global_steps: object) -> dict[str, int | None]:
     """What the rollout adds to the workers' ``update_weights_from_ipc`` call."""
-    return {KWARG: _label(global_steps)}
+    return {KWARG: label(global_steps)}
 
 
 def weights_loaded(global_steps: object) -> None:
@@ -85,7 +85,7 @@ def weights_loaded(global_steps: object) -> None:
     A sync without a label leaves the worker's version unknown (None) rather than keeping the
     old one: its weights are no longer that label's.
     """
-    _state().loaded = _label(global_steps)
+    _state().loaded = label(global_steps)
 
 
 def loaded_version() -> int | None:
@@ -96,7 +96,7 @@ def loaded_version() -> int | None:
 def weights_sent(global_steps: object) -> None:
     """Trainer: the weights the engine holds now go to vLLM under ``global_steps``."""
     st = _state()
-    st.sent = _label(global_steps)
+    st.sent = label(global_steps)
     st.unsynced = 0
 
 

@@ -50,7 +50,7 @@ def test_phase_selection(
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(training, "_session", lambda: object())
+    monkeypatch.setattr(training.training_session, "session", lambda: object())
     got = training.batch_dumper(_engine(), backend="fsdp", forward_only=forward_only)
     assert (got is not training.NO_DUMP) == dumps
 

@@ -1,0 +1,116 @@
+"""The training side's process-wide msprobe session: the debugger, the per-pid folder, the log writer.
+
+Kept apart from :mod:`.training` (what each dumped micro batch does) because it is set up once per
+trainer process and read by every ``forward_backward_batch``: msprobe's ``PrecisionDebugger`` is
+one instance per process, and it may already belong to another component (then it is borrowed,
+see :mod:`.training`'s docstring).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from verl_consistency.contracts import capture, env, layout, records
+
+
+class TrainingDumpError(RuntimeError):
+    """The training-side dump is misconfigured; the message says what to set."""
+
+
+def _config_dump_path(config_path: Path) -> str:
+    try:
+        data = orjson.loads(config_path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise TrainingDumpError(
+            f"{env.ACTOR_CONFIG}={config_path}: cannot read it as msprobe JSON config ({exc})"
+        ) from None
+    dump_path = data.get("dump_path") if isinstance(data, dict) else None
+    if not dump_path:
+        raise TrainingDumpError(
+            f"{config_path}: has no 'dump_path'; set it, or set {env.RUN_DIR} to the run folder"
+        )
+    return str(dump_path)
+
+
+class Session:
+    """Process-wide state: the debugger, the per-pid folder and the log writer."""
+
+    def __init__(self, environ: dict[str, str] | os._Environ[str]) -> None:
+        raw = environ.get(env.ACTOR_CONFIG, "").strip()
+        if not raw:
+            raise TrainingDumpError(
+                f"{env.DUMP_ON}=1 but {env.ACTOR_CONFIG} is not set: point it at the training-side "
+                "msprobe config (the run's config/msprobe_actor.json)"
+            )
+        self.config_path = Path(raw)
+        if not self.config_path.is_file():
+            raise TrainingDumpError(f"{env.ACTOR_CONFIG}={raw}: no such file")
+        run_dir = environ.get(env.RUN_DIR, "").strip() or None
+        self.run_dir = Path(run_dir) if run_dir else None
+        if self.run_dir is not None:
+            side = layout.RunLayout.from_run_dir(self.run_dir).actor_dir
+        else:
+            side = Path(_config_dump_path(self.config_path))
+        self.dump_dir = layout.process_dump_dir(side)
+        self.dump_dir.mkdir(parents=True, exist_ok=True)
+        self.rel_dump_path = layout.relative_to_run(self.dump_dir, self.run_dir)
+        self.capture = capture.from_env(dict(environ))
+        self.writer = records.JsonlWriter(self.dump_dir / records.UPDATE_ACTOR_LOG)
+
+        from msprobe.pytorch import PrecisionDebugger
+
+        existing = PrecisionDebugger._instance
+        self.borrowed = bool(existing is not None and getattr(existing, "initialized", False))
+        if self.borrowed:
+            self.debugger = existing
+            self._own_config = self._build_config(existing)
+        else:
+            self.debugger = PrecisionDebugger(config_path=str(self.config_path), dump_path=str(self.dump_dir))
+            self._own_config = None
+        self._saved_config: Any = None
+
+    def _build_config(self, debugger: Any) -> Any:
+        """Our DebuggerConfig, built the way msprobe builds its own, for a borrowed instance."""
+        from msprobe.pytorch.dump.debugger.debugger_config import DebuggerConfig
+
+        common, task = debugger._parse_config_path(str(self.config_path), None)
+        return DebuggerConfig(common, task, None, str(self.dump_dir), None)
+
+    @property
+    def service(self) -> Any:
+        return self.debugger.service
+
+    def enter(self) -> None:
+        if self.borrowed:
+            self._saved_config = self.service.config
+            self.service.apply_runtime_config(self._own_config)
+
+    def leave(self) -> None:
+        if self.borrowed and self._saved_config is not None:
+            self.service.apply_runtime_config(self._saved_config)
+            self._saved_config = None
+
+
+_SESSION: Session | None = None
+_SESSION_PID: int | None = None
+
+
+def session() -> Session:
+    global _SESSION, _SESSION_PID
+    if _SESSION is None or os.getpid() != _SESSION_PID:
+        _SESSION = Session(os.environ)
+        _SESSION_PID = os.getpid()
+    return _SESSION
+
+
+def reset_for_tests() -> None:
+    """Forget the process-wide session (tests run several configurations in one process)."""
+    global _SESSION, _SESSION_PID
+    if _SESSION is not None:
+        _SESSION.writer.close()
+    _SESSION = None
+    _SESSION_PID = None
