@@ -14,6 +14,13 @@ rollout and the log_prob forward of global step ``s`` both run version ``s - 1``
 (:func:`global_step_of`). A pair's version is its records' ``weight_version``
 (:attr:`Pair.weight_version`); the token records and ``run.json``'s ``steps`` carry the global
 step itself.
+
+In the async modes a step trains on requests generated with older weights, and the dumped forward
+of such a request runs again at its rollout's weights (``patches/hooks/older_weights.py``): the pair's
+``weight_version`` is then the rollout's and its ``trainer_weight_version`` the step's. A pair is
+counted in the step that trained it (:func:`training_version`), and each row says which rollout
+versions its pairs came from and the staleness between them (``rollout_versions``,
+``max_staleness``).
 """
 
 from __future__ import annotations
@@ -44,6 +51,12 @@ _BLOCK = re.compile(r"(?:^|\.)(layers\.\d+(?:\.[A-Za-z_][A-Za-z0-9_]*)?)")
 def global_step_of(version: int) -> int:
     """The global step whose rollout and log_prob forward ran weights ``version`` (see above)."""
     return version + 1
+
+
+def training_version(p: Pair) -> int | None:
+    """The weights of the training step a pair belongs to: the step's own, also when its forward ran
+    the rollout's older ones."""
+    return p.trainer_weight_version if p.trainer_weight_version is not None else p.weight_version
 
 
 def block_of(module: str) -> str:
@@ -87,7 +100,15 @@ class StepSummary(_Model):
         description="verl's global step; None for the pairs whose weights are unknown (no weight_version)"
     )
     weight_version: int | None = Field(
-        default=None, description="the weights the step's rollout and log_prob forward ran (global_step - 1)"
+        default=None, description="the weights the step's log_prob forward ran (global_step - 1)"
+    )
+    rollout_versions: list[int] = Field(
+        default_factory=list,
+        description="the weight versions the step's paired requests were generated with (== weight_version "
+        "in hybrid; older in the async modes, where each pair's forward ran its rollout's weights)",
+    )
+    max_staleness: int | None = Field(
+        default=None, description="weight_version minus the oldest of rollout_versions (None without pairs)"
     )
     pairs: int = 0
     verdicts: VerdictCounts = Field(default_factory=VerdictCounts)
@@ -169,13 +190,19 @@ def _first_divergence(diverged: Sequence[PairComparison]) -> tuple[str | None, s
     return block, module, n
 
 
-def _pairs_row(step: int | None, version: int | None, comps: Sequence[PairComparison]) -> StepSummary:
+def _pairs_row(
+    step: int | None, version: int | None, comps: Sequence[PairComparison], rollout: Sequence[int] = ()
+) -> StepSummary:
     ok = [c for c in comps if c.status == "ok" and c.max_rel_err is not None]
     worst = max(ok, key=lambda c: c.max_rel_err or 0.0) if ok else None
     block, module, n = _first_divergence([c for c in comps if c.verdict == "diverged"])
+    rollout_versions = sorted(set(rollout))
+    stale = version - rollout_versions[0] if version is not None and rollout_versions else None
     return StepSummary(
         global_step=step,
         weight_version=version,
+        rollout_versions=rollout_versions,
+        max_staleness=stale,
         pairs=len(comps),
         verdicts=VerdictCounts.of(comps),
         worst_rel_err=worst.max_rel_err if worst else None,
@@ -196,18 +223,23 @@ def build(
     """One row per global step seen anywhere (a pair's version, a token record, ``run.json``),
     in step order; first, when some pairs carry no version, one row of those (``global_step``
     None). Returns the rows and, when no pair carries a version, why they are one group."""
-    version_of = {p.pair_id: p.weight_version for p in pairs}
+    pair_of = {p.pair_id: p for p in pairs}
     by_step: dict[int | None, list[PairComparison]] = {}
+    rollout_of: dict[int | None, list[int]] = {}
     for c in comparisons:
-        v = version_of.get(c.pair_id)
-        by_step.setdefault(None if v is None else global_step_of(v), []).append(c)
+        p = pair_of.get(c.pair_id)
+        v = training_version(p) if p is not None else None
+        s = None if v is None else global_step_of(v)
+        by_step.setdefault(s, []).append(c)
+        if p is not None and p.weight_version is not None:
+            rollout_of.setdefault(s, []).append(p.weight_version)
     steps = {s for s in by_step if s is not None}
     steps |= {t.global_step for t in token_steps} | {m.step for m in run_steps}
     rows: dict[int | None, StepSummary] = {}
     if None in by_step:
         rows[None] = _pairs_row(None, None, by_step[None])
     for s in sorted(steps):
-        rows[s] = _pairs_row(s, s - 1, by_step.get(s, []))
+        rows[s] = _pairs_row(s, s - 1, by_step.get(s, []), rollout_of.get(s, ()))
     for t in token_steps:
         rows[t.global_step] = rows[t.global_step].model_copy(
             update={

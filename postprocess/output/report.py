@@ -186,7 +186,17 @@ def _env() -> Environment:
     )
     env.filters["fmt"] = _fmt
     env.filters["code_spans"] = _code_spans
+    env.filters["versions"] = versions_text
     return env
+
+
+def versions_text(versions: list[int]) -> str:
+    """A step's rollout versions in a cell: ``–``, ``3``, ``2, 3`` or ``0–3`` (a run of four or more)."""
+    if not versions:
+        return "–"
+    if len(versions) >= 4 and versions[-1] - versions[0] == len(versions) - 1:
+        return f"{versions[0]}–{versions[-1]}"
+    return ", ".join(map(str, versions))
 
 
 def _code_spans(text: str) -> Markup:

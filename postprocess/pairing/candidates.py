@@ -96,6 +96,9 @@ class Candidate:
     """The record's ``weight_version`` (:mod:`.weight_versions`); None: unknown, agrees with any."""
     unsynced: int = 0
     """A training record's ``unsynced_updates``: optimizer steps after that sync (never pairs when > 0)."""
+    trainer_version: int | None = None
+    """A training record's ``trainer_weight_version``: the weights verl's own computation of the call
+    ran, when this forward ran the rollout's older ones (None: the same as ``version``)."""
 
     def dump_ref(self) -> DumpRef:
         """The step folder, once located (``request_match.locate`` sets ``dir``)."""

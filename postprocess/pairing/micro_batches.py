@@ -14,7 +14,11 @@ from verl_consistency.postprocess.pairing.candidates import Candidate, Progress,
 from verl_consistency.postprocess.pairing.discover import LogFile
 from verl_consistency.postprocess.pairing.pair_types import UnpairedReason
 from verl_consistency.postprocess.pairing.reasons import Reporter
-from verl_consistency.postprocess.pairing.weight_versions import read_unsynced, read_version
+from verl_consistency.postprocess.pairing.weight_versions import (
+    read_trainer_version,
+    read_unsynced,
+    read_version,
+)
 
 _STR = frozenset((str,))
 
@@ -31,6 +35,20 @@ class TrainingBatches:
     """Every training id, in the order first seen."""
     n: int
     """Training records read (bad lines included)."""
+
+
+def _elsewhere(o: dict, among: set[str]) -> set[str]:
+    """A record's ``lanes_elsewhere``: requests of its micro batch whose lanes another record holds
+    (a forward at their rollout's weights, ``hooks/older_weights.py``). Raises ``TypeError`` (a
+    ``bad_log_line``) unless a list of ids of the record that have no lane in it."""
+    v = o.get("lanes_elsewhere")
+    if v is None:
+        return set()
+    if type(v) is not list or not all(isinstance(x, str) for x in v):
+        raise TypeError("lanes_elsewhere must be a list of strings")
+    if not set(v) <= among:
+        raise TypeError("lanes_elsewhere must name request_ids without a lane in this record")
+    return set(v)
 
 
 def read_actor(logs: list[LogFile], rep: Reporter, tick: Progress) -> TrainingBatches:
@@ -55,8 +73,10 @@ def read_actor(logs: list[LogFile], rep: Reporter, tick: Progress) -> TrainingBa
                 continue
             try:
                 lanes = lane_ids(o, set(ids), "request_ids")
+                elsewhere = _elsewhere(o, set(ids) - set(lanes or ()))
                 version = read_version(o)
                 unsynced = read_unsynced(o)
+                trainer_version = read_trainer_version(o)
             except TypeError as exc:
                 discover.bad_line(rep, log, lineno, f"not an update_actor record: {exc}")
                 continue
@@ -90,14 +110,15 @@ def read_actor(logs: list[LogFile], rep: Reporter, tick: Progress) -> TrainingBa
                             lane=lane,
                             version=version,
                             unsynced=unsynced,
+                            trainer_version=trainer_version,
                         )
                     )
             if not ids:
                 empty += 1
-            elif len(ids) > len(usable):
+            elif len(ids) > len(usable) + len(elsewhere):
                 # several requests and no lane of their own: the dump mixes them
                 multi += 1
-                multi_ids.update(set(ids) - {rid for rid, _ in usable})
+                multi_ids.update(set(ids) - {rid for rid, _ in usable} - elsewhere)
     tick("actor logs", len(logs), len(logs))
     if multi:
         rep.bulk("actor_step", UnpairedReason.MULTI_REQUEST_MICRO_BATCH, multi)

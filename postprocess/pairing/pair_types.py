@@ -76,6 +76,12 @@ class Pair(_Model):
     )
     """What the report's per-step view groups by (``output/per_step.py``). Left out of the manifest
     when None, so a run without versions keeps the manifest it had."""
+    trainer_weight_version: int | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="the weights of the training step whose call dumped this forward, when the forward "
+        "ran the rollout's older ones (hooks/older_weights.py); absent when they are the same",
+    )
 
 
 class UnpairedReason(StrEnum):

@@ -253,6 +253,7 @@ def _make_pair(r: Candidate, a: Candidate, default_backend: str, used: set[str])
         prompt_tokens=r.prompt_tokens,
         scoped=r.scoped,
         weight_version=r.version if r.version is not None else a.version,
+        trainer_weight_version=a.trainer_version,
     )
 
 

@@ -42,6 +42,15 @@ def read_unsynced(o: dict[str, Any]) -> int:
     return v
 
 
+def read_trainer_version(o: dict[str, Any]) -> int | None:
+    """A training record's ``trainer_weight_version`` (``hooks/older_weights.py``): an integer or None.
+    Raises ``TypeError`` (a ``bad_log_line``) for anything else."""
+    v = o.get("trainer_weight_version")
+    if v is not None and type(v) is not int:
+        raise TypeError("trainer_weight_version must be an integer")
+    return v
+
+
 def _agrees(c: Candidate, version: int) -> bool:
     if c.unsynced:
         return False

@@ -213,7 +213,11 @@ class RunTree:
         ts: str | None = None,
         weight_version: int | None = None,
         unsynced_updates: int = 0,
+        lanes: list[str] | None = None,
+        **fields: Any,
     ) -> Path | None:
+        """One training record; ``lanes``: per-request lanes (a dump per lane), ``fields``: more record
+        fields as the hooks write them (``lanes_elsewhere``, ``trainer_weight_version``)."""
         proc_dir = self.actor_root / str(pid)
         rec: dict[str, Any] = {
             "source": "update_actor",
@@ -231,10 +235,18 @@ class RunTree:
             rec["weight_version"] = weight_version
         if unsynced_updates:
             rec["unsynced_updates"] = unsynced_updates
+        if lanes is not None:
+            rec["lane_request_ids"] = lanes
+        rec.update(fields)
         if not self.recipe:
             rec["dump_path"] = layout.relative_to_run(proc_dir, self.run_dir)
         records.UpdateActorRecord.model_validate(rec)
         self._append(proc_dir / records.UPDATE_ACTOR_LOG, rec)
+        if dump and lanes:
+            folder = proc_dir / f"step{step}" / (rank_folder or f"rank{rank}")
+            for k in range(len(lanes)):
+                self.write_dump(folder / records.lane_folder(k), task=task)
+            return folder
         if dump:
             base = self.actor_root if self.recipe else proc_dir
             return self.write_dump(base / f"step{step}" / (rank_folder or f"rank{rank}"), task=task)

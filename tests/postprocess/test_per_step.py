@@ -359,3 +359,36 @@ def test_the_h200_fixtures_have_no_versions_and_are_one_group() -> None:
     assert [(r.global_step, r.pairs) for r in rows] == [(None, 4)]
     assert note == per_step.NO_VERSION_NOTE
     assert per_step.read_steps(json.loads((run / "run.json").read_text())) == []
+
+
+def test_a_fully_async_step_counts_its_stale_pairs_and_names_their_staleness(tmp_path: Path) -> None:
+    """Step 2 trains (weights 1) on a, b generated at 0 and c at 1; step 3 (weights 2) on d, e at 0
+    and 2. The stale pairs ran their rollout's weights (trainer_weight_version = the step's)."""
+    t = RunTree(tmp_path / "runs")
+    plan = [("a", 0, 1), ("b", 0, 1), ("c", 1, None), ("d", 0, 2), ("e", 2, None)]
+    for n, (rid, v, trainer) in enumerate(plan):
+        t.rollout_step(1, 0, n, [req(vid(rid))], weight_version=v)
+        extra = {} if trainer is None else {"trainer_weight_version": trainer}
+        t.actor_step(2, 0, n, [rid], weight_version=v, **extra)
+    pairs = pair_run(Roots.open(t.run_dir, **t.roots_args())).pairs
+    assert len(pairs) == 5
+    comps = [_comparison(p, diverged=False) for p in pairs]
+    html, md, summary = _write(tmp_path, pairs, comps)
+    rows = {r.global_step: r for r in summary.per_step}
+    assert sorted(rows) == [2, 3], "a pair counts in the step that trained it, not its rollout's"
+    assert (rows[2].weight_version, rows[2].rollout_versions, rows[2].max_staleness, rows[2].pairs) == (
+        1,
+        [0, 1],
+        1,
+        3,
+    )
+    assert (rows[3].rollout_versions, rows[3].max_staleness, rows[3].pairs) == ([0, 2], 2, 2)
+    assert "| 2 | 1 | 0, 1 | 1 | 3 |" in md
+    assert "| 3 | 2 | 0, 2 | 2 | 2 |" in md
+    assert "<th>rollout weights</th><th>staleness</th>" in html
+
+
+def test_a_hybrid_step_has_staleness_zero(tmp_path: Path) -> None:
+    _t, pairs = _run(tmp_path, {0: ["a0"], 1: ["b0"]})
+    _html, _md, summary = _write(tmp_path, pairs, [_comparison(p, diverged=False) for p in pairs])
+    assert [(r.rollout_versions, r.max_staleness) for r in summary.per_step] == [([0], 0), ([1], 0)]

@@ -7,6 +7,7 @@ rule on random runs against its oracle.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -213,6 +214,45 @@ def test_a_version_that_is_not_an_integer_is_a_bad_line(tmp_path, bad):
         "rollout/1/dispatch_log.jsonl:1",
     ]
     assert all("weight_version must be an integer" in u.detail for u in bad_lines)
+
+
+def _stale_and_fresh(t: RunTree, **replay: object) -> None:
+    """Step 2 of a fully-async run: a, b rolled out at version 0, c, d at version 1; the trainer at 1
+    dumps c, d in its own forward and a, b in a second one at version 0 (hooks/older_weights.py)."""
+    for k, (rid, v) in enumerate((("a", 0), ("b", 0), ("c", 1), ("d", 1))):
+        t.rollout_step(1, 0, k, [req(vid(rid))], weight_version=v)
+    ids = ["a", "b", "c", "d"]
+    t.actor_step(2, 0, 0, ids, weight_version=1, lanes=["c", "d"], lanes_elsewhere=["a", "b"])
+    t.actor_step(2, 0, 1, ids, weight_version=0, lanes=["a", "b"], lanes_elsewhere=["c", "d"], **replay)
+
+
+def test_a_stale_request_pairs_with_the_forward_at_its_rollouts_weights(tmp_path):
+    t = RunTree(tmp_path)
+    _stale_and_fresh(t, trainer_weight_version=1)
+    res = _pair(t)
+    assert res.unpaired == [], "lanes named elsewhere are not a mixed micro batch"
+    got = {p.request_id: (p.weight_version, p.trainer_weight_version) for p in res.pairs}
+    assert got == {"a": (0, 1), "b": (0, 1), "c": (1, None), "d": (1, None)}
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "says"),
+    [
+        ("lanes_elsewhere", ["c"], "lanes_elsewhere must name request_ids without a lane"),
+        ("lanes_elsewhere", ["zz"], "lanes_elsewhere must name request_ids without a lane"),
+        ("lanes_elsewhere", "a", "lanes_elsewhere must be a list of strings"),
+        ("trainer_weight_version", "1", "trainer_weight_version must be an integer"),
+    ],
+)
+def test_a_bad_replay_field_is_a_bad_line(tmp_path, field, bad, says):
+    t = RunTree(tmp_path)
+    act = t.actor_root / "2" / "update_actor_log.jsonl"
+    act.parent.mkdir(parents=True, exist_ok=True)
+    rec = {"pid": 2, "rank": 0, "step": 0, "request_ids": ["a", "c"], "lane_request_ids": ["c"], field: bad}
+    act.write_text(json.dumps(rec) + "\n")
+    res = _pair(t)
+    (u,) = [u for u in res.unpaired if u.reason is R.BAD_LOG_LINE]
+    assert says in u.detail
 
 
 def test_the_summary_and_the_report_show_weights_differ_with_its_meaning(tmp_path):
