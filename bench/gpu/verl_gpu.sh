@@ -76,8 +76,9 @@
 #   run():  RIDE_ARGS="$M8" bash bench/gpu/verl_gpu.sh ride                    (8 steps, 128 requests)
 #   run():  FAULT=1 STEPS=4 RIDE_ARGS="$M8" bash bench/gpu/verl_gpu.sh ride    (the planted sync fault)
 #   run():  CHECK_MODEL=assets PROMPTS=16 bash bench/gpu/verl_gpu.sh check     (step 0 of the same model)
-# Each ride writes $OUT/<run id>.tar.xz: trim/<run id>/ goes to tests/postprocess/fixtures/ as
-# <run id>.tar.xz (one run folder, as h200-next-check.tar.xz), re-paired in CI.
+# Each ride writes $OUT/<run id>.tar.xz: trim/<run id>/ goes to tests/postprocess/fixtures/ as one
+# .tar.xz of that one folder (as h200-next-check.tar.xz), re-paired in CI; the H100 runs of 2026-12-06:
+# h100-next-ride-along{,-fault}.tar.xz (tests/postprocess/test_ride_along_h100_next.py).
 # A whole session for the three open GPU issues, in order of what each proves (2026-12-04 plan, from
 # the walls measured above; ~26 of the 30 device-minutes): the five stage calls (~2 min held) and
 # `setup` (~1.5 min); issue 35: `ride` (~5 min), `FAULT=1 STEPS=4 ride` (~3.5), `CHECK_MODEL=assets

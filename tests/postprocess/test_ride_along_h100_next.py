@@ -1,0 +1,234 @@
+"""``verl-consistency run hybrid`` ride-along on an H100, with and without a planted weight-sync fault,
+re-paired on CPU.
+
+``fixtures/h100-next-ride-along.tar.xz`` and ``fixtures/h100-next-ride-along-fault.tar.xz`` are the
+run folders ``bench/gpu/verl_gpu.sh ride`` brought back from one NVIDIA H100 80GB on 2026-12-06 (main
+d34b01f; issue 35's proofs, landed by issue 41; the run ids keep the script's ``h200-next-`` prefix):
+``VERL_CONSISTENCY_PIN_SET=next verl-consistency run hybrid --device cuda --capture fraction:1`` under
+verl 0.9.1's own ``main_ppo`` (vLLM 0.23.0, the FSDP actor with SDPA, GRPO, a random bf16 Qwen2 of 4
+layers and width 512, 8 prompts x n=2 a step, micro batch 8 on both sides), a ride-along collection
+(full responses, the weights move), msprobe statistics L0. The fault run (``FAULT=1 STEPS=4``) applied
+``bench/gpu/faults/skip-down-proj.patch`` to the staged verl: every weight sync after the first skips
+``model.layers.2.mlp.down_proj.weight``. Each folder is what ``bench/gpu/trim_run.py --max-pairs 72``
+left; both travel packed (~0.1 MB as xz, ~20 MB unpacked) and go through the real CLI here:
+``postprocess`` (pair, compare with msprobe, report, bundle), ``verify``, ``extract``.
+
+What the device's own postprocess of the whole runs said (its ``summary.md``, not committed):
+- ride-along, 8 steps: 128 of 128 requests paired, all healthy; weights 0-7 at steps 1-8; worst
+  relative error 0.0040-0.0073 a step; mean |delta log p| 0.0025-0.0028; grad_norm 3.47-3.94;
+- fault, 4 steps: 64 of 64 paired; step 1 16 healthy, steps 2-4 16 of 16 diverged each, first at
+  ``model.layers.2.mlp.down_proj``; mean |delta log p| 0.0024 then 0.105-0.124.
+The trim kept the 72 ride-along pairs with the shortest prompts (every step keeps some; the other 56
+requests re-pair as ``dump_missing``) and all 64 fault pairs. When committed, each re-paired pair had
+the verdict, first divergence and maximum relative error the device's summary gave it; the token view
+(no dumps needed) is the whole run's. When the statistics thresholds change, the verdicts below change
+with them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tarfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.subprocess_run import bundle_through_cli
+from verl_consistency.postprocess.compare.verdict import DIVERGED_REL_ERR, HEALTHY_REL_ERR
+
+pytestmark = pytest.mark.msprobe
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RIDE_ID = "h200-next-hybrid-ride-along"
+FAULT_ID = f"{RIDE_ID}-fault"
+ARCHIVES = {RIDE_ID: "h100-next-ride-along.tar.xz", FAULT_ID: "h100-next-ride-along-fault.tar.xz"}
+STEPS = {RIDE_ID: 8, FAULT_ID: 4}
+RESPONSES = 16
+"""A step's requests: 8 prompts x n=2, one response each."""
+M8 = (
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+)
+LAYERS = 4
+FAULT_MODULE = "model.layers.2.mlp.down_proj"
+
+# The device's summary.md of the whole ride-along run (128 pairs), per step 1-8.
+RIDE_WORST_REL_ERR = (0.0073, 0.0047, 0.0055, 0.0040, 0.0044, 0.0042, 0.0057, 0.0051)
+RIDE_MEAN_ABS_LOGP = (0.0028, 0.0027, 0.0026, 0.0028, 0.0028, 0.0026, 0.0025, 0.0026)
+RIDE_TRIMMED_PAIRS = (11, 8, 10, 10, 10, 4, 10, 9)
+"""What trim_run.py kept of each step's 16 (the shortest prompts of the run, 72 in all)."""
+# ... and of the fault run (64 pairs, none trimmed), per step 1-4.
+FAULT_MEAN_ABS_LOGP = (0.0024, 0.1236, 0.1086, 0.1046)
+
+
+@dataclass(frozen=True)
+class Repaired:
+    """A fixture's run folder and what the CLI made of it."""
+
+    run_dir: Path
+    run: dict[str, Any]
+    manifest: dict[str, Any]
+    summary: dict[str, Any]
+    summary_md: str
+    report: str
+
+
+def _unpack(run_id: str, dest: Path) -> Path:
+    with tarfile.open(FIXTURES / ARCHIVES[run_id]) as tar:
+        names = tar.getnames()
+        assert all(n == run_id or n.startswith(f"{run_id}/") for n in names), "one run folder"
+        tar.extractall(dest, filter="data")
+    return dest / run_id
+
+
+def _repair(run_id: str, tmp: pytest.TempPathFactory) -> Repaired:
+    run_dir = _unpack(run_id, tmp.mktemp(run_id))
+    out = bundle_through_cli(run_dir, tmp.mktemp(f"{run_id}-bundle"))
+    results = out.extracted / "results"
+    return Repaired(
+        run_dir=run_dir,
+        run=json.loads((run_dir / "run.json").read_text()),
+        manifest=out.manifest(),
+        summary=json.loads((results / "summary.json").read_text()),
+        summary_md=(results / "summary.md").read_text(),
+        report=(results / "report.html").read_text(),
+    )
+
+
+@pytest.fixture(scope="module")
+def ride(tmp_path_factory: pytest.TempPathFactory) -> Repaired:
+    return _repair(RIDE_ID, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def fault(tmp_path_factory: pytest.TempPathFactory) -> Repaired:
+    return _repair(FAULT_ID, tmp_path_factory)
+
+
+@pytest.mark.parametrize("run_id", sorted(ARCHIVES))
+def test_fixtures_are_ride_along_runs_of_verls_own_driver(run_id: str, tmp_path: Path) -> None:
+    assert (FIXTURES / ARCHIVES[run_id]).stat().st_size <= 256 * 2**10, "a committed fixture stays small"
+    run_dir = _unpack(run_id, tmp_path)
+    run = json.loads((run_dir / "run.json").read_text())
+    assert (run["run_id"], run["kind"], run["collection"]) == (run_id, "collection", "ride-along")
+    assert (run["mode"], run["trainer_mode"], run["dump_phase"]) == ("hybrid", "sync", "log_prob")
+    assert (run["verl_module"], run["device"], run["pin_set"], run["exit_code"]) == (
+        "verl.trainer.main_ppo",
+        "cuda",
+        "next",
+        0,
+    )
+    assert (run["installed"]["verl"], run["installed"]["vllm"]) == ("0.9.1", "0.23.0")
+    assert "--ride-along" in run["invocation"]
+    assert set(M8) <= set(run["invocation"]), "the user's micro batch of 8 on both sides"
+    steps = run["steps"]
+    assert [s["step"] for s in steps] == list(range(1, STEPS[run_id] + 1))
+    for s in steps:
+        assert math.isfinite(s["grad_norm"])
+        assert s["grad_norm"] > 0, "the weights move at every step"
+        assert s["not_finite"] == []
+
+
+def _per_step(r: Repaired) -> list[dict[str, Any]]:
+    per_step: list[dict[str, Any]] = r.summary["per_step"]
+    assert [s["global_step"] for s in per_step] == [s["step"] for s in r.run["steps"]]
+    for s, logged in zip(per_step, r.run["steps"], strict=True):
+        assert s["weight_version"] == s["global_step"] - 1, "step s ran the weights of version s - 1"
+        assert s["grad_norm"] == logged["grad_norm"]
+        assert s["responses"] == RESPONSES
+    return per_step
+
+
+def test_ride_along_pairs_every_request_the_trim_kept(ride: Repaired) -> None:
+    p = ride.manifest["pairing"]
+    actor_dumps = len(list((ride.run_dir / "actor").rglob("dump.json")))
+    assert p["pairs"] == actor_dumps == sum(RIDE_TRIMMED_PAIRS) == 72
+    requests = STEPS[RIDE_ID] * RESPONSES
+    assert (p["requests_seen"], p["dispatch_records"], p["actor_records"]) == (requests, 162, 16)
+    gone = requests - p["pairs"]
+    assert p["requests_unpaired"] == gone, "every request pairs but those whose dumps the trim dropped"
+    assert p["unpaired_counts"] == {
+        "actor_step": {"dump_missing": gone},
+        "request": {"decode_only": 0, "dump_missing": gone, "no_rollout_prefill": 0},
+        "rollout_step": {"decode_only": 143, "dump_missing": gone},
+    }
+    assert {pair["backend"] for pair in ride.manifest["pairs"]} == {"fsdp"}
+    versions = Counter(pair["weight_version"] for pair in ride.manifest["pairs"])
+    assert versions == dict(enumerate(RIDE_TRIMMED_PAIRS)), "weight versions 0-7, as many pairs as each step"
+
+
+def test_ride_along_healthy_at_every_step_as_the_weights_move(ride: Repaired) -> None:
+    per_step = _per_step(ride)
+    assert [s["pairs"] for s in per_step] == list(RIDE_TRIMMED_PAIRS)
+    for s, worst, logp in zip(per_step, RIDE_WORST_REL_ERR, RIDE_MEAN_ABS_LOGP, strict=True):
+        assert s["verdicts"] == {"healthy": s["pairs"], "suspicious": 0, "diverged": 0, "failed": 0}
+        assert s["first_divergence"] is None
+        assert s["worst_rel_err"] <= worst + 5e-5, "a subset of the device's pairs: no worse than all"
+        assert round(s["mean_abs_logp_diff"], 4) == logp, "the token view is the whole run's"
+    assert (ride.summary["overall"], ride.summary["drift"]) == ("healthy", "step 1+: healthy")
+    cs = ride.manifest["comparisons"]
+    assert Counter(c["verdict"] for c in cs) == {"healthy": sum(RIDE_TRIMMED_PAIRS)}
+    for c in cs:
+        assert (c["status"], c["task"], c["first_divergence"]) == ("ok", "statistics", None)
+        assert 0.001 < c["max_rel_err"] <= HEALTHY_REL_ERR, "two bf16 engines: close, not equal"
+        labels = [x["label"] for x in c["layer_profile"]]
+        assert labels == ["embed", *(str(i) for i in range(LAYERS)), "head"]
+        assert c["output"]["status"] == "ok"
+        assert c["output"]["abs_diff"] < 0.016, "|delta log p| of the next token"
+    assert 'id="per-step"' in ride.report
+
+
+def test_fault_pairs_every_request(fault: Repaired) -> None:
+    p = fault.manifest["pairing"]
+    requests = STEPS[FAULT_ID] * RESPONSES
+    assert (p["pairs"], p["requests_seen"], p["requests_paired"]) == (requests, requests, requests)
+    assert (p["dispatch_records"], p["actor_records"]) == (72, 8)
+    assert p["unpaired_counts"] == {
+        "request": {"decode_only": 0, "no_rollout_prefill": 0},
+        "rollout_step": {"decode_only": 64},
+    }
+    versions = Counter(pair["weight_version"] for pair in fault.manifest["pairs"])
+    assert versions == {v: RESPONSES for v in range(STEPS[FAULT_ID])}
+
+
+def test_fault_named_at_its_module_from_the_first_step_it_affects(fault: Repaired) -> None:
+    """Step 1 ran the first sync's weights (all of them): healthy. Every later sync skipped one
+    tensor, so from step 2 every pair diverges, first at the module that tensor belongs to."""
+    first, *later = _per_step(fault)
+    assert [s["pairs"] for s in (first, *later)] == [RESPONSES] * STEPS[FAULT_ID]
+    assert first["verdicts"] == {"healthy": RESPONSES, "suspicious": 0, "diverged": 0, "failed": 0}
+    assert first["first_divergence"] is None
+    assert first["worst_rel_err"] <= HEALTHY_REL_ERR
+    for s in later:
+        assert s["verdicts"] == {"healthy": 0, "suspicious": 0, "diverged": RESPONSES, "failed": 0}
+        assert (s["first_divergence"], s["first_divergence_module"]) == ("layers.2.mlp", FAULT_MODULE)
+        assert s["first_divergence_pairs"] == RESPONSES
+        assert s["worst_rel_err"] > DIVERGED_REL_ERR
+    logp = [round(s["mean_abs_logp_diff"], 4) for s in (first, *later)]
+    assert logp == list(FAULT_MEAN_ABS_LOGP)
+    assert min(logp[1:]) > 30 * logp[0], "the token view moves with it"
+    assert (fault.summary["overall"], fault.summary["drift"]) == (
+        "diverged",
+        "step 1: healthy · step 2+: diverged at layers.2.mlp",
+    )
+    diverged = 3 * RESPONSES
+    assert f"Most common first divergence: `{FAULT_MODULE}` ({diverged} of 64 pairs)" in fault.summary_md
+    cs = fault.manifest["comparisons"]
+    assert Counter(c["verdict"] for c in cs) == {"healthy": RESPONSES, "diverged": diverged}
+    version = {pair["pair_id"]: pair["weight_version"] for pair in fault.manifest["pairs"]}
+    for c in cs:
+        assert (c["status"], c["task"]) == ("ok", "statistics")
+        profile = {x["label"]: x["rel_err"] for x in c["layer_profile"]}
+        if version[c["pair_id"]] == 0:
+            assert (c["verdict"], c["first_divergence"]) == ("healthy", None)
+            assert max(profile.values()) <= HEALTHY_REL_ERR
+            continue
+        assert (c["verdict"], c["first_divergence"]) == ("diverged", FAULT_MODULE)
+        assert c["first_divergence_row"]["layer"] == 2
+        before = max(profile["embed"], profile["0"], profile["1"])
+        assert before <= HEALTHY_REL_ERR, "the layers before it agree"
+        assert profile["2"] > DIVERGED_REL_ERR
