@@ -429,6 +429,17 @@ if [ "$cmd" = setup ]; then
   assets
   stamp setup; exit 0
 fi
+plant_fault() {
+  # FAULT=1: bench/gpu/faults/skip-down-proj.patch applied to the staged verl for this run only (reversed
+  # when the call ends): every weight sync after the first skips model.layers.2.mlp.down_proj.weight. It
+  # edits vLLM's ServerAdapter.update_weights, which both paths reach: hybrid's colocated sync and the
+  # separate pools' checkpoint engine (CheckpointEngineWorker.update_weights, one_gpu_shm here).
+  fault=$REPO/bench/gpu/faults/skip-down-proj.patch
+  if [ -n "${FAULT:-}" ]; then
+    patch -p1 --fuzz=0 -d "$G/vsite" <"$fault" | tee -a "$OUT/stages.txt" || exit 6
+    trap 'patch -R -p1 -d "$G/vsite" <"$fault" >/dev/null' EXIT
+  fi
+}
 collect() {  # ID LOG_DIR
   # What `ride` and `fullyasync` do after the run: postprocess and verify on the device, run.json's
   # `steps` and the report's summary to $OUT, then the run folder trimmed by the checkout's trim_run.py
@@ -462,11 +473,7 @@ if [ "$cmd" = ride ]; then
   assets
   mode=${MODE:-hybrid}; id=${RIDE_ID:-h200-next-$mode-ride-along${FAULT:+-fault}}
   log=$G/logs/$id; mkdir -p "$log"; rm -rf "${G:?}/dump/$id" "${G:?}/trim/$id"
-  fault=$REPO/bench/gpu/faults/skip-down-proj.patch
-  if [ -n "${FAULT:-}" ]; then
-    patch -p1 --fuzz=0 -d "$G/vsite" <"$fault" | tee -a "$OUT/stages.txt" || exit 6
-    trap 'patch -R -p1 -d "$G/vsite" <"$fault" >/dev/null' EXIT
-  fi
+  plant_fault
   left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
   s=$(date +%s)
   # shellcheck disable=SC2086  # RIDE_ARGS: more verl overrides, split on spaces
@@ -492,15 +499,21 @@ if [ "$cmd" = fullyasync ]; then
   # - The weights go from trainer to rollout through host shared memory: the stand-in checkpoint
   #   engine one_gpu_shm (bench/gpu/one_gpu/one_gpu_ckpt.py, on PYTHONPATH), which verl imports
   #   through checkpoint_engine.custom_backend_module (NCCL refuses two ranks on one device).
-  # STEPS (8), PHASE (the run's default for fully-async: log_prob), FA_ARGS (more verl overrides,
+  # Since issue 41 each stale request's training forward is dumped again at its rollout's weights
+# (patches/hooks/older_weights.py), so the run pairs every step, not only the first. FAULT=1 plants the
+# sync fault (plant_fault). STEPS (8), PHASE (the run's default for fully-async: log_prob), FA_ARGS (more verl overrides,
   # e.g. actor_rollout_ref.rollout.free_cache_engine=False if vLLM's sleep asserts "Memory usage
   # increased after sleeping"). Writes to $OUT: <id>.tar.xz (logs/<id>/ and trim/<id>/, as `ride`),
   # fullyasync.log (steps, weight syncs, errors, the postprocess summary), steps.json, cuda00.txt.
   from_checkout fullyasync
   verl_env
   assets
-  id=${FA_ID:-h200-next-fully-async-ride-along}
+  id=${FA_ID:-h200-next-fully-async-ride-along${FAULT:+-fault}}
   log=$G/logs/$id; mkdir -p "$log"; rm -rf "${G:?}/dump/$id" "${G:?}/trim/$id"
+  # FAULT=1: the planted sync fault on the checkpoint-engine path (plant_fault). The standalone vLLM never
+  # sleeps, so the skipped tensor keeps version 0's values and shows once the trainer's copy has moved past
+  # bf16's resolution: give the actor a larger learning rate (FA_ARGS=actor_rollout_ref.actor.optim.lr=2e-3).
+  plant_fault
   unset RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES RAY_ADDRESS
   # What a process that is not a Ray GPU worker sees with 0,0 (the driver; read, never used for work)
   CUDA_VISIBLE_DEVICES=0,0 timeout 60 python3 -c 'import torch; print("CUDA_VISIBLE_DEVICES=0,0: torch sees", torch.cuda.device_count(), "device(s)")' \

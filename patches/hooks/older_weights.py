@@ -90,6 +90,33 @@ def _shards(module: Any) -> Iterator[tuple[str, Any]]:
         yield name, (local if local is not None else param.data)
 
 
+def reshard_all(module: Any) -> None:
+    """Free every gathered (unsharded) parameter, so that the local shards are what the next forward uses.
+
+    FSDP keeps the root unit's parameters gathered after a forward (FSDP2: "will not
+    reshard_after_forward for root module", verl's ``apply_fsdp2``; FSDP1: ``_post_forward_reshard``
+    frees non-root units only), and a forward under ``no_grad`` has no backward to reshard them.
+    Shards copied in then would not reach that forward, and shards copied out could be the gathered
+    buffer. FSDP2's ``FSDPModule.reshard`` is public; FSDP1 has no public call, so its own
+    ``_runtime_utils._reshard`` is used for a handle that is gathered now (a world of one runs
+    FSDP1 as NO_SHARD: nothing to do).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp._runtime_utils import _reshard
+    except ImportError:  # pragma: no cover - every torch verl supports has both
+        return
+    for m in module.modules():
+        handle = getattr(m, "_handle", None) if isinstance(m, FullyShardedDataParallel) else None
+        if handle is not None and handle.uses_sharded_strategy and not handle.needs_unshard():
+            _reshard(m, handle, True)
+
+
 def host_copy(module: Any) -> dict[str, Any]:
     """A host copy of the module's local shards (always a copy, also of a tensor already on the host)."""
     return {name: t.detach().to("cpu", copy=True) for name, t in _shards(module)}
@@ -155,6 +182,7 @@ class WeightStore:
         """Copy the module's shards under ``version`` once; drop the oldest beyond ``keep_n``."""
         if self.keep_n <= 0 or version in self.versions:
             return
+        reshard_all(module)
         saved = host_copy(module)
         if not self.checked:
             check_fits(nbytes(saved), self.keep_n, _ranks_on_node(), _available_host_bytes())
@@ -169,12 +197,18 @@ class WeightStore:
 
     @contextmanager
     def swapped(self, module: Any, version: int) -> Iterator[None]:
-        """The module at ``version``'s weights inside, its own weights (the same bits) after."""
+        """The module at ``version``'s weights inside, its own weights (the same bits) after.
+
+        Resharded on the way in and out (:func:`reshard_all`): the forward inside gathers the kept
+        shards, and the engine's next forward gathers its own again.
+        """
+        reshard_all(module)
         current = host_copy(module)
         load(module, self.versions[version])
         try:
             yield
         finally:
+            reshard_all(module)
             load(module, current)
 
 
