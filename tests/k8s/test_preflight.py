@@ -536,6 +536,19 @@ def test_an_image_other_than_the_one_built_is_a_warning(tmp_path: Path) -> None:
     assert "without a registry, on a cluster of several nodes" in row["found"]
 
 
+def test_the_built_image_pushed_to_a_registry_is_yours_without_image(tmp_path: Path) -> None:
+    def pushed(docs: list[dict[str, Any]]) -> None:
+        for spec in pod_specs(docs):
+            for c in [*spec.get("initContainers", []), *spec["containers"]]:
+                c["image"] = f"registry.example.com/ml/{c['image']}"
+
+    res, _ = run(StandInCluster(), tmp_path, "--manifest", str(variant(tmp_path, pushed)))
+    row = check(report(res), "image")
+    assert row["status"] == "ok", row  # the tag `make image` wrote, under the registry the nodes pull from
+    res, _ = run(StandInCluster(), tmp_path, "--manifest", str(variant(tmp_path, pushed)), "--image", "x:1")
+    assert check(report(res), "image")["status"] == "warn"  # --image names exactly one
+
+
 def test_forbidden_reads_are_warnings_not_failures(tmp_path: Path) -> None:
     forbidden = {"/api/v1/nodes", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rayjobs.ray.io"}
     res, server = run(StandInCluster(forbidden=forbidden), tmp_path)
