@@ -16,6 +16,13 @@ IMAGE_TAG ?= $(BUNDLE_VERSION)-verl$(call pin,upstream.verl)-vllm-ascend$(call p
 IMAGE ?= $(IMAGE_NAME):$(IMAGE_TAG)
 IMAGE_A3 ?= $(IMAGE_NAME):$(IMAGE_TAG)-a3
 IMAGE_CUDA ?= $(IMAGE_NAME):$(BUNDLE_VERSION)-verl$(call pin,upstream.verl)-vllm$(call pin,upstream.vllm)-cuda
+# Which build `make -s image-name` names: a2 (`make image`, also `make image-a2`), a3 (`make
+# image-a3`) or cuda (`make image-cuda`); the README's cluster path sets it once for both.
+# (Not FLAVOUR: that is the Dockerfile's build arg, ascend or cuda.)
+IMAGE_FLAVOUR ?= a2
+IMAGE_OF_a2 = $(IMAGE)
+IMAGE_OF_a3 = $(IMAGE_A3)
+IMAGE_OF_cuda = $(IMAGE_CUDA)
 # Extra flags for the builder, e.g. --secret, --build-arg PIP_INDEX_URL=..., --no-cache.
 IMAGE_ARGS ?=
 
@@ -43,6 +50,9 @@ image: ## Build the image for A2 (docker build; BUILDER=buildah without a Docker
 	$(IMAGE_BUILD) $(IMAGE_BUILD_ARGS) $(IMAGE_ARGS) -f docker/Dockerfile -t $(IMAGE) .
 	@echo "built $(IMAGE)"
 
+.PHONY: image-a2
+image-a2: image ## The same as `make image` (Atlas A2), named like its siblings image-a3 and image-cuda.
+
 .PHONY: image-a3
 image-a3: ## Build the image for A3 (BASE_IMAGE = pins image.base.a3).
 	$(IMAGE_BUILD) $(IMAGE_BUILD_ARGS) --build-arg BASE_IMAGE=$(call pin,image.base.a3) $(IMAGE_ARGS) \
@@ -65,5 +75,6 @@ image-standin-cuda: venv ## Build the STAND-IN NVIDIA base (named like pins imag
 	$(PY) docker/standin/build_standin.py --flavour cuda --cache $(CACHE)
 
 .PHONY: image-name
-image-name: ## Print the image name and tag that `make image` builds.
-	@echo $(IMAGE)
+image-name: ## Print the image name and tag that `make image` builds (IMAGE_FLAVOUR=a3: `make image-a3`'s, cuda: `make image-cuda`'s).
+	@$(if $(IMAGE_OF_$(IMAGE_FLAVOUR)),echo $(IMAGE_OF_$(IMAGE_FLAVOUR)),echo "make image-name: \
+		IMAGE_FLAVOUR=$(IMAGE_FLAVOUR) is none of a2, a3, cuda" >&2; exit 2)

@@ -20,12 +20,22 @@ download-bundle: ## Copy bundle-$(RUN).tar.zst from the dump volume to $(BUNDLE_
 		$(if $(filter command line,$(origin IMAGE)),READER_IMAGE="$(IMAGE)") \
 		k8s/download-bundle.sh "$(RUN)" "$(BUNDLE_DIR)"
 
+# The claims' storage class (default: the cluster's default class, which must give ReadWriteMany)
+# and sizes (default: the sources' 100Gi dump, 50Gi models), for the plain files and, through
+# k8s/site, every overlay.
+STORAGE_CLASS ?=
+DUMP_SIZE ?=
+MODELS_SIZE ?=
+
 .PHONY: manifests
-manifests: $(K8S_PY) ## Write the plain files k8s/*.yaml from k8s/base/*: IMAGE=<registry/name:tag> on every pod (default: `make -s image-name`), [PULL_SECRET=<name>].
+manifests: $(K8S_PY) ## Write k8s/*.yaml and k8s/site (every overlay's): IMAGE=<registry/name:tag> on every pod (default: `make -s image-name`), [PULL_SECRET=<name>] [STORAGE_CLASS=<class>] [DUMP_SIZE=100Gi] [MODELS_SIZE=50Gi].
 	@test "$(PINS)" = current || { echo "make manifests: the plain files are the current pin set's;" \
 		"for PINS=$(PINS) apply its overlay (kubectl apply -k k8s/overlays/next) with your image" >&2; exit 2; }
 	@$(K8S_PY) k8s/helpers/render.py --image "$(IMAGE)" --kubectl "$(KUBECTL)" \
-		$(if $(PULL_SECRET),--pull-secret "$(PULL_SECRET)")
+		$(if $(filter command line environment,$(origin IMAGE)),,--default-image) \
+		$(if $(PULL_SECRET),--pull-secret "$(PULL_SECRET)") \
+		$(if $(STORAGE_CLASS),--storage-class "$(STORAGE_CLASS)") \
+		$(if $(DUMP_SIZE),--dump-size "$(DUMP_SIZE)") $(if $(MODELS_SIZE),--models-size "$(MODELS_SIZE)")
 
 .PHONY: upload-prompts
 upload-prompts: ## Put a prompts file on the dump volume at /dump/inputs/<name>, for CAPTURE=prompts:/dump/inputs/<name> (FILE=<file> [NAME=<name>] [NAMESPACE=...]).

@@ -15,8 +15,8 @@ from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from verl_consistency.contracts import __version__, pins
-from verl_consistency.entrypoints.preflight import kuberay_fields as kf
 from verl_consistency.entrypoints.preflight import manifest as mf
+from verl_consistency.entrypoints.preflight.kuberay_check import check_kuberay, check_rayjob_fields
 from verl_consistency.entrypoints.preflight.manifest import Manifest, PodGroup, parse_quantity, show_quantity
 from verl_consistency.entrypoints.preflight.nodes import (
     DEVICE_PLUGINS,
@@ -25,34 +25,11 @@ from verl_consistency.entrypoints.preflight.nodes import (
     first_fit,
     missing_labels,
 )
-from verl_consistency.entrypoints.preflight.report import CheckResult, Status, worst
-from verl_consistency.entrypoints.preflight.storage import Row, claim_row
-
-INSTALL_KUBERAY = "helm install kuberay-operator kuberay/kuberay-operator --version 1.7.0 (k8s/README.md)"
-CRDS_OF = (
-    "kubectl apply --server-side -k 'github.com/ray-project/kuberay/ray-operator/config/crd?ref=v<version>'"
-)
+from verl_consistency.entrypoints.preflight.report import CheckResult, Row, Status, result, unread
+from verl_consistency.entrypoints.preflight.storage import claim_row
 
 if TYPE_CHECKING:  # cluster imports the kubernetes client, which only preflight() loads
     from verl_consistency.entrypoints.preflight.cluster import Snapshot
-
-
-def _result(check: str, rows: list[Row]) -> CheckResult:
-    return CheckResult(
-        check=check,
-        status=worst([r[0] for r in rows]),
-        found="; ".join(r[1] for r in rows),
-        next="; ".join(dict.fromkeys(r[2] for r in rows if r[2])),
-    )
-
-
-def _unread(s: Snapshot, what: str, check: str) -> CheckResult:
-    return CheckResult(
-        check=check,
-        status=Status.warn,
-        found=f"could not read {what} ({s.unreadable[what]}): not checked",
-        next=f"rerun as a user allowed to get/list {what}, or ask a cluster admin",
-    )
 
 
 def _count(items: list, noun: str) -> str:
@@ -66,106 +43,37 @@ def _pods(groups: Iterable[PodGroup]) -> str:
     )
 
 
-def check_kuberay(m: Manifest, s: Snapshot) -> CheckResult:
-    """The RayJob kind is served, and which KubeRay release its CRD comes from."""
-    name = "kuberay"
-    if m.rayjob is None:
-        return CheckResult(check=name, status=Status.ok, found="not needed: the manifest has no RayJob")
-    if "crd" in s.unreadable:
-        served = any(r.get("name") == "rayjobs" for r in (s.ray_discovery or {}).get("resources") or [])
-        if served:
-            return CheckResult(
-                check=name,
-                status=Status.warn,
-                found=f"the API serves ray.io/v1 rayjobs; CRD {kf.RAYJOB_CRD} is unreadable "
-                f"({s.unreadable['crd']}), so its KubeRay release is unknown",
-                next="rerun as a user allowed to get customresourcedefinitions",
-            )
-        if "ray-discovery" in s.unreadable:
-            return _unread(s, "crd", name)
-        return _result(name, [(Status.fail, "the API serves no ray.io/v1 rayjobs", INSTALL_KUBERAY)])
-    if s.crd is None:
-        return _result(
-            name,
-            [(Status.fail, f"CRD {kf.RAYJOB_CRD} is not installed: kind RayJob is unknown", INSTALL_KUBERAY)],
-        )
-    schema = kf.served_schema(s.crd)
-    if schema is None:
-        return _result(name, [(Status.fail, f"CRD {kf.RAYJOB_CRD} does not serve v1", INSTALL_KUBERAY)])
-    implied = kf.implied_release(schema)
-    found = f"CRD {kf.RAYJOB_CRD} serves v1; its schema is that of {implied.describe()}"
-    if s.operator_images:
-        found += f"; operator image {', '.join(sorted(set(s.operator_images)))}"
-    if implied.release is None:
-        return _result(name, [(Status.fail, found, "upgrade: " + INSTALL_KUBERAY)])
-    crd = kf.minor(implied.release)
-    stale = [
-        v
-        for v in _operator_releases(s)
-        if (kf.minor(v) < crd if implied.newest_known else kf.minor(v) != crd)
-    ]
-    if stale:
-        note = f"{found}: the operator ({', '.join(stale)}) is not the CRD's release"
-        todo = f"install the operator and CRDs of one release (helm upgrade leaves the CRDs: {CRDS_OF})"
-        return _result(name, [(Status.warn, note, todo)])
-    return CheckResult(check=name, status=Status.ok, found=found)
-
-
-def _operator_releases(s: Snapshot) -> list[str]:
-    return sorted({v for v in map(kf.release_from_image, s.operator_images) if v}, key=kf.minor)
-
-
-def _pruned(unknown: list[kf.UnknownField], release: str) -> Row:
-    shown = "; ".join(
-        f"{u.path} (added in KubeRay {u.added_in})" if u.added_in else f"{u.path} (no KubeRay release has it)"
-        for u in unknown
-    )
-    needed = max((u.added_in for u in unknown if u.added_in), key=kf.minor, default=None)
-    todo = f"upgrade KubeRay to {needed} or later, its CRDs too ({CRDS_OF}); or " if needed else ""
-    return (
-        Status.fail,
-        f"the installed CRD ({release}) would silently drop: {shown}",
-        todo + "use manifests without these fields (k8s/README.md)",
-    )
-
-
-def _ignored(fields: list[tuple[str, str]], operator: str) -> Row:
-    shown = "; ".join(f"{p} (added in KubeRay {r})" for p, r in fields)
-    needed = max((r for _, r in fields), key=kf.minor)
-    return (
-        Status.fail,
-        f"the CRD keeps these fields, but the operator ({operator}) does not act on them: {shown}",
-        f"upgrade the operator to {needed} or later (helm upgrade kuberay-operator kuberay/kuberay-operator "
-        "--version <release>), or use manifests without these fields",
-    )
-
-
-def check_rayjob_fields(m: Manifest, s: Snapshot) -> CheckResult:
-    """Every field of the RayJob is one the installed CRD keeps (an unknown one is pruned
-    silently) and, where the operator's image tag shows its release, one that operator reads."""
-    name = "rayjob-fields"
-    if m.rayjob is None:
-        return CheckResult(check=name, status=Status.ok, found="not needed: the manifest has no RayJob")
-    schema = kf.served_schema(s.crd) if s.crd is not None else None
-    if schema is None:
-        return _result(name, [(Status.warn, "not checked: no readable RayJob CRD (see kuberay)", "")])
-    release = kf.implied_release(schema).describe()
-    unknown = kf.unknown_fields(m.rayjob, schema)
-    if unknown:
-        return _result(name, [_pruned(unknown, release)])
-    operators = _operator_releases(s)
-    ignored = kf.added_after(m.rayjob, operators[0]) if operators else []
-    if ignored:
-        return _result(name, [_ignored(ignored, operators[0])])
-    return _result(name, [(Status.ok, f"every field of the RayJob is in the installed CRD ({release})", "")])
-
-
 def _usable_nodes(s: Snapshot) -> list[Node]:
     return [n for n in map(Node.of, s.nodes) if n.usable]
 
 
-def _other_plugins(nodes: list[Node], missing: list[str], groups: list[PodGroup]) -> Row:
-    """No Ready node offers the device name the pods ask for: name what the nodes do offer."""
+def _down_nodes(s: Snapshot, resources: Iterable[str]) -> list[Node]:
+    """Nodes that carry one of ``resources`` but that the scheduler skips (NotReady, cordoned)."""
+    wanted = set(resources)
+    return [
+        n for n in map(Node.of, s.nodes) if not n.usable and any(n.allocatable.get(r, 0) > 0 for r in wanted)
+    ]
+
+
+def _down(nodes: list[Node]) -> str:
+    return "; ".join(f"{n.name} is {n.why_unusable()}" for n in nodes)
+
+
+def _bring_back(nodes: list[Node]) -> str:
+    """The next step for nodes that exist but are skipped: find out why, not install anything."""
+    first = nodes[0].name
+    todo = (
+        f"bring {'it' if len(nodes) == 1 else 'them'} back: `kubectl describe node {first}` shows why "
+        "(kubelet, container runtime, network, NPU driver)"
+    )
+    if any(n.unschedulable for n in nodes):
+        todo += "; `kubectl uncordon <node>` once a cordoned node is fit again"
+    return todo
+
+
+def _other_plugins(nodes: list[Node], missing: list[str], groups: list[PodGroup], down: list[Node]) -> Row:
+    """No Ready node offers the device name the pods ask for: name the nodes that carry it but
+    are not Ready, else what the Ready nodes do offer."""
     offered: dict[str, list[int]] = {}
     for n in nodes:
         for r, c in n.devices().items():
@@ -173,6 +81,12 @@ def _other_plugins(nodes: list[Node], missing: list[str], groups: list[PodGroup]
     found = (
         f"no Ready node offers {', '.join(missing)} (asked by {_pods(groups)}; {_count(nodes, 'Ready node')})"
     )
+    if down:
+        return (
+            Status.fail,
+            f"{found}; {_count(down, 'node')} with it not Ready: {_down(down)}",
+            _bring_back(down),
+        )
     if not offered:
         return (
             Status.fail,
@@ -193,34 +107,40 @@ def _other_plugins(nodes: list[Node], missing: list[str], groups: list[PodGroup]
 
 
 def check_accelerators(m: Manifest, s: Snapshot) -> CheckResult:
-    """Ready nodes offer the device name the pods ask for, enough of it for every replica."""
+    """Ready nodes offer the device name the pods ask for, enough of it for every replica; the
+    nodes that carry it but are skipped (NotReady, cordoned) are named with their condition."""
     name = "accelerators"
     groups = [g for g in m.pod_groups() if g.device_limits()]
     if not groups:
         return CheckResult(check=name, status=Status.ok, found="no pod asks for an accelerator")
     if "nodes" in s.unreadable:
-        return _unread(s, "nodes", name)
+        return unread(name, "nodes", s.unreadable["nodes"])
     nodes = _usable_nodes(s)
     asked = sorted({r for g in groups for r in g.device_limits()})
+    down = _down_nodes(s, asked)
     missing = [r for r in asked if not any(n.allocatable.get(r, 0) > 0 for n in nodes)]
     if missing:
-        return _result(name, [_other_plugins(nodes, missing, groups)])
+        return result(name, [_other_plugins(nodes, missing, groups, down)])
     fit = first_fit(groups, nodes, lambda g, n: True, frozenset(asked))
     capable = [n for n in nodes if any(n.allocatable.get(r, 0) > 0 for r in asked)]
     each = ", ".join(
         f"{n.name}: " + "+".join(str(int(n.allocatable.get(r, 0))) for r in asked) for n in capable
     )
     found = f"Ready nodes with {', '.join(asked)}: {len(capable)} ({each}); pods: {_pods(groups)}"
+    skipped = f"; not counted, {_count(down, 'node')} not Ready: {_down(down)}" if down else ""
     if fit.fits:
-        return _result(name, [(Status.ok, found, "")])
-    return _result(
+        return result(name, [(Status.ok, found + skipped, "")])
+    todo = (
+        "add nodes, or ask for fewer: pods per group (TRAINER_NODES, ROLLOUT_NODES) and devices "
+        "per pod (NPUS_PER_NODE) with a component (k8s/components/pool-sizes, a3-16npu)"
+    )
+    return result(
         name,
         [
             (
                 Status.fail,
-                f"{found}; too few: {'; '.join(map(str, fit.shortages))}",
-                "add nodes, or ask for fewer: pods per group (TRAINER_NODES, ROLLOUT_NODES) and devices "
-                "per pod (NPUS_PER_NODE) with a component (k8s/components/pool-sizes, a3-16npu)",
+                f"{found}; too few: {'; '.join(map(str, fit.shortages))}{skipped}",
+                f"{_bring_back(down)}; or {todo}" if down else todo,
             )
         ],
     )
@@ -257,7 +177,7 @@ def check_node_label(m: Manifest, s: Snapshot) -> CheckResult:
     if not groups:
         return CheckResult(check=name, status=Status.ok, found="no pod selects nodes")
     if "nodes" in s.unreadable:
-        return _unread(s, "nodes", name)
+        return unread(name, "nodes", s.unreadable["nodes"])
     nodes = _usable_nodes(s)
 
     def admits_devices(g: PodGroup, n: Node) -> bool:
@@ -272,22 +192,22 @@ def check_node_label(m: Manifest, s: Snapshot) -> CheckResult:
 
     if not any(admits_devices(g, n) for g in groups for n in nodes):
         note = "not checked: no Ready node offers the devices the pods ask for (see accelerators)"
-        return _result(name, [(Status.warn, note, "")])
+        return result(name, [(Status.warn, note, "")])
     fit = first_fit(groups, nodes, admits)
     selectors = sorted({f"{k}={v}" for g in groups for k, v in (g.spec.get("nodeSelector") or {}).items()})
     found = f"nodeSelector {', '.join(selectors) or '(none)'}"
     if fit.fits:
         placed = ", ".join(f"{g} {n}" for g, n in fit.placed.items())
-        return _result(name, [(Status.ok, f"{found}: every pod has a node ({placed})", "")])
+        return result(name, [(Status.ok, f"{found}: every pod has a node ({placed})", "")])
     # Too few devices is the accelerators check's to say; here labels, taints, cpu and memory.
     devices = {r for g in groups for r in g.device_limits()}
     others = [str(sh) for sh in fit.shortages if sh.resource not in devices]
     reasons = list(dict.fromkeys([*_placement_reasons(groups, nodes), *others]))
     if not reasons:
         note = f"{found}: the labels and taints admit the pods; their devices are too few (see accelerators)"
-        return _result(name, [(Status.warn, note, "")])
+        return result(name, [(Status.warn, note, "")])
     label = selectors[0] if selectors else "<key>=<value>"
-    return _result(
+    return result(
         name,
         [
             (
@@ -310,8 +230,8 @@ def check_storage(m: Manifest, s: Snapshot) -> CheckResult:
         return CheckResult(check=name, status=Status.ok, found="no PersistentVolumeClaim used")
     for what in ("persistentvolumeclaims", "storageclasses"):
         if what in s.unreadable:
-            return _unread(s, what, name)
-    return _result(name, [claim_row(n, defined.get(n), s.claims, s.storage_classes) for n in names])
+            return unread(name, what, s.unreadable[what])
+    return result(name, [claim_row(n, defined.get(n), s.claims, s.storage_classes) for n in names])
 
 
 def quota_needs(m: Manifest, s: Snapshot) -> dict[str, Decimal]:
@@ -364,20 +284,18 @@ def check_quota(m: Manifest, s: Snapshot) -> CheckResult:
     """The namespace's ResourceQuotas leave room for every pod, claim and Job the manifest adds."""
     name = "quota"
     if "resourcequotas" in s.unreadable:
-        return _unread(s, "resourcequotas", name)
+        return unread(name, "resourcequotas", s.unreadable["resourcequotas"])
     if not s.quotas:
-        return _result(name, [(Status.ok, f"no ResourceQuota in namespace {s.target.namespace}", "")])
+        return result(name, [(Status.ok, f"no ResourceQuota in namespace {s.target.namespace}", "")])
     need = quota_needs(m, s)
     rows = [r for q in s.quotas for r in _quota_rows(m, q, need)]
     over = [r for r in rows if r[0] == Status.fail]
     if not over:
-        return _result(
-            name, [(Status.ok, "fits: " + ("; ".join(r[1] for r in rows) or "no key applies"), "")]
-        )
+        return result(name, [(Status.ok, "fits: " + ("; ".join(r[1] for r in rows) or "no key applies"), "")])
     todo = (
         f"ask for a larger quota in {s.target.namespace}, or fewer/smaller pods (k8s/components/pool-sizes)"
     )
-    return _result(name, [(Status.fail, "; ".join(r[1] for r in over), todo)])
+    return result(name, [(Status.fail, "; ".join(r[1] for r in over), todo)])
 
 
 def default_image(pin_set: str | None, accelerator: str | None) -> str:
@@ -403,7 +321,9 @@ def check_image(m: Manifest, s: Snapshot, expected: str | None) -> CheckResult:
     images = sorted({i for g in groups for i in g.images()})
     want = expected or default_image(m.label(mf.LABEL_PIN_SET), m.label(mf.LABEL_ACCELERATOR))
     rows: list[Row] = [(Status.ok, f"the pods run {', '.join(images) or 'no image'}", "")]
-    if images and want not in images:
+    # Without --image, the tag `make image` wrote, pushed under any registry path, is yours too.
+    yours = [i for i in images if i == want or (expected is None and i.endswith(f"/{want}"))]
+    if images and not yours:
         rows.append(
             (
                 Status.warn,
@@ -434,7 +354,7 @@ def check_image(m: Manifest, s: Snapshot, expected: str | None) -> CheckResult:
             )
         else:
             rows.append((Status.ok, f"imagePullSecret {secret} exists", ""))
-    return _result(name, rows)
+    return result(name, rows)
 
 
 def run_all(m: Manifest, s: Snapshot, expected_image: str | None) -> list[CheckResult]:

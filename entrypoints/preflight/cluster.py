@@ -25,6 +25,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from verl_consistency.entrypoints.preflight import kuberay_fields as kf
 from verl_consistency.entrypoints.preflight.kuberay_fields import RAYJOB_CRD
 
 TIMEOUT = (5, 30)
@@ -57,6 +58,9 @@ class Snapshot:
     server_version: str = ""
     crd: dict[str, Any] | None = None
     ray_discovery: dict[str, Any] | None = None
+    """``/apis/ray.io/v1`` when the CRD is unreadable (discovery: every authenticated user reads it)."""
+    ray_discovery_alpha: dict[str, Any] | None = None
+    """``/apis/ray.io/v1alpha1`` when the CRD is unreadable and v1 is not served (KubeRay before 1.0)."""
     nodes: list[dict[str, Any]] = field(default_factory=list)
     storage_classes: list[dict[str, Any]] = field(default_factory=list)
     claims: list[dict[str, Any]] = field(default_factory=list)
@@ -151,6 +155,10 @@ def read(api: client.ApiClient, target: Target, pull_secrets: list[str]) -> Snap
     snap.crd = r.get("crd", r.ext.read_custom_resource_definition, RAYJOB_CRD)
     if "crd" in snap.unreadable:
         snap.ray_discovery = r.get("ray-discovery", r.custom.get_api_resources, "ray.io", "v1")
+        if snap.ray_discovery is None and "ray-discovery" not in snap.unreadable:
+            snap.ray_discovery_alpha = r.get(
+                "ray-discovery-alpha", r.custom.get_api_resources, "ray.io", kf.RAYJOB_ALPHA
+            )
     snap.operator_images = [
         c.get("image", "")
         for d in r.items(

@@ -22,6 +22,8 @@ from typing import Any
 
 RAYJOB_CRD = "rayjobs.ray.io"
 RAYJOB_VERSION = "v1"
+RAYJOB_ALPHA = "v1alpha1"
+"""The only version KubeRay 0.6 and older serve; 1.0 serves both, 1.1 and later v1 alone."""
 
 SPEC = "spec"
 CLUSTER = "spec.rayClusterSpec"
@@ -96,6 +98,11 @@ def served_schema(crd: dict[str, Any], version: str = RAYJOB_VERSION) -> dict[st
         if v.get("name") == version and v.get("served", True):
             return (v.get("schema") or {}).get("openAPIV3Schema") or {}
     return None
+
+
+def served_versions(crd: dict[str, Any]) -> list[str]:
+    """The versions the CRD serves (``v1alpha1``, ``v1``), as it lists them."""
+    return [v.get("name", "?") for v in crd.get("spec", {}).get("versions") or [] if v.get("served", True)]
 
 
 def _child(schema: dict[str, Any], step: str) -> dict[str, Any] | None:

@@ -36,6 +36,8 @@ class Node:
     name: str
     ready: bool
     unschedulable: bool
+    ready_condition: str
+    """The Ready condition as ``kubectl describe node`` shows it (status, reason: message)."""
     labels: dict[str, str]
     taints: list[dict[str, Any]]
     allocatable: dict[str, Decimal]
@@ -43,13 +45,12 @@ class Node:
     @classmethod
     def of(cls, obj: dict[str, Any]) -> Node:
         status, spec, meta = obj.get("status") or {}, obj.get("spec") or {}, obj.get("metadata") or {}
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-        )
+        cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
         return cls(
             name=meta.get("name", "?"),
-            ready=ready,
+            ready=cond.get("status") == "True",
             unschedulable=bool(spec.get("unschedulable")),
+            ready_condition=_condition(cond),
             labels=dict(meta.get("labels") or {}),
             taints=list(spec.get("taints") or []),
             allocatable={k: parse_quantity(v) for k, v in (status.get("allocatable") or {}).items()},
@@ -59,9 +60,30 @@ class Node:
     def usable(self) -> bool:
         return self.ready and not self.unschedulable
 
+    def why_unusable(self) -> str:
+        """Why the scheduler skips this node, as a person fixes it: NotReady with its condition,
+        or cordoned (both can hold)."""
+        why = [] if self.ready else [f"NotReady ({self.ready_condition})"]
+        if self.unschedulable:
+            why.append("cordoned (spec.unschedulable)")
+        return " and ".join(why)
+
     def devices(self) -> dict[str, int]:
         """Known device plugins' resources this node offers (count > 0)."""
         return {k: int(v) for k, v in self.allocatable.items() if k in DEVICE_PLUGINS and v > 0}
+
+
+def _condition(cond: dict[str, Any]) -> str:
+    """``Ready=False, KubeletNotReady: container runtime network not ready``; no condition at all
+    is a node whose kubelet never reported."""
+    if not cond:
+        return "no Ready condition: its kubelet never reported"
+    text = f"Ready={cond.get('status', '?')}"
+    if cond.get("reason"):
+        text += f", {cond['reason']}"
+    if cond.get("message"):
+        text += f": {cond['message']}"
+    return text
 
 
 def missing_labels(node: Node, selector: dict[str, str]) -> dict[str, str]:

@@ -43,6 +43,30 @@ def worst(statuses: list[Status]) -> Status:
     return max(statuses, key=order.index, default=Status.ok)
 
 
+Row = tuple[Status, str, str]
+"""(status, what was found, what to do next): one finding of a check."""
+
+
+def result(check: str, rows: list[Row]) -> CheckResult:
+    """One check's row from its findings: the worst status, every finding, each next step once."""
+    return CheckResult(
+        check=check,
+        status=worst([r[0] for r in rows]),
+        found="; ".join(r[1] for r in rows),
+        next="; ".join(dict.fromkeys(r[2] for r in rows if r[2])),
+    )
+
+
+def unread(check: str, what: str, why: str) -> CheckResult:
+    """A check whose input RBAC refused: a warning, since it cannot say the run will fail."""
+    return CheckResult(
+        check=check,
+        status=Status.warn,
+        found=f"could not read {what} ({why}): not checked",
+        next=f"rerun as a user allowed to get/list {what}, or ask a cluster admin",
+    )
+
+
 class Report(BaseModel):
     context: str
     server: str

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_consistency.entrypoints.preflight.report import Status
-
-Row = tuple[Status, str, str]
-"""(status, what was found, what to do next) for one claim."""
+from verl_consistency.entrypoints.preflight.report import Row, Status
 
 DEFAULT_CLASS = (
     "storageclass.kubernetes.io/is-default-class",

@@ -4,7 +4,8 @@ No API server can run here, so this answers over real HTTP (a ``ThreadingHTTPSer
 loopback) the few GET paths the preflight reads, with the object shapes of real clusters kept
 in ``preflight_fixtures/`` (nodes of MindCluster, HAMi, CCE and NVIDIA device plugins; storage
 classes; a ResourceQuota; a Helm-installed operator), and KubeRay's own RayJob CRD of each
-release, made at serve time from that release's schema in ``crds/`` (:mod:`tests.k8s.kuberay_crds`).
+release, made at serve time from that release's schema in ``crds/`` (:mod:`tests.k8s.kuberay_crds`),
+or one that serves only ``v1alpha1``, as KubeRay 0.6 and older did.
 Everything above the socket is real: the kubernetes Python client, its kubeconfig loading
 (``kubeconfig()`` writes one pointing here), the preflight's code.
 
@@ -32,7 +33,7 @@ import orjson
 import yaml
 
 from tests.k8s import kuberay_crds
-from verl_consistency.entrypoints.preflight.kuberay_fields import RAYJOB_CRD, RAYJOB_VERSION
+from verl_consistency.entrypoints.preflight.kuberay_fields import RAYJOB_ALPHA, RAYJOB_CRD, RAYJOB_VERSION
 
 FIXTURES = Path(__file__).resolve().parent / "preflight_fixtures"
 NAMESPACE = "vc"
@@ -97,6 +98,31 @@ def kuberay_crd(tag: str) -> dict[str, Any]:
     }
 
 
+def kuberay_alpha_crd() -> dict[str, Any]:
+    """The RayJob CRD as KubeRay 0.6 and older installed it: ``ray.io/v1alpha1`` served alone
+    (KubeRay's upgrade guide: v1alpha1 until 0.6, both in 1.0, v1 from 1.1).
+
+    0.6's schema is not stored; what stands in for it is 1.0.0's, under the version name
+    v1alpha1. The preflight reads a CRD's served version names first and, when ``v1`` is not
+    among them, nothing of any schema.
+    """
+    crd = kuberay_crd("v1.0.0")
+    (version,) = crd["spec"]["versions"]
+    version["name"] = RAYJOB_ALPHA
+    return crd
+
+
+def _served(crd: dict[str, Any] | None) -> set[str]:
+    return {v["name"] for v in (crd or {}).get("spec", {}).get("versions", []) if v.get("served")}
+
+
+def _discovery(version: str) -> dict[str, Any]:
+    """GET /apis/ray.io/<version>: the fixture's v1 document, for ``version``."""
+    doc = fixture_cluster("APIResourceList")
+    doc["groupVersion"] = f"ray.io/{version}"
+    return doc
+
+
 @dataclass
 class StandInCluster:
     """What the stand-in API server holds. Defaults: a cluster the flat fully-async file is ready for."""
@@ -120,7 +146,8 @@ class StandInCluster:
         ns = f"/api/v1/namespaces/{NAMESPACE}"
         out: dict[str, Any] = {
             "/version": fixture_cluster("Version"),
-            "/apis/ray.io/v1": fixture_cluster("APIResourceList") if self.crd else None,
+            "/apis/ray.io/v1": _discovery("v1") if RAYJOB_VERSION in _served(self.crd) else None,
+            "/apis/ray.io/v1alpha1": _discovery(RAYJOB_ALPHA) if RAYJOB_ALPHA in _served(self.crd) else None,
             "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rayjobs.ray.io": self.crd,
             "/api/v1/nodes": _list("NodeList", "v1", self.nodes),
             "/apis/storage.k8s.io/v1/storageclasses": _list(

@@ -33,6 +33,7 @@ from tests.k8s.apiserver_standin import (
     fixture_namespaced,
     fixture_nodes,
     fixture_storage_classes,
+    kuberay_alpha_crd,
     kuberay_crd,
     serve,
 )
@@ -172,7 +173,8 @@ def test_no_kuberay_crd_is_a_failure_that_says_how_to_install_it(tmp_path: Path)
     row = check(rep, "kuberay")
     assert row["status"] == "fail"
     assert "CRD rayjobs.ray.io is not installed" in row["found"]
-    assert "helm install kuberay-operator" in row["next"]
+    assert "helm repo add kuberay https://ray-project.github.io/kuberay-helm/" in row["next"]
+    assert "helm install kuberay-operator kuberay/kuberay-operator --version 1.7.0" in row["next"]
     assert check(rep, "rayjob-fields")["status"] == "warn"
 
 
@@ -252,6 +254,50 @@ def test_an_operator_older_than_its_crd_does_not_act_on_newer_fields(tmp_path: P
     assert "upgrade the operator to 1.5 or later" in row["next"]
 
 
+def operator(release: str) -> dict[str, Any]:
+    """The Helm-installed operator Deployment of the fixture, as the chart of ``release`` deploys it."""
+    dep = copy.deepcopy(fixture_cluster("Deployment"))
+    dep["metadata"]["labels"].update(
+        {"app.kubernetes.io/version": release, "helm.sh/chart": f"kuberay-operator-{release}"}
+    )
+    # KubeRay published its operator image on Docker Hub (kuberay/operator) before quay.io.
+    dep["spec"]["template"]["spec"]["containers"][0]["image"] = f"kuberay/operator:v{release}"
+    return dep
+
+
+UPGRADE = (
+    "upgrade KubeRay to 1.7.0, its CRDs first (helm upgrade leaves them): kubectl apply --server-side "
+    "--force-conflicts -k 'github.com/ray-project/kuberay/ray-operator/config/crd?ref=v1.7.0'; then "
+    "helm upgrade kuberay-operator kuberay/kuberay-operator --version 1.7.0"
+)
+
+
+def test_a_kuberay_serving_only_v1alpha1_is_named_and_gets_an_upgrade(tmp_path: Path) -> None:
+    cluster = StandInCluster(crd=kuberay_alpha_crd(), operators=[operator("0.6.0")])
+    res, _ = run(cluster, tmp_path)
+    rep = report(res)
+    row = check(rep, "kuberay")
+    assert res.exit_code == 1
+    assert row["status"] == "fail"
+    assert "CRD rayjobs.ray.io (v1alpha1) serves RayJob only as ray.io/v1alpha1, not v1" in row["found"]
+    assert "operator kuberay/operator:v0.6.0 (KubeRay 0.6.0)" in row["found"]
+    assert row["next"].startswith(UPGRADE)
+    assert "helm install" not in row["next"]  # KubeRay is there: an install would clash with it
+    assert check(rep, "rayjob-fields")["status"] == "warn"
+
+
+def test_a_v1alpha1_kuberay_is_named_from_discovery_when_its_crd_is_unreadable(tmp_path: Path) -> None:
+    crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rayjobs.ray.io"
+    cluster = StandInCluster(crd=kuberay_alpha_crd(), operators=[operator("0.6.0")], forbidden={crd_path})
+    res, server = run(cluster, tmp_path)
+    row = check(report(res), "kuberay")
+    assert row["status"] == "fail"
+    assert "the API serves RayJob only as ray.io/v1alpha1, not v1" in row["found"]
+    assert row["next"].startswith(UPGRADE)
+    asked = [r.path for r in server.requests]
+    assert asked.index("/apis/ray.io/v1") < asked.index("/apis/ray.io/v1alpha1")
+
+
 @pytest.mark.parametrize(
     ("nodes", "resource", "overlay"),
     [
@@ -292,7 +338,7 @@ def test_the_suggested_overlay_asks_for_the_nodes_device_name(tmp_path: Path) ->
 def test_too_few_ready_npu_nodes(tmp_path: Path) -> None:
     cluster = StandInCluster()
     ready = next(c for c in cluster.node("npu-a2-1")["status"]["conditions"] if c["type"] == "Ready")
-    ready.update(status="Unknown", reason="NodeStatusUnknown")
+    ready.update(status="Unknown", reason="NodeStatusUnknown", message="Kubelet stopped posting node status.")
     res, _ = run(cluster, tmp_path)
     rep = report(res)
     row = check(rep, "accelerators")
@@ -300,9 +346,42 @@ def test_too_few_ready_npu_nodes(tmp_path: Path) -> None:
     assert row["status"] == "fail"
     assert "Ready nodes with huawei.com/Ascend910: 1 (npu-a2-0: 8)" in row["found"]
     assert "too few: worker group rollout: a pod requests huawei.com/Ascend910 8" in row["found"]
+    # The node that would make it fit is named, with the condition that keeps it out.
+    assert (
+        "npu-a2-1 is NotReady (Ready=Unknown, NodeStatusUnknown: Kubelet stopped posting node status.)"
+        in row["found"]
+    )
+    assert row["next"].startswith("bring it back: `kubectl describe node npu-a2-1`")
     # The label and taints admit the pods: the node-label row does not repeat the shortage as its own.
     assert check(rep, "node-label")["status"] == "warn"
     assert "their devices are too few (see accelerators)" in check(rep, "node-label")["found"]
+
+
+def test_every_npu_node_not_ready_names_them_not_a_missing_device_plugin(tmp_path: Path) -> None:
+    cluster = StandInCluster()
+    down = next(c for c in cluster.node("npu-a2-0")["status"]["conditions"] if c["type"] == "Ready")
+    down.update(
+        status="False",
+        reason="KubeletNotReady",
+        message="container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady",
+    )
+    cluster.node("npu-a2-1")["spec"]["unschedulable"] = True  # `kubectl cordon npu-a2-1`
+    res, _ = run(cluster, tmp_path)
+    rep = report(res)
+    row = check(rep, "accelerators")
+    assert res.exit_code == 1
+    assert row["status"] == "fail"
+    assert "no Ready node offers huawei.com/Ascend910" in row["found"]
+    assert "2 nodes with it not Ready" in row["found"]
+    assert (
+        "npu-a2-0 is NotReady (Ready=False, KubeletNotReady: container runtime network not ready"
+        in row["found"]
+    )
+    assert "npu-a2-1 is cordoned (spec.unschedulable)" in row["found"]
+    assert "device plugin" not in row["next"]  # the plugin is there: the nodes are down
+    assert "kubectl describe node npu-a2-0" in row["next"]
+    assert "kubectl uncordon <node>" in row["next"]
+    assert check(rep, "node-label")["status"] == "warn"  # nothing to place pods on: not its to say
 
 
 def test_too_little_memory_on_the_npu_nodes(tmp_path: Path) -> None:
@@ -457,6 +536,19 @@ def test_an_image_other_than_the_one_built_is_a_warning(tmp_path: Path) -> None:
     assert "without a registry, on a cluster of several nodes" in row["found"]
 
 
+def test_the_built_image_pushed_to_a_registry_is_yours_without_image(tmp_path: Path) -> None:
+    def pushed(docs: list[dict[str, Any]]) -> None:
+        for spec in pod_specs(docs):
+            for c in [*spec.get("initContainers", []), *spec["containers"]]:
+                c["image"] = f"registry.example.com/ml/{c['image']}"
+
+    res, _ = run(StandInCluster(), tmp_path, "--manifest", str(variant(tmp_path, pushed)))
+    row = check(report(res), "image")
+    assert row["status"] == "ok", row  # the tag `make image` wrote, under the registry the nodes pull from
+    res, _ = run(StandInCluster(), tmp_path, "--manifest", str(variant(tmp_path, pushed)), "--image", "x:1")
+    assert check(report(res), "image")["status"] == "warn"  # --image names exactly one
+
+
 def test_forbidden_reads_are_warnings_not_failures(tmp_path: Path) -> None:
     forbidden = {"/api/v1/nodes", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rayjobs.ray.io"}
     res, server = run(StandInCluster(forbidden=forbidden), tmp_path)
@@ -548,9 +640,8 @@ def test_make_preflight_passes_overlay_and_namespace_and_its_exit_code(tmp_path:
     cluster = StandInCluster(nodes=[fixture["hami-910b-0"], fixture["hami-910b-1"], fixture["cpu-0"]])
     with serve(cluster) as server:
         env = {**os.environ, "KUBECONFIG": str(server.kubeconfig(tmp_path))}
-        # This interpreter, and the venv's stamp taken as up to date (-o): the test never builds a venv.
+        # This interpreter instead of .venv-preflight's CLI: the test never builds a venv.
         cmd = f"{sys.executable} -m verl_consistency.entrypoints preflight"
-        make = ["make", "-s", "--no-print-directory", "-o", ".venv/.installed", "-o", ".venv-next/.installed"]
         args = [
             "preflight",
             "OVERLAY=hami",
@@ -558,12 +649,13 @@ def test_make_preflight_passes_overlay_and_namespace_and_its_exit_code(tmp_path:
             "PREFLIGHT_ARGS=--json",
             f"PREFLIGHT_CMD={cmd}",
         ]
-        res = subprocess.run([*make, *args], cwd=REPO, env=env, capture_output=True, text=True)
-    assert res.returncode != 0, res.stdout  # make fails when the preflight says something will fail
+        res = subprocess.run(
+            ["make", "-s", "--no-print-directory", *args], cwd=REPO, env=env, capture_output=True, text=True
+        )
+    assert res.returncode == 1, res.stderr  # the CLI's "something will fail" (test_preflight_make.py)
     rep = json.loads(res.stdout)
     assert rep["namespace"] == "team-b"
     assert rep["manifest"].endswith("k8s/overlays/hami")
     assert check(rep, "accelerators")["status"] == "ok"
     assert check(rep, "node-label")["status"] == "fail"
-    assert "preflight] Error 1" in res.stderr
     assert {r.method for r in server.requests} == {"GET"}
