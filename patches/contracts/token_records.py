@@ -147,6 +147,16 @@ class Figures(BaseModel):
     max_abs_diff: float | None = None
 
 
+CALL_VERSIONS = "vc_call_weight_versions"
+"""``extra_fields`` key (``hooks/request_ids.py``): the weights of each vLLM generate call of a
+trajectory, in order, as the server stamped them (verl's ``global_steps``). One call, one version; a
+partial-rollout resume after a weight sync is a second call at the new version."""
+
+CALL_OFFSETS = "vc_call_offsets"
+"""``extra_fields`` key beside :data:`CALL_VERSIONS`: the response position where each call's tokens
+begin (0 for the first call)."""
+
+
 class _TrainingStepRecord(Figures, records.RecordHeader):
     """The header :class:`TokenRecord` and :class:`StepRecord` share: one training step's figures,
     with the global step and the threshold they were computed against."""
@@ -164,6 +174,14 @@ class TokenRecord(_TrainingStepRecord):
     index: Any = Field(default=None, description="the dataset's prompt index (extra_info.index)")
     uid: str | None = Field(default=None, description="verl's per-step prompt group uid")
     response_length: int = Field(description="valid response tokens (response_mask)")
+    rollout_weight_versions: list[int | None] | None = Field(
+        default=None,
+        description="the weights of each generate call that made the response (a resume after a weight "
+        "sync adds one); absent in older records",
+    )
+    rollout_version_offsets: list[int] | None = Field(
+        default=None, description="the response position where each of those calls' tokens begin"
+    )
     first_above: int | None = None
     abs_logp_diff: list[float | None] | None = Field(
         default=None, description="per position |old - rollout| (None where masked), when short"

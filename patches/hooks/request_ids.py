@@ -18,6 +18,10 @@ two keys to fields of their own (:func:`lift_fields`); the engines then see them
 * ``request_ids_all``: every vLLM id the trajectory used, in order (resumes and turns).
   If the first request was aborted before vLLM ever scheduled it, the first id has no prefill
   in the dispatch log; the list lets the postprocess see that and report it.
+* the weights of each call and where its tokens begin in the response
+  (``contracts.token_records.CALL_VERSIONS``/``CALL_OFFSETS``, issue 41): a partial-rollout resume
+  after a weight sync generates the rest of the response with newer weights, and the token view must
+  not compare those tokens as if one set of weights made them. They stay inside ``extra_fields``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl_consistency.contracts import capture
+from verl_consistency.contracts import token_records as tr
 from verl_consistency.contracts.env import CAPTURE
 
 REQUEST_ID = "request_id"
@@ -36,9 +41,23 @@ REQUEST_IDS_ALL = "request_ids_all"
 
 
 def tag_output(extra_fields: dict[str, Any], vllm_request_id: str) -> None:
-    """``LLMServerClient.generate``: record the id this one vLLM call was sent under."""
+    """``LLMServerClient.generate``: record the id this one vLLM call was sent under, and its weights.
+
+    The weights are the server's ``global_steps``: a sync aborts the requests in flight first, so one
+    call runs one version."""
     extra_fields[REQUEST_ID] = vllm_request_id
     extra_fields[REQUEST_IDS_ALL] = [vllm_request_id]
+    extra_fields[tr.CALL_VERSIONS] = [_version(extra_fields.get("global_steps"))]
+    extra_fields[tr.CALL_OFFSETS] = [0]
+
+
+def _version(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _ids(fields: dict[str, Any]) -> list[str]:
@@ -49,15 +68,30 @@ def _ids(fields: dict[str, Any]) -> list[str]:
     return [str(i) for i in ids]
 
 
-def merge_resume(final_fields: dict[str, Any], output_fields: dict[str, Any]) -> None:
+def merge_resume(
+    final_fields: dict[str, Any], output_fields: dict[str, Any], tokens_before: int | None = None
+) -> None:
     """``FullyAsyncLLMServerClient``: fold one resume iteration into the trajectory's output.
 
-    The first id wins; every id is appended to the list. Other keys are left to upstream.
+    The first id wins; every id is appended to the list. ``tokens_before`` (the response tokens
+    generated before this iteration) places this call's weights in the response. Other keys are
+    left to upstream.
     """
     before = _ids(final_fields)
     if REQUEST_ID not in final_fields and REQUEST_ID in output_fields:
         final_fields[REQUEST_ID] = output_fields[REQUEST_ID]
     final_fields[REQUEST_IDS_ALL] = [*before, *_ids(output_fields)]
+    if tokens_before is None or tr.CALL_VERSIONS not in output_fields:
+        return
+    versions = list(final_fields.get(tr.CALL_VERSIONS) or [])
+    offsets = list(final_fields.get(tr.CALL_OFFSETS) or [])
+    for v, off in zip(
+        output_fields[tr.CALL_VERSIONS], output_fields.get(tr.CALL_OFFSETS) or [0], strict=False
+    ):
+        versions.append(v)
+        offsets.append(int(tokens_before) + int(off))
+    final_fields[tr.CALL_VERSIONS] = versions
+    final_fields[tr.CALL_OFFSETS] = offsets
 
 
 def merge_turn(agent_fields: dict[str, Any], output_fields: dict[str, Any]) -> None:
@@ -97,9 +131,8 @@ def clear_padding(sample: dict[str, Any]) -> None:
         sample[REQUEST_IDS_ALL] = []
     extra = sample.get("extra_fields")
     if isinstance(extra, dict):
-        extra.pop(REQUEST_ID, None)
-        extra.pop(REQUEST_IDS_ALL, None)
-    from verl_consistency.contracts import token_records as tr
+        for key in (REQUEST_ID, REQUEST_IDS_ALL, tr.CALL_VERSIONS, tr.CALL_OFFSETS):
+            extra.pop(key, None)
 
     for key in (tr.NEXT_TOKEN, tr.NEXT_TOKEN_ROLLOUT_LOG_PROB, tr.NEXT_TOKEN_TOPK):
         if key in sample:

@@ -39,6 +39,8 @@ import orjson
 
 from verl_consistency.contracts import env, records
 from verl_consistency.contracts.token_records import (
+    CALL_OFFSETS,
+    CALL_VERSIONS,
     INLINE_MAX,
     SIDE_FILE,
     STEP_LOG,
@@ -152,6 +154,9 @@ class _Batch:
     request_ids: list[Any]
     indices: list[Any]
     uids: list[Any]
+    call_versions: list[Any]
+    """Per response, the weights of each generate call that made it (``hooks/request_ids.py``)."""
+    call_offsets: list[Any]
 
 
 def _record(
@@ -171,7 +176,13 @@ def _record(
     n = len(figs.per_response)
     nt = batch.non_tensor_batch
     b = _Batch(
-        figs, spans(mask), _column(nt, "request_id", n), _column(nt, "index", n), _column(nt, "uid", n)
+        figs,
+        spans(mask),
+        _column(nt, "request_id", n),
+        _column(nt, "index", n),
+        _column(nt, "uid", n),
+        _column(nt, CALL_VERSIONS, n),
+        _column(nt, CALL_OFFSETS, n),
     )
     w = _writer(Path(e[env.RUN_DIR].strip()))
     header = {
@@ -207,6 +218,7 @@ def _write_tokens(w: _Writer, b: _Batch, header: dict[str, Any]) -> None:
             "uid": None if b.uids[i] is None else str(b.uids[i]),
             "response_length": fig.tokens,
             "first_above": b.figures.first_above[i],
+            **_calls(b.call_versions[i], b.call_offsets[i]),
             **fig.model_dump(),
         }
         if span <= INLINE_MAX:
@@ -226,6 +238,20 @@ def _write_tokens(w: _Writer, b: _Batch, header: dict[str, Any]) -> None:
     w.tokens.flush()
 
 
+def _calls(versions: Any, offsets: Any) -> dict[str, Any]:
+    """The record's ``rollout_weight_versions`` and ``rollout_version_offsets`` (none when unknown)."""
+    if versions is None or offsets is None:
+        return {}
+    vs = [
+        None if v is None else int(v)
+        for v in (versions.tolist() if hasattr(versions, "tolist") else versions)
+    ]
+    offs = [int(o) for o in (offsets.tolist() if hasattr(offsets, "tolist") else offsets)]
+    if not vs or len(vs) != len(offs):
+        return {}
+    return {"rollout_weight_versions": vs, "rollout_version_offsets": offs}
+
+
 def _verl_values(verl_metrics: Mapping[str, Any] | None) -> dict[str, float | int | None]:
     """What verl itself logged for the batch (``VERL_KEYS``), NaN as None."""
     values: dict[str, float | int | None] = {}
@@ -237,7 +263,7 @@ def _verl_values(verl_metrics: Mapping[str, Any] | None) -> dict[str, float | in
     return values
 
 
-V1_FIELDS = ("request_id", "index", "uid")
+V1_FIELDS = ("request_id", "index", "uid", "extra_fields")
 """What :func:`record_v1` reads from TransferQueue beside the batch verl's metrics saw."""
 
 
@@ -275,6 +301,13 @@ def record_v1(
         for key in V1_FIELDS:
             if key in got.keys():  # noqa: SIM118 (a TensorDict refuses `key in td`)
                 values = list(got[key].tolist() if hasattr(got[key], "tolist") else got[key])
+                if key == "extra_fields":  # one dict per sample: the calls' weights live in it
+                    for sub in (CALL_VERSIONS, CALL_OFFSETS):
+                        column = np.empty(n, dtype=object)
+                        for i, x in enumerate(values):  # lists: one by one, never broadcast as a 2-D array
+                            column[i] = x.get(sub) if isinstance(x, dict) else None
+                        data.non_tensor_batch[sub] = column
+                    continue
                 column = np.empty(n, dtype=object)
                 column[:] = values
                 data.non_tensor_batch[key] = column

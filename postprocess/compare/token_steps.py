@@ -4,6 +4,14 @@
 A step's figure is the mean |Δ log p| over all its valid response tokens, the figure published
 work reports (:data:`PUBLISHED_MEAN_ABS`); a response's is its own mean and its worst token, with
 the token's position (where along the response the engines parted).
+
+In the async modes a step trains on responses generated with older weights, and a partial-rollout
+resume after a weight sync generates the rest of a response with newer ones
+(``rollout_weight_versions``/``rollout_version_offsets`` of the token records). verl's old log-probs
+of step ``s`` ran weights ``s - 1``, so for such a response |Δ log p| holds the optimizer's steps as
+well as the engines' gap. Such a response is *stale* (:func:`stale_from`): it is counted apart
+(``stale_responses``, ``stale_mean_abs_diff``), and the step's mean and worst token are those of the
+responses that one set of weights, the step's own, made end to end.
 """
 
 from __future__ import annotations
@@ -36,6 +44,40 @@ class TokenStep(BaseModel):
     max_abs_diff: float | None = None
     worst_request_id: str | None = None
     worst_position: int | None = None
+    stale_responses: int = 0
+    """Responses some of whose tokens other weights than the step's made (:func:`stale_from`)."""
+    stale_mean_abs_diff: float | None = None
+    """Their mean |Δ log p| over their valid tokens: the engines' gap plus the weights' change."""
+
+
+def stale_from(rec: tm.TokenRecord) -> int | None:
+    """The first response position another set of weights than the step's own made (None: none, or
+    unknown). The step's own are ``global_step - 1``, what its old-log-prob forward ran."""
+    versions, offsets = rec.rollout_weight_versions, rec.rollout_version_offsets
+    if not versions or not offsets or len(versions) != len(offsets):
+        return None
+    own = rec.global_step - 1
+    for v, off in zip(versions, offsets, strict=True):
+        if v is not None and v != own:
+            return off
+    return None
+
+
+def weights_text(rec: tm.TokenRecord) -> str:
+    """A response's rollout weights in a cell: ``3``, or ``3→4@2`` (a resume at position 2 ran 4)."""
+    versions, offsets = rec.rollout_weight_versions, rec.rollout_version_offsets
+    if not versions or not offsets:
+        return ""
+    parts = [str(versions[0])]
+    parts += [f"→{v}@{off}" for v, off in zip(versions[1:], offsets[1:], strict=False)]
+    return "".join(parts)
+
+
+def _mean(recs: Sequence[tm.TokenRecord], idx: Sequence[int]) -> tuple[float | None, int]:
+    """Mean |Δ log p| over the responses' valid tokens (each response's mean weighted by its tokens)."""
+    weighted = [(recs[i].abs_diff, recs[i].tokens) for i in idx if recs[i].abs_diff is not None]
+    tokens = sum(n for _, n in weighted)
+    return (sum(v * n for v, n in weighted) / tokens if tokens else None), tokens
 
 
 def argmax(row: Sequence[float | None]) -> int | None:
@@ -57,18 +99,25 @@ def per_step(
     for i, r in enumerate(recs):
         by_step.setdefault(r.global_step, []).append(i)
     out: dict[int, TokenStep] = {}
-    for step, idx in by_step.items():
-        weighted = [(recs[i].abs_diff, recs[i].tokens) for i in idx if recs[i].abs_diff is not None]
-        tokens = sum(n for _, n in weighted)
-        worst = max(idx, key=lambda i: recs[i].max_abs_diff if recs[i].max_abs_diff is not None else -1.0)
+    for step, every in by_step.items():
+        stale = [i for i in every if stale_from(recs[i]) is not None]
+        idx = [i for i in every if stale_from(recs[i]) is None]
+        mean, _ = _mean(recs, idx)
+        worst = (
+            max(idx, key=lambda i: recs[i].max_abs_diff if recs[i].max_abs_diff is not None else -1.0)
+            if idx
+            else None
+        )
         out[step] = TokenStep(
             global_step=step,
-            responses=len(idx),
-            tokens=sum(recs[i].tokens for i in idx),
-            mean_abs_diff=sum(v * n for v, n in weighted) / tokens if tokens else None,
-            max_abs_diff=recs[worst].max_abs_diff,
-            worst_request_id=recs[worst].request_id,
-            worst_position=worst_at[worst],
+            responses=len(every),
+            tokens=sum(recs[i].tokens for i in every),
+            mean_abs_diff=mean,
+            max_abs_diff=recs[worst].max_abs_diff if worst is not None else None,
+            worst_request_id=recs[worst].request_id if worst is not None else None,
+            worst_position=worst_at[worst] if worst is not None else None,
+            stale_responses=len(stale),
+            stale_mean_abs_diff=_mean(recs, stale)[0],
         )
     for s in steps:
         if s.global_step not in out:
@@ -100,6 +149,8 @@ def write_responses_csv(
         "worst_position",
         "first_above",
         "pair_id",
+        "rollout_weights",
+        "stale_from",
     )
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -118,6 +169,8 @@ def write_responses_csv(
                 "" if worst_at[i] is None else worst_at[i],
                 "" if r.first_above is None else r.first_above,
                 pair_of.get(r.request_id or "", ""),
+                weights_text(r),
+                "" if stale_from(r) is None else stale_from(r),
             ]
         )
     write_text_atomic(path, buf.getvalue())

@@ -134,6 +134,14 @@ class StepSummary(_Model):
         default=None, description="mean |Δ log p| over the step's valid response tokens (token records)"
     )
     max_abs_logp_diff: float | None = Field(default=None, description="the step's worst token")
+    stale_responses: int = Field(
+        default=0,
+        description="responses of the step some of whose tokens older weights made (async modes): kept out "
+        "of mean_abs_logp_diff and max_abs_logp_diff (compare/token_steps.py)",
+    )
+    stale_mean_abs_logp_diff: float | None = Field(
+        default=None, description="their mean |Δ log p|: the engines' gap plus the weights' change"
+    )
     worst_token_request_id: str | None = None
     worst_token_position: int | None = None
     grad_norm: float | None = Field(default=None, description="run.json steps: actor/grad_norm")
@@ -249,6 +257,8 @@ def build(
                 "max_abs_logp_diff": t.max_abs_diff,
                 "worst_token_request_id": t.worst_request_id,
                 "worst_token_position": t.worst_position,
+                "stale_responses": t.stale_responses,
+                "stale_mean_abs_logp_diff": t.stale_mean_abs_diff,
             }
         )
     for m in run_steps:

@@ -58,7 +58,8 @@ def _stand_in() -> Any:
             self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
         ) -> TokenOutput:
             self.seen.append((request_id, len(prompt_ids)))
-            extra = {"global_steps": 3}
+            # a weight sync aborts the first request (version 3); its resume runs version 4
+            extra = {"global_steps": 3 if len(self.seen) == 1 or not self.abort_first else 4}
             if self.abort_first and len(self.seen) == 1:
                 return TokenOutput(
                     token_ids=[11, 12], log_probs=[-0.1, -0.2], stop_reason="aborted", extra_fields=extra

@@ -220,6 +220,9 @@ def test_v1_records_from_verls_real_old_log_prob_pass(verl_driver_report: dict[s
     assert [r.uid for r in recs] == ["u0", "u1"]
     assert [r.response_length for r in recs] == [2, 4]
     assert [r.global_step for r in recs] == [7, 7]
+    # the fully-async sample was aborted by a weight sync after 2 tokens and resumed at version 4
+    calls = [(r.rollout_weight_versions, r.rollout_version_offsets) for r in recs]
+    assert calls == [([3], [0]), ([3, 4], [0, 2])]
     for rec in recs:
         assert rec.abs_logp_diff == pytest.approx([v1["delta"]] * rec.response_length, abs=1e-6)
     (step,) = [tm.StepRecord.model_validate(x) for x in v1["step_records"]]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from verl_consistency.contracts import capture, pins
+from verl_consistency.contracts import token_records as tr
 from verl_consistency.patches.hooks import request_ids
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
@@ -47,7 +48,12 @@ def test_fully_async_resume_keeps_the_first_id_and_lists_all(report: dict[str, A
     assert fa["token_ids"] == [11, 12, 13, 14]
     assert fa["extra_fields"]["request_id"] == first, "the prompt-only prefill's id wins (recipe: last won)"
     assert fa["extra_fields"]["request_ids_all"] == [first, second]
-    assert fa["extra_fields"]["max_global_steps"] == 3
+    assert (fa["extra_fields"]["min_global_steps"], fa["extra_fields"]["max_global_steps"]) == (3, 4)
+    # each generate call's weights and where its tokens begin: 2 tokens at version 3, the rest at 4
+    assert fa["extra_fields"][tr.CALL_VERSIONS] == [3, 4]
+    assert fa["extra_fields"][tr.CALL_OFFSETS] == [0, 2]
+    one = report["hybrid"]["extra_fields"]
+    assert (one[tr.CALL_VERSIONS], one[tr.CALL_OFFSETS]) == ([3], [0])
 
 
 def _expected(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from verl_consistency.patches.hooks import training, weight_sync
+from verl_consistency.patches.hooks import older_weights, training, weight_sync
 
 pytestmark = pytest.mark.pinset
 
@@ -21,20 +21,24 @@ pytestmark = pytest.mark.pinset
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
     weight_sync.reset_for_tests()
+    older_weights.reset_for_tests()
 
 
 def _engine() -> SimpleNamespace:
+    import torch
+
     return SimpleNamespace(
         engine_config=SimpleNamespace(forward_only=False),
         model_config=SimpleNamespace(model_type="language_model"),
         rank=0,
+        module=torch.nn.Linear(2, 2),  # a sync's first forward keeps a host copy of it (older_weights)
     )
 
 
 def _dumper(monkeypatch: pytest.MonkeyPatch, *, forward_only: bool) -> training.BatchDumper:
     monkeypatch.setenv("DUMP_ON", "1")
     monkeypatch.setenv("DUMP_PHASE", "all")
-    monkeypatch.setattr(training, "_session", lambda: object())
+    monkeypatch.setattr(training.training_session, "session", lambda: object())
     got = training.batch_dumper(_engine(), backend="fsdp", forward_only=forward_only)
     assert isinstance(got, training.BatchDumper)
     return got
@@ -56,7 +60,7 @@ def test_updates_are_counted_even_when_their_phase_is_not_dumped(monkeypatch: py
     weight_sync.weights_sent(1)
     monkeypatch.setenv("DUMP_ON", "1")
     monkeypatch.setenv("DUMP_PHASE", "log_prob")
-    monkeypatch.setattr(training, "_session", lambda: object())
+    monkeypatch.setattr(training.training_session, "session", lambda: object())
     assert training.batch_dumper(_engine(), backend="fsdp", forward_only=False) is training.NO_DUMP
     got = training.batch_dumper(_engine(), backend="fsdp", forward_only=True)
     assert isinstance(got, training.BatchDumper)

@@ -392,3 +392,44 @@ def test_a_hybrid_step_has_staleness_zero(tmp_path: Path) -> None:
     _t, pairs = _run(tmp_path, {0: ["a0"], 1: ["b0"]})
     _html, _md, summary = _write(tmp_path, pairs, [_comparison(p, diverged=False) for p in pairs])
     assert [(r.rollout_versions, r.max_staleness) for r in summary.per_step] == [([0], 0), ([1], 0)]
+
+
+def _rec(step: int, sample: int, diff: float, versions=None, offsets=None) -> tm.TokenRecord:
+    return tm.TokenRecord(
+        timestamp="2026-01-01T00:00:00", pid=3, global_step=step, threshold=tm.DEFAULT_THRESHOLD,
+        sample=sample, request_id=f"s{step}r{sample}", response_length=4, tokens=4, abs_diff=diff,
+        max_abs_diff=diff * 2, abs_logp_diff=[diff] * 4, rollout_weight_versions=versions,
+        rollout_version_offsets=offsets,
+    )  # fmt: skip
+
+
+def test_a_response_other_weights_made_is_kept_out_of_the_steps_token_figures() -> None:
+    """Step 3 (weights 2): r0 made by 2 alone; r1 generated at 1 (stale from token 0); r2 resumed
+    after a sync, 2 then 3 from token 2 (stale from 2); r3 without versions (older records)."""
+    from verl_consistency.postprocess.compare import token_steps as ts
+
+    recs = [
+        _rec(3, 0, 0.01, [2], [0]),
+        _rec(3, 1, 0.5, [1], [0]),
+        _rec(3, 2, 0.3, [2, 3], [0, 2]),
+        _rec(3, 3, 0.03),
+    ]
+    assert [ts.stale_from(r) for r in recs] == [None, 0, 2, None]
+    assert [ts.weights_text(r) for r in recs] == ["2", "1", "2→3@2", ""]
+    (step,) = ts.per_step(recs, [0, 0, 0, 0])
+    assert (step.responses, step.stale_responses) == (4, 2)
+    assert step.mean_abs_diff == pytest.approx(0.02), "the responses the step's weights made end to end"
+    assert step.stale_mean_abs_diff == pytest.approx(0.4)
+    assert (step.max_abs_diff, step.worst_request_id) == (0.06, "s3r3"), "the worst of those, not the stale"
+
+
+def test_every_response_stale_leaves_the_steps_mean_empty_and_says_so(tmp_path: Path) -> None:
+    from verl_consistency.postprocess.compare import token_steps as ts
+
+    recs = [_rec(2, i, 0.5, [0], [0]) for i in range(2)]
+    (step,) = ts.per_step(recs, [0, 0])
+    assert (step.mean_abs_diff, step.max_abs_diff, step.stale_responses) == (None, None, 2)
+    ts.write_responses_csv(tmp_path / "r.csv", recs, [0, 0], {})
+    header, row, _ = (tmp_path / "r.csv").read_text().split("\n", 2)
+    assert header.endswith("rollout_weights,stale_from")
+    assert row.endswith(",0,0")
