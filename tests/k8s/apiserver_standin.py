@@ -282,3 +282,29 @@ def serve(cluster: StandInCluster) -> Iterator[StandInApiServer]:
     finally:
         server.httpd.shutdown()
         server.httpd.server_close()
+
+
+def dead_kubeconfig(folder: Path) -> Path:
+    """A kubeconfig whose server is a loopback port nothing listens on (connection refused): the
+    server's address is the kubeconfig's one cluster's ``server``."""
+    import socket
+
+    import yaml
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = folder / "kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "ctx",
+            }
+        )
+    )
+    return path

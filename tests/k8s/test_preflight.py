@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from tests.k8s.apiserver_standin import (
     NAMESPACE,
     StandInApiServer,
     StandInCluster,
+    dead_kubeconfig,
     fixture_cluster,
     fixture_namespaced,
     fixture_nodes,
@@ -563,25 +563,11 @@ def test_forbidden_reads_are_warnings_not_failures(tmp_path: Path) -> None:
 
 
 def test_an_api_server_that_does_not_answer_exits_2(tmp_path: Path) -> None:
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "ctx",
-            }
-        )
-    )
+    kubeconfig = dead_kubeconfig(tmp_path)
+    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
     res = CliRunner().invoke(app, ["preflight", "--kubeconfig", str(kubeconfig)])
     assert res.exit_code == 2
-    assert f"cannot read the cluster: http://127.0.0.1:{port} did not answer" in res.stderr
+    assert f"cannot read the cluster: {server} did not answer" in res.stderr
 
 
 def test_context_and_namespace_are_found_as_kubectl_finds_them(tmp_path: Path) -> None:

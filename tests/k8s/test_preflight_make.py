@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tomllib
@@ -22,38 +21,16 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from typer.testing import CliRunner
 
-from tests.k8s.apiserver_standin import StandInCluster, serve
+from tests.k8s.apiserver_standin import StandInCluster, dead_kubeconfig, serve
 from tests.k8s.conftest import REPO
 from verl_consistency.entrypoints.cli import app
 
 HEAVY = ("torch", "verl", "msprobe", "ray", "vllm", "numpy", "transformers")
 """What the development environment has and the preflight must not need."""
-
-
-def _dead_kubeconfig(folder: Path) -> Path:
-    """A kubeconfig whose server is a loopback port nothing listens on (connection refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    path = folder / "kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "ctx",
-            }
-        )
-    )
-    return path
 
 
 def make_preflight(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -81,7 +58,7 @@ def make_preflight(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[
 )
 def test_make_preflight_exits_with_the_cli_s_code(tmp_path: Path, cluster: StandInCluster | None, code: int):
     if cluster is None:
-        kubeconfig = _dead_kubeconfig(tmp_path)
+        kubeconfig = dead_kubeconfig(tmp_path)
         res = make_preflight(kubeconfig)
         cli = CliRunner().invoke(app, ["preflight"], env={"KUBECONFIG": str(kubeconfig)})
     else:
