@@ -319,6 +319,15 @@ def _run_versions(engine: Any, actor_cfg: Any, report: dict[str, Any]) -> None:
     batch.non_tensor_batch["min_global_steps"] = np.array([0, 0, 1, 1], dtype=object)
     second = _log_probs(engine, batch)
     report["second_log_probs"] = [float(x).hex() for x in second.flatten().tolist()]
+    # a second update at version 1: with DUMP_PHASE=all its stale requests are dumped after verl's
+    # backward, before its optimizer step, which must see the same gradients
+    batch.batch["old_log_probs"] = second
+    td = left_right_2_no_padding(batch.to_tensordict())
+    _engine_keys(td, calculate_entropy=True, global_batch_size=BATCH)
+    with engine.train_mode():
+        out = engine.train_batch(td, loss_function=partial(ppo_loss, actor_cfg))
+    report["second_grad_norm"] = float(out["metrics"]["grad_norm"]).hex()
+    report["after_log_probs"] = [float(x).hex() for x in _log_probs(engine, batch).flatten().tolist()]
     report["finite"] = bool(torch.isfinite(second).all()) and bool(
         torch.isfinite(torch.tensor(report["grad_norm"]))
     )

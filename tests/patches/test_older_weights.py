@@ -53,13 +53,14 @@ def runs(root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tupl
         "keep0": _run(
             root, work, tmp_path_factory.mktemp("keep0"), dump=True, VERL_CONSISTENCY_KEEP_VERSIONS="0"
         ),
+        "all": _run(root, work, tmp_path_factory.mktemp("all"), dump=True, DUMP_PHASE="all"),
     }
 
 
 def test_stale_requests_are_dumped_by_a_forward_at_their_rollouts_weights(runs: dict) -> None:
     report, run_dir = runs["dump"]
     ids = report["request_ids"]
-    first, inline, replay = _records(run_dir)
+    first, inline, replay = _records(run_dir)[:3]  # the third pass (after the second update) follows
     # sync 0: one packed micro batch, every request a lane, at version 0
     assert (first.lane_request_ids, first.weight_version, first.trainer_weight_version) == (ids, 0, None)
     # sync 1: the requests of version 1 in verl's own forward; the stale two in a second one at version 0
@@ -88,7 +89,7 @@ def test_verls_own_log_probs_are_the_same_bits_with_the_replay(runs: dict) -> No
 
 def test_keep_versions_zero_dumps_every_request_at_the_trainers_weights(runs: dict) -> None:
     report, run_dir = runs["keep0"]
-    _first, second = _records(run_dir)
+    _first, second = _records(run_dir)[:2]
     assert second.lane_request_ids == report["request_ids"]
     assert second.lanes_elsewhere is None
     assert (second.weight_version, second.trainer_weight_version) == (1, None)
@@ -101,3 +102,19 @@ def test_the_records_are_the_contracts(runs: dict) -> None:
     raw = [json.loads(x) for x in log.read_text().splitlines()]
     assert "trainer_weight_version" not in raw[1]
     assert raw[2]["trainer_weight_version"] == 1
+
+
+def test_an_update_dumps_its_stale_requests_after_verls_backward_and_trains_the_same(runs: dict) -> None:
+    """DUMP_PHASE=all: the second update (version 1) replays a and b at version 0 after its backward;
+    its grad norm and the weights it leaves (the log-probs after it) are the undumped run's bits."""
+    report, run_dir = runs["all"]
+    ids = report["request_ids"]
+    recs = _records(run_dir)
+    updates = [r for r in recs if r.phase == "update_actor"]
+    replayed = [r for r in updates if r.trainer_weight_version is not None]
+    assert [(r.lane_request_ids, r.weight_version, r.trainer_weight_version) for r in replayed] == [
+        (ids[:2], 0, 1)
+    ]
+    plain = runs["plain"][0]
+    assert report["second_grad_norm"] == plain["second_grad_norm"]
+    assert report["after_log_probs"] == plain["after_log_probs"]
