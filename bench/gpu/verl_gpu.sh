@@ -79,6 +79,9 @@
 # Each ride writes $OUT/<run id>.tar.xz: trim/<run id>/ goes to tests/postprocess/fixtures/ as one
 # .tar.xz of that one folder (as h200-next-check.tar.xz), re-paired in CI; the H100 runs of 2026-12-06:
 # h100-next-ride-along{,-fault}.tar.xz (tests/postprocess/test_ride_along_h100_next.py).
+# The second session (main 493b466, bench/results/gpu-2026-12-06b/): h100-next-fully-async{,-fault}.tar.xz,
+# h100-next-colocate-async.tar.xz (trim_run.py --max-pairs 40 --max-mib 16: every step kept;
+# tests/postprocess/test_async_h100_next.py) and h100-next-check.tar.xz (test_check_h100_next.py).
 # A whole session for the three open GPU issues, in order of what each proves (2026-12-04 plan, from
 # the walls measured above; ~26 of the 30 device-minutes): the five stage calls (~2 min held) and
 # `setup` (~1.5 min); issue 35: `ride` (~5 min), `FAULT=1 STEPS=4 ride` (~3.5), `CHECK_MODEL=assets
