@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import math
-import tarfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,12 +47,12 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.subprocess_run import bundle_through_cli
+from tests.postprocess.gpu_runs import FIXTURES, Repaired, assert_fault_pairs, repair, unpack
 from verl_consistency.postprocess.compare.verdict import DIVERGED_REL_ERR, HEALTHY_REL_ERR
 
 pytestmark = pytest.mark.msprobe
 
-FIXTURES = Path(__file__).parent / "fixtures"
+
 RESPONSES = 16
 """A step's requests: 8 prompts x n=2, one response each; also the size of the untrained last batch."""
 M8 = (
@@ -127,25 +126,6 @@ RUNS = {
 HEALTHY_RUNS = (FA_ID, CA_ID)
 
 
-@dataclass(frozen=True)
-class Repaired:
-    """A fixture's run folder and what the CLI made of it."""
-
-    run_dir: Path
-    run: dict[str, Any]
-    manifest: dict[str, Any]
-    summary: dict[str, Any]
-    summary_md: str
-
-
-def _unpack(run_id: str, dest: Path) -> Path:
-    with tarfile.open(FIXTURES / RUNS[run_id].archive) as tar:
-        names = tar.getnames()
-        assert all(n == run_id or n.startswith(f"{run_id}/") for n in names), "one run folder"
-        tar.extractall(dest, filter="data")
-    return dest / run_id
-
-
 @pytest.fixture(scope="module")
 def repaired(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Repaired]:
     """Each fixture through postprocess, verify and extract once for the module (~30 s each)."""
@@ -153,16 +133,7 @@ def repaired(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Repair
 
     def get(run_id: str) -> Repaired:
         if run_id not in done:
-            run_dir = _unpack(run_id, tmp_path_factory.mktemp(run_id))
-            out = bundle_through_cli(run_dir, tmp_path_factory.mktemp(f"{run_id}-bundle"))
-            results = out.extracted / "results"
-            done[run_id] = Repaired(
-                run_dir=run_dir,
-                run=json.loads((run_dir / "run.json").read_text()),
-                manifest=out.manifest(),
-                summary=json.loads((results / "summary.json").read_text()),
-                summary_md=(results / "summary.md").read_text(),
-            )
+            done[run_id] = repair(RUNS[run_id].archive, run_id, tmp_path_factory)
         return done[run_id]
 
     return get
@@ -194,7 +165,7 @@ def _prefill_version(run_dir: Path) -> dict[str, int]:
 def test_fixtures_are_async_ride_along_runs_of_verls_own_driver(run_id: str, tmp_path: Path) -> None:
     spec = RUNS[run_id]
     assert (FIXTURES / spec.archive).stat().st_size <= 256 * 2**10, "a committed fixture stays small"
-    run_dir = _unpack(run_id, tmp_path)
+    run_dir = unpack(RUNS[run_id].archive, run_id, tmp_path)
     run = json.loads((run_dir / "run.json").read_text())
     assert (run["run_id"], run["kind"], run["collection"]) == (run_id, "collection", "ride-along")
     assert (run["mode"], run["trainer_mode"], run["dump_phase"]) == (spec.mode, spec.trainer_mode, "log_prob")
@@ -361,18 +332,7 @@ def test_fault_named_at_its_module_from_the_first_version_it_affects(
     assert f"Most common first divergence: `{FAULT_MODULE}` ({diverged} of 40 pairs)" in r.summary_md
     cs = r.manifest["comparisons"]
     assert Counter(c["verdict"] for c in cs) == {"healthy": 40 - diverged, "diverged": diverged}
-    version = {pair["pair_id"]: pair["weight_version"] for pair in r.manifest["pairs"]}
-    for c in cs:
-        assert (c["status"], c["task"]) == ("ok", "statistics")
-        profile = {x["label"]: x["rel_err"] for x in c["layer_profile"]}
-        if version[c["pair_id"]] == 0:
-            assert (c["verdict"], c["first_divergence"]) == ("healthy", None)
-            assert max(profile.values()) <= HEALTHY_REL_ERR
-            continue
-        assert (c["verdict"], c["first_divergence"]) == ("diverged", FAULT_MODULE)
-        assert c["first_divergence_row"]["layer"] == 2
-        assert max(profile["embed"], profile["0"], profile["1"]) <= HEALTHY_REL_ERR, "the layers before agree"
-        assert profile["2"] > DIVERGED_REL_ERR
+    assert_fault_pairs(r.manifest, FAULT_MODULE, layer=2)
 
 
 def test_the_token_view_carries_staleness_the_layer_view_does_not(

@@ -28,7 +28,6 @@ When the verdict thresholds change, the recorded verdicts below change with them
 from __future__ import annotations
 
 import json
-import tarfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.subprocess_run import bundle_through_cli
+from tests.postprocess.gpu_runs import unpack
 from verl_consistency.postprocess.compare.verdict import HEALTHY_REL_ERR
 
 pytestmark = pytest.mark.msprobe
@@ -50,12 +50,7 @@ SUSPICIOUS = 2
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dest = tmp_path_factory.mktemp("h100-check")
-    with tarfile.open(FIXTURE) as tar:
-        names = tar.getnames()
-        assert all(n == RUN_ID or n.startswith(f"{RUN_ID}/") for n in names), "one run folder"
-        tar.extractall(dest, filter="data")
-    return dest / RUN_ID
+    return unpack(FIXTURE.name, RUN_ID, tmp_path_factory.mktemp("h100-check"))
 
 
 @pytest.fixture(scope="module")

@@ -29,20 +29,18 @@ from __future__ import annotations
 
 import json
 import math
-import tarfile
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.fixtures.subprocess_run import bundle_through_cli
+from tests.postprocess.gpu_runs import FIXTURES, Repaired, assert_fault_pairs, repair, unpack
 from verl_consistency.postprocess.compare.verdict import DIVERGED_REL_ERR, HEALTHY_REL_ERR
 
 pytestmark = pytest.mark.msprobe
 
-FIXTURES = Path(__file__).parent / "fixtures"
+
 RIDE_ID = "h200-next-hybrid-ride-along"
 FAULT_ID = f"{RIDE_ID}-fault"
 ARCHIVES = {RIDE_ID: "h100-next-ride-along.tar.xz", FAULT_ID: "h100-next-ride-along-fault.tar.xz"}
@@ -65,54 +63,20 @@ RIDE_TRIMMED_PAIRS = (11, 8, 10, 10, 10, 4, 10, 9)
 FAULT_MEAN_ABS_LOGP = (0.0024, 0.1236, 0.1086, 0.1046)
 
 
-@dataclass(frozen=True)
-class Repaired:
-    """A fixture's run folder and what the CLI made of it."""
-
-    run_dir: Path
-    run: dict[str, Any]
-    manifest: dict[str, Any]
-    summary: dict[str, Any]
-    summary_md: str
-    report: str
-
-
-def _unpack(run_id: str, dest: Path) -> Path:
-    with tarfile.open(FIXTURES / ARCHIVES[run_id]) as tar:
-        names = tar.getnames()
-        assert all(n == run_id or n.startswith(f"{run_id}/") for n in names), "one run folder"
-        tar.extractall(dest, filter="data")
-    return dest / run_id
-
-
-def _repair(run_id: str, tmp: pytest.TempPathFactory) -> Repaired:
-    run_dir = _unpack(run_id, tmp.mktemp(run_id))
-    out = bundle_through_cli(run_dir, tmp.mktemp(f"{run_id}-bundle"))
-    results = out.extracted / "results"
-    return Repaired(
-        run_dir=run_dir,
-        run=json.loads((run_dir / "run.json").read_text()),
-        manifest=out.manifest(),
-        summary=json.loads((results / "summary.json").read_text()),
-        summary_md=(results / "summary.md").read_text(),
-        report=(results / "report.html").read_text(),
-    )
-
-
 @pytest.fixture(scope="module")
 def ride(tmp_path_factory: pytest.TempPathFactory) -> Repaired:
-    return _repair(RIDE_ID, tmp_path_factory)
+    return repair(ARCHIVES[RIDE_ID], RIDE_ID, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def fault(tmp_path_factory: pytest.TempPathFactory) -> Repaired:
-    return _repair(FAULT_ID, tmp_path_factory)
+    return repair(ARCHIVES[FAULT_ID], FAULT_ID, tmp_path_factory)
 
 
 @pytest.mark.parametrize("run_id", sorted(ARCHIVES))
 def test_fixtures_are_ride_along_runs_of_verls_own_driver(run_id: str, tmp_path: Path) -> None:
     assert (FIXTURES / ARCHIVES[run_id]).stat().st_size <= 256 * 2**10, "a committed fixture stays small"
-    run_dir = _unpack(run_id, tmp_path)
+    run_dir = unpack(ARCHIVES[run_id], run_id, tmp_path)
     run = json.loads((run_dir / "run.json").read_text())
     assert (run["run_id"], run["kind"], run["collection"]) == (run_id, "collection", "ride-along")
     assert (run["mode"], run["trainer_mode"], run["dump_phase"]) == ("hybrid", "sync", "log_prob")
@@ -219,16 +183,4 @@ def test_fault_named_at_its_module_from_the_first_step_it_affects(fault: Repaire
     assert f"Most common first divergence: `{FAULT_MODULE}` ({diverged} of 64 pairs)" in fault.summary_md
     cs = fault.manifest["comparisons"]
     assert Counter(c["verdict"] for c in cs) == {"healthy": RESPONSES, "diverged": diverged}
-    version = {pair["pair_id"]: pair["weight_version"] for pair in fault.manifest["pairs"]}
-    for c in cs:
-        assert (c["status"], c["task"]) == ("ok", "statistics")
-        profile = {x["label"]: x["rel_err"] for x in c["layer_profile"]}
-        if version[c["pair_id"]] == 0:
-            assert (c["verdict"], c["first_divergence"]) == ("healthy", None)
-            assert max(profile.values()) <= HEALTHY_REL_ERR
-            continue
-        assert (c["verdict"], c["first_divergence"]) == ("diverged", FAULT_MODULE)
-        assert c["first_divergence_row"]["layer"] == 2
-        before = max(profile["embed"], profile["0"], profile["1"])
-        assert before <= HEALTHY_REL_ERR, "the layers before it agree"
-        assert profile["2"] > DIVERGED_REL_ERR
+    assert_fault_pairs(fault.manifest, FAULT_MODULE, layer=2)
