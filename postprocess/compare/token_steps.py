@@ -99,9 +99,10 @@ def per_step(
     for i, r in enumerate(recs):
         by_step.setdefault(r.global_step, []).append(i)
     out: dict[int, TokenStep] = {}
+    is_stale = [stale_from(r) is not None for r in recs]
     for step, every in by_step.items():
-        stale = [i for i in every if stale_from(recs[i]) is not None]
-        idx = [i for i in every if stale_from(recs[i]) is None]
+        stale = [i for i in every if is_stale[i]]
+        idx = [i for i in every if not is_stale[i]]
         mean, _ = _mean(recs, idx)
         worst = (
             max(idx, key=lambda i: recs[i].max_abs_diff if recs[i].max_abs_diff is not None else -1.0)
@@ -170,7 +171,7 @@ def write_responses_csv(
                 "" if r.first_above is None else r.first_above,
                 pair_of.get(r.request_id or "", ""),
                 weights_text(r),
-                "" if stale_from(r) is None else stale_from(r),
+                "" if (at := stale_from(r)) is None else at,
             ]
         )
     write_text_atomic(path, buf.getvalue())
