@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import orjson
 
 from verl_consistency.contracts import check_run, layout, token_records
+from verl_consistency.contracts.weight_records import WEIGHTS_DIR
 from verl_consistency.postprocess.output import bundle as bundle_mod
 from verl_consistency.postprocess.output.bundle_manifest import (
     RESULTS_DIR,
@@ -34,6 +35,7 @@ from verl_consistency.postprocess.pairing.pair import PairingResult, pair_run
 if TYPE_CHECKING:  # the compare stages are imported when they run (msprobe is optional)
     from verl_consistency.postprocess.compare.batch_variance import CheckSummary, PromptVariance
     from verl_consistency.postprocess.compare.token_level import TokenSection
+    from verl_consistency.postprocess.output.weight_rows import WeightSummary
 
 
 class Exit(IntEnum):
@@ -179,6 +181,7 @@ class _Findings:
     comparisons: _Comparisons = field(default_factory=_Comparisons)
     token: _TokenView | None = None
     variance: _Variance = field(default_factory=_Variance)
+    weights: WeightSummary | None = None
     report_failed: bool = False
 
     @property
@@ -212,6 +215,7 @@ def postprocess(
         found.comparisons = _Comparisons(found.token.comparisons, found.comparisons.failed)
     if inputs.check is not None:
         found.variance = _batch_variance(work, result, inputs.check, found.comparisons.comparisons)
+    found.weights = _weights(work, result, found.comparisons.comparisons)
     if compare:
         found.report_failed = not _report(work, inputs, result, found)
     for w in warnings:
@@ -287,6 +291,7 @@ def _bundle(
         results_dir=work.results if work.compare else None,
         check_json=inputs.check_json_path,
         dump_dirs=[ref.dir for v in variance for ref in (v.batched, v.alone) if ref is not None],
+        weight_logs=sorted((inputs.roots.run_dir / WEIGHTS_DIR).glob("*.jsonl")),
     )
     dest = inputs.out_dir / layout.bundle_name(inputs.run_id)
 
@@ -416,6 +421,20 @@ def _token_level(work: _Work, result: PairingResult, comparisons: list[Any]) -> 
     return _TokenView(section, compared)
 
 
+def _weights(work: _Work, result: PairingResult, comparisons: list[Any]) -> WeightSummary | None:
+    """The per-tensor weight check (``compare/weight_check.py``) beside the layer view; its CSV
+    in results/. None when the run wrote no weight records."""
+    from verl_consistency.postprocess.compare import weight_check
+    from verl_consistency.postprocess.output import weight_section
+
+    checked = weight_check.check(work.roots.run_dir)
+    work.warnings.extend(checked.warnings)
+    summary = weight_section.build(checked, result.pairs, comparisons)
+    if summary is not None:
+        weight_section.write(work.results, summary)
+    return summary
+
+
 def _report(work: _Work, inputs: _Inputs, result: PairingResult, found: _Findings) -> bool:
     """``report.html``, ``summary.md`` and ``summary.json`` in results/; False (and a warning)
     when not written."""
@@ -437,6 +456,7 @@ def _report(work: _Work, inputs: _Inputs, result: PairingResult, found: _Finding
                 token=found.token.section if found.token is not None else None,
                 check=found.variance.summary,
                 run_steps=read_steps(inputs.run_json, work.warnings),
+                weights=found.weights,
             ),
         )
     except Exception as exc:  # the bundle is still worth writing without its report

@@ -227,6 +227,17 @@ assets() {
 
 # The one-GPU sizes every verl run here takes (run and token): 16-token responses, sdpa (no flash-attn
 # here), vLLM at GPU_UTIL of the GPU, two agent and reward workers, TransferQueue at two storage units.
+model_05b() {  # a random bf16 Qwen2 of Qwen2-0.5B's shape with make_assets.py's tokenizer, at $G/assets/model-0.5b
+  local m=$G/assets/model-0.5b f
+  if [ ! -f "$m/config.json" ]; then
+    rm -rf "$m.tmp" && (cd "$REPO" && python3 -c "import sys; from pathlib import Path; from bench.gpu.fsdp_cost import build_model; build_model(Path(sys.argv[1]), '0.5b', 'cuda')" "$m.tmp") || exit 5
+    for f in "$G"/assets/model/*; do  # the tokenizer's files (vocab, merges, config, chat template)
+      case $f in *.safetensors|*/config.json|*/generation_config.json) ;; *) cp "$f" "$m.tmp/" ;; esac
+    done
+    mv "$m.tmp" "$m"; stamp model-0.5b
+  fi
+}
+
 GPU_OVERRIDES=(data.max_response_length=16 data.dataloader_num_workers=0
   +actor_rollout_ref.model.override_config.attn_implementation=sdpa
   "actor_rollout_ref.rollout.gpu_memory_utilization=${GPU_UTIL:-0.3}"
@@ -383,13 +394,7 @@ if [ "$cmd" = check ]; then
   # CHECK_MODEL=assets: make_assets.py's model, the one `run` and `ride` train (issue 35's fault: check's
   # step-0 comparison on the same model is healthy)
   [ "${CHECK_MODEL:-}" = assets ] && m=$G/assets/model
-  if [ ! -f "$m/config.json" ]; then
-    rm -rf "$m.tmp" && (cd "$REPO" && python3 -c "import sys; from pathlib import Path; from bench.gpu.fsdp_cost import build_model; build_model(Path(sys.argv[1]), '0.5b', 'cuda')" "$m.tmp") || exit 5
-    for f in "$G"/assets/model/*; do  # the tokenizer's files (vocab, merges, config, chat template)
-      case $f in *.safetensors|*/config.json|*/generation_config.json) ;; *) cp "$f" "$m.tmp/" ;; esac
-    done
-    mv "$m.tmp" "$m"; stamp model-0.5b
-  fi
+  model_05b
   id=${CHECK_ID:-h200-next-check}; rm -rf "$G/check/$id"
   left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
   # shellcheck disable=SC2086  # CHECK_ARGS: more options, split on spaces
@@ -424,6 +429,34 @@ if [ "$cmd" = token ]; then
     "$G/dump/$id/run.json" >"$OUT/steps.json" 2>&1
   grep -E "step:[0-9]+ |Traceback|Error" "$OUT/token-run.log" | cut -c1-400 | tail -14; cat "$OUT/steps.json"
   exit $rc
+fi
+if [ "$cmd" = synccost ]; then
+  # Issue 42: what the per-tensor weight check costs a weight sync. Two `verl-consistency run hybrid
+  # --device cuda --token-level` runs of THIS checkout (no msprobe dump, so the steps are the sync's and
+  # training's own), the same STEPS (default 8) and model (SYNC_MODEL=0.5b, Qwen2-0.5B's shape: 494M
+  # parameters, ~1 GB a sync in bf16; =assets: make_assets.py's 4 x 512), back to back: A with
+  # VERL_CONSISTENCY_WEIGHT_CHECK=0, B with the check on. verl times each step's sync itself
+  # (timing_s/update_weights); the check's own seconds per sync come from B's records (the slowest
+  # trainer rank + the slowest vLLM worker). Writes $OUT/synccost.txt and B's weight records.
+  from_checkout synccost
+  verl_env
+  assets
+  m=$G/assets/model
+  [ "${SYNC_MODEL:-0.5b}" = 0.5b ] && { model_05b; m=$G/assets/model-0.5b; }
+  M8=(actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8)
+  for ab in A B; do
+    id=h100-next-synccost-$ab; rm -rf "${G:?}/dump/$id"; s=$(date +%s)
+    left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
+    if [ $ab = A ]; then wc=0; lim=$(( left / 2 - 20 )); else wc=1; lim=$(( left - 20 )); fi
+    (cd "$REPO" && VERL_CONSISTENCY_WEIGHT_CHECK=$wc timeout -k 10 "$lim" \
+      verl-consistency run hybrid --device cuda --token-level --dump-root "$G/dump" --run-id "$id" model="$m" \
+      "${GPU_OVERRIDES[@]}" "${M8[@]}") >"$OUT/synccost-$ab.log" 2>&1
+    echo "SYNCCOST $ab rc=$? wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
+  done
+  mkdir -p "$OUT/weights-B" && cp "$G/dump/h100-next-synccost-B/weights/"*.jsonl "$OUT/weights-B/" 2>/dev/null
+  python3 "$REPO/bench/gpu/sync_cost_report.py" "$OUT/synccost-A.log" "$OUT/synccost-B.log" "$OUT/weights-B" \
+    --model "${SYNC_MODEL:-0.5b}" | tee "$OUT/synccost.txt"
+  exit 0
 fi
 if [ "$cmd" = setup ]; then
   # Unpack, patch (this checkout's series) and build make_assets.py's model in a call of its own, so that

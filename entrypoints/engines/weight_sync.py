@@ -33,6 +33,10 @@ from typing import Any
 FAULT_PARAM = "model.layers.2.mlp.down_proj.weight"
 """The parameter the planted fault leaves out of a sync (issue 35's example): layer 2 of 3."""
 FAULT_MODULE = FAULT_PARAM.removesuffix(".weight")
+FUSED_PART = "model.layers.1.self_attn.k_proj.weight"
+"""A second planted fault (issue 42): one part of a tensor vLLM fuses (``qkv_proj``) left out."""
+SCALED_PARAM = "model.layers.0.mlp.up_proj.weight"
+"""A third: a tensor sent doubled, changed after the trainer exported it (also part of a fused one)."""
 """Where the layer comparison must put the first divergence of a pair computed after that sync."""
 EXTENSION = "verl_consistency.entrypoints.engines.cpu_worker_extension.CPUWorkerExtension"
 """vLLM's ``worker_extension_cls``: verl's extension, made to reload on vLLM's CPU build."""
@@ -76,13 +80,19 @@ def zmq_handle(job_id: str) -> str:
     return f"ipc:///tmp/rl-colocate-zmq-{job_id}-replica-0-rank-0.sock"
 
 
-def _planted(params: Any, skip: frozenset[str], sent: list[str], skipped: list[str]) -> Iterator[Any]:
-    """verl's per-tensor stream with the planted fault: the names in ``skip`` never leave."""
+def _planted(
+    params: Any, skip: frozenset[str], scale: frozenset[str], out: dict[str, list[str]]
+) -> Iterator[Any]:
+    """verl's per-tensor stream with the planted faults: the names in ``skip`` never leave, those in
+    ``scale`` leave doubled."""
     for name, tensor in params:
         if name in skip:
-            skipped.append(name)
+            out["skipped"].append(name)
             continue
-        sent.append(name)
+        if name in scale:
+            out["scaled"].append(name)
+            tensor = tensor * 2
+        out["sent"].append(name)
         yield name, tensor
 
 
@@ -112,19 +122,32 @@ def sender_class() -> Any:
     return sys.modules[name].BucketedWeightSender
 
 
-async def send(engine: Any, job_id: str, label: int, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """Trainer: label the weights ``label`` and send them with verl's sender, ``skip`` left out."""
-    from verl_consistency.patches.hooks import weight_sync
+async def send(
+    engine: Any,
+    job_id: str,
+    label: int,
+    skip: frozenset[str] = frozenset(),
+    scale: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """Trainer: label the weights ``label`` and send them with verl's sender, ``skip`` left out and
+    ``scale`` doubled after the export the weight check fingerprints (patch 0007's two lines)."""
+    from verl_consistency.patches.hooks import weight_export, weight_sync
 
     serve_cpu_device_calls()
     t0 = time.monotonic()
     weight_sync.weights_sent(label)
     params, _ = engine.get_per_tensor_param()
-    sent: list[str] = []
-    skipped: list[str] = []
+    params = weight_export.exporting(params, label)
+    out: dict[str, list[str]] = {"sent": [], "skipped": [], "scaled": []}
     sender = sender_class()(zmq_handle=zmq_handle(job_id), bucket_size_mb=BUCKET_MB, use_shm=True)
-    await sender.async_send_weights(_planted(params, skip, sent, skipped))
-    return {"label": label, "sent": len(sent), "skipped": skipped, "send_s": round(time.monotonic() - t0, 2)}
+    await sender.async_send_weights(_planted(params, skip, scale, out))
+    return {
+        "label": label,
+        "sent": len(out["sent"]),
+        "skipped": out["skipped"],
+        "scaled": out["scaled"],
+        "send_s": round(time.monotonic() - t0, 2),
+    }
 
 
 async def load(engine: Any, label: int) -> dict[str, Any]:

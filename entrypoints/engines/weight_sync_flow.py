@@ -14,6 +14,9 @@ sides as the demo dumps them:
    then sync 1 sends every tensor but ``weight_sync.FAULT_PARAM``. vLLM computes layer 2's MLP
    with the old ``down_proj``: the pairs must diverge there first.
 3. **healthy**: sync 2 sends everything again: healthy again.
+4. **weights**: the trainer steps again and sync 3 plants three faults that only the weight check
+   (issue 42) sees, since nothing is generated: the fault's tensor left out again, ``k_proj`` of
+   layer 1 left out (one part of vLLM's fused ``qkv_proj``), and one tensor doubled on the way.
 
 Each record carries its sync's label (``patches/hooks/weight_sync``: vLLM's dispatch records the
 label it loaded, the trainer's records the label it sent), so the pairing pairs each phase's
@@ -26,6 +29,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,19 +52,47 @@ PROMPTS = 4
 """Requests per phase: enough for a packed prefill step and a micro batch of two."""
 MICRO_BATCH = 2
 MAX_TOKENS = 4
-PHASES: tuple[tuple[str, int, tuple[str, ...]], ...] = (
-    ("before", 0, ()),
-    ("fault", 1, (weight_sync.FAULT_PARAM,)),
-    ("healthy", 2, ()),
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    """One phase: its sync's label, what the sync plants, and whether vLLM generates after it."""
+
+    name: str
+    label: int
+    skip: tuple[str, ...] = ()
+    """Tensors the sync leaves out (vLLM keeps its previous copy)."""
+    scale: tuple[str, ...] = ()
+    """Tensors the sync sends doubled (changed on the way, after the trainer's export)."""
+    step: bool = False
+    """The trainer takes one optimizer step first, so the weights move."""
+    generate: bool = True
+    """vLLM generates and the trainer computes log-probs after the sync (dumped on both sides)."""
+
+
+PHASES: tuple[PhasePlan, ...] = (
+    PhasePlan("before", 0),
+    PhasePlan("fault", 1, skip=(weight_sync.FAULT_PARAM,), step=True),
+    PhasePlan("healthy", 2),
+    PhasePlan(
+        "weights",
+        3,
+        skip=(weight_sync.FAULT_PARAM, weight_sync.FUSED_PART),
+        scale=(weight_sync.SCALED_PARAM,),
+        step=True,
+        generate=False,
+    ),
 )
-"""(name, sync label, parameters the sync leaves out)."""
+"""Three phases of requests, then one sync checked by the weight check alone (issue 42): the
+planted tensor left out again, one part of a fused vLLM parameter left out (vLLM's ``qkv_proj``
+keeps old rows for ``k_proj``), and one tensor changed on the way."""
 
 
-def _sync(trainer: Session, rollout: Session, label: int, skip: tuple[str, ...]) -> dict[str, Any]:
+def _sync(trainer: Session, rollout: Session, plan: PhasePlan) -> dict[str, Any]:
     """One weight sync: both ends at once, as verl runs them (the sender blocks until vLLM has
     loaded each bucket)."""
-    rollout.tell("load", label=label)
-    trainer.tell("send", label=label, skip=list(skip))
+    rollout.tell("load", label=plan.label)
+    trainer.tell("send", label=plan.label, skip=list(plan.skip), scale=list(plan.scale))
     sent, loaded = answers(trainer, rollout)
     return {**sent, **loaded}
 
@@ -81,13 +113,13 @@ def _sessions(lay: layout.RunLayout) -> tuple[Session, Session]:
 
 
 def run(dump_root: Path) -> dict[str, Any]:
-    """The three phases; what each sent, loaded, generated and computed, and the run folder."""
+    """The phases; what each sent, loaded, generated and computed, and the run folder."""
     t0 = time.monotonic()
     model_dir = dump_root / "models" / f"tiny-qwen2-{LAYERS}l"
     if not (model_dir / "config.json").is_file():
         model_dir.parent.mkdir(parents=True, exist_ok=True)
         tiny_model.build_model(model_dir, tiny_model.prompt_texts(64), layers=LAYERS)
-    prompts = tiny_model.encode(model_dir, tiny_model.prompt_texts(PROMPTS * len(PHASES)))
+    prompts = tiny_model.encode(model_dir, tiny_model.prompt_texts(PROMPTS * sum(p.generate for p in PHASES)))
     lay = layout.RunLayout(dump_root, layout.new_run_id("weight-sync"))
     write_single_node(lay, Task.STATISTICS, request_scoped=True)
     rollout, trainer = _sessions(lay)
@@ -111,17 +143,20 @@ def run(dump_root: Path) -> dict[str, Any]:
         )
         summary["start"] = {"rollout": rollout.answer(), "train": trainer.answer()}
         requests: list[dict[str, Any]] = []
-        for i, (name, label, skip) in enumerate(PHASES):
-            phase: dict[str, Any] = {"label": label}
-            if name == "fault":  # the weights move: one step over the previous phase's responses
+        generating = [p for p in PHASES if p.generate]
+        for plan in PHASES:
+            phase: dict[str, Any] = {"label": plan.label}
+            if plan.step:  # the weights move: one step over the previous phase's responses
                 phase["step"] = trainer.ask("step", requests=requests)
-            phase["sync"] = _sync(trainer, rollout, label, skip)
-            mine = prompts[i * PROMPTS : (i + 1) * PROMPTS]
-            out = rollout.ask("generate", prompts=mine, max_tokens=MAX_TOKENS)
-            requests = out["requests"]
-            phase["log_probs"] = trainer.ask("log_probs", requests=requests)
-            phase["request_ids"] = [r["request_id"] for r in requests]
-            summary["phases"][name] = phase
+            phase["sync"] = _sync(trainer, rollout, plan)
+            if plan.generate:
+                i = generating.index(plan)
+                mine = prompts[i * PROMPTS : (i + 1) * PROMPTS]
+                out = rollout.ask("generate", prompts=mine, max_tokens=MAX_TOKENS)
+                requests = out["requests"]
+                phase["log_probs"] = trainer.ask("log_probs", requests=requests)
+            phase["request_ids"] = [r["request_id"] for r in requests] if plan.generate else []
+            summary["phases"][plan.name] = phase
     finally:
         rollout.close()
         trainer.close()

@@ -128,7 +128,8 @@ class Trainer:
 
     def send(self, args: dict[str, Any]) -> dict[str, Any]:
         skip = frozenset(args.get("skip") or ())
-        return asyncio.run(weight_sync.send(self.engine, self.job_id, int(args["label"]), skip))
+        scale = frozenset(args.get("scale") or ())
+        return asyncio.run(weight_sync.send(self.engine, self.job_id, int(args["label"]), skip, scale))
 
     def close(self) -> None:
         import torch.distributed as dist

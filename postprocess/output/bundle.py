@@ -32,6 +32,7 @@ import zstandard
 from pydantic import ValidationError
 
 from verl_consistency.contracts import layout
+from verl_consistency.contracts.weight_records import WEIGHTS_DIR
 from verl_consistency.postprocess.output.bundle_manifest import (
     MANIFEST_NAME,
     MANIFEST_VERSION,
@@ -73,12 +74,14 @@ def collect(
     results_dir: Path | None = None,
     check_json: Path | None = None,
     dump_dirs: Iterable[str] = (),
+    weight_logs: Iterable[Path] = (),
 ) -> list[Item]:
     """What goes into the bundle: the logs, the paired dumps (with their tensor folders), the run
     manifest and the compare results. Never anything else from the dump tree.
 
     A check run adds its ``check.json`` and ``dump_dirs``: the batch variance's rollout dumps
-    (virtual paths), of which the batched ones belong to no pair."""
+    (virtual paths), of which the batched ones belong to no pair. ``weight_logs``: the weight
+    check's records (``<run>/weights/*.jsonl``), kept under ``weights/``."""
     items: dict[str, Item] = {}
     roots = result.roots
 
@@ -87,6 +90,8 @@ def collect(
 
     for log in result.logs:
         add(log.virtual, log.path, "log")
+    for path in weight_logs:
+        add(f"{WEIGHTS_DIR}/{path.name}", path, "log")
     dirs = dict.fromkeys(d for p in result.pairs for d in (p.rollout.dir, p.actor.dir))
     dirs.update(dict.fromkeys(dump_dirs))
     for d in dirs:

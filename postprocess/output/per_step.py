@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from verl_consistency.contracts.run_manifest import StepMetrics
 from verl_consistency.postprocess.compare.token_steps import PUBLISHED_MEAN_ABS, TokenStep
 from verl_consistency.postprocess.compare.verdict import PairComparison, Verdict
+from verl_consistency.postprocess.output.weight_rows import WeightSummary
 from verl_consistency.postprocess.pairing.pair_types import Pair
 
 SUMMARY_JSON = "summary.json"
@@ -165,6 +166,10 @@ class RunSummary(_Model):
         "'step 1: healthy · step 2+: diverged at layers.2.mlp'"
     )
     published_mean_abs_logp_diff: float = PUBLISHED_MEAN_ABS
+    weights: WeightSummary | None = Field(
+        default=None,
+        description="the per-tensor weight check per sync version (absent without weight records)",
+    )
 
 
 def read_steps(run_json: Mapping[str, Any] | None, warnings: list[str] | None = None) -> list[StepMetrics]:
@@ -184,7 +189,8 @@ def read_steps(run_json: Mapping[str, Any] | None, warnings: list[str] | None = 
     return out
 
 
-def _first_divergence(diverged: Sequence[PairComparison]) -> tuple[str | None, str | None, int]:
+def first_divergence(diverged: Sequence[PairComparison]) -> tuple[str | None, str | None, int]:
+    """(block, module, pairs naming that block) most of ``diverged`` name first; Nones for none."""
     names: list[tuple[str, str]] = []
     for c in diverged:
         if c.first_divergence:
@@ -203,7 +209,7 @@ def _pairs_row(
 ) -> StepSummary:
     ok = [c for c in comps if c.status == "ok" and c.max_rel_err is not None]
     worst = max(ok, key=lambda c: c.max_rel_err or 0.0) if ok else None
-    block, module, n = _first_divergence([c for c in comps if c.verdict == "diverged"])
+    block, module, n = first_divergence([c for c in comps if c.verdict == "diverged"])
     rollout_versions = sorted(set(rollout))
     stale = version - rollout_versions[0] if version is not None and rollout_versions else None
     return StepSummary(

@@ -35,6 +35,7 @@ from verl_consistency.postprocess.compare.verdict import (
 )
 from verl_consistency.postprocess.output import per_step
 from verl_consistency.postprocess.output.step_chart import step_chart_svg
+from verl_consistency.postprocess.output.weight_rows import WeightSummary
 from verl_consistency.postprocess.pairing.pair_types import Pair, Unpaired, UnpairedReason
 from verl_consistency.postprocess.pairing.reasons import MEANING
 
@@ -335,11 +336,13 @@ class Sections:
     ``token``: the token-level view (``token_level.TokenSection``), "Token-level view" and the
     output rows; ``check``: a check run's ``batch_variance.CheckSummary``, "Engine gap and batch
     variance"; ``run_steps``: ``run.json``'s ``steps`` (verl's metrics per step), in "Per training
-    step". Kept apart from the pairing and its comparisons, which every report has."""
+    step"; ``weights``: the per-tensor weight check per sync (``weight_section``), "Weight syncs".
+    Kept apart from the pairing and its comparisons, which every report has."""
 
     token: object | None = None
     check: object | None = None
     run_steps: Sequence[StepMetrics] = ()
+    weights: WeightSummary | None = None
 
 
 def write_report(
@@ -369,6 +372,7 @@ def write_report(
     ctx["histogram_svg"] = histogram_svg(getattr(token, "histogram", [])) if ctx["token"] else ""
     ctx["check"] = check
     summary = _run_summary(ctx, pairs, comparisons, getattr(ctx["token"], "per_step", []), sections.run_steps)
+    summary.weights = sections.weights
     ctx["summary"] = summary
     ctx["step_chart"] = step_chart_svg(summary.per_step)
     ctx["step_label"] = per_step.label

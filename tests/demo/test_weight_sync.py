@@ -31,6 +31,8 @@ from verl_consistency.postprocess.output.bundle_manifest import MANIFEST_NAME
 pytestmark = [pytest.mark.demo, pytest.mark.timeout(900)]
 
 FAULT_MODULE = "model.layers.2.mlp.down_proj"
+FUSED_PART = "model.layers.1.self_attn.k_proj.weight"
+SCALED_PARAM = "model.layers.0.mlp.up_proj.weight"
 
 
 def _manifest(bundle: Path) -> dict[str, Any]:
@@ -129,5 +131,31 @@ def test_records_carry_the_sync_labels(flow):
     """Each phase paired within its own sync: vLLM's loaded label equals the trainer's sent one."""
     for name, phase in flow["summary"]["phases"].items():
         ids = set(phase["request_ids"])
+        if not ids:  # the weights-only sync
+            continue
         versions = {p.get("weight_version") for p in flow["manifest"]["pairs"] if p["request_id"] in ids}
         assert versions == {phase["label"]}, (name, versions)
+
+
+def test_the_weight_check_names_each_planted_tensor_and_nothing_else(flow):
+    """Issue 42: every sync checked tensor by tensor, vLLM's fused ``qkv_proj``/``gate_up_proj`` cut by
+    its own table. Sync 1 left the planted tensor out (stale: vLLM kept version 0's); sync 3 left it
+    out again, left ``k_proj`` out of the fused ``qkv_proj``, and doubled ``up_proj`` on the way;
+    syncs 0 and 2 are exact. Without the check, or with a mapping off by one part, this fails."""
+    stale, fused, scaled = f"{FAULT_MODULE}.weight", FUSED_PART, SCALED_PARAM
+    assert flow["demo"]["weights"] == {
+        "0": [],
+        "1": [[stale, "stale"]],
+        "2": [],
+        "3": sorted([[stale, "stale"], [fused, "stale"], [scaled, "wrong_values"]]),
+    }, flow["cmd"].stdout[-3000:]
+    sync3 = flow["summary"]["phases"]["weights"]["sync"]
+    assert sorted(sync3["skipped"]) == sorted([fused, stale])
+    assert sync3["scaled"] == [scaled]
+
+
+def test_the_bundle_keeps_the_weight_records_and_the_table(flow):
+    names = {f["path"] for f in flow["manifest"]["files"]}
+    assert any(n.startswith("weights/export-") for n in names), sorted(names)[:20]
+    assert any(n.startswith("weights/held-") for n in names)
+    assert "results/weights.csv" in names

@@ -1,0 +1,74 @@
+"""The weight check's records: one line per weight sync and process, under ``<run>/weights/``.
+
+Issue 42. The layer view finds a bad weight sync through the activations it spoils: the module,
+after a dumped step. These records check the weights themselves, tensor by tensor, at every
+sync, dumped or not:
+
+* ``export-<pid>.jsonl``, written by each trainer rank (``patches/hooks/weight_export.py``): the
+  fingerprint of every tensor verl hands to the sync, after the FSDP/Megatron → HF conversion
+  (``engine.get_per_tensor_param()``), under the sync's label;
+* ``held-<pid>.jsonl``, written by each vLLM worker (``patches/hooks/weight_held.py``): the
+  fingerprint of every tensor as it arrived, and of the region of vLLM's own parameter that
+  holds it once loaded (``qkv_proj`` holds ``q_proj``, ``k_proj`` and ``v_proj`` one after the other,
+  as vLLM's ``packed_modules_mapping`` of the model says), and the tensors it could not map.
+
+A fingerprint is two exact integer sums over the tensor's bit patterns (row sums and column sums,
+each weighted by position; ``weight_fingerprint.py`` says why), so an exact copy gives the same
+two numbers on any device and in any reduction order, and nothing else is compared approximately.
+``postprocess/compare/weight_check.py`` reads both and names each tensor that differs.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from verl_consistency.contracts.records import RecordHeader
+
+WEIGHTS_DIR = "weights"
+"""Run-relative folder of the weight check's logs (``layout.RunLayout.weights_dir``)."""
+EXPORT_PREFIX = "export-"
+HELD_PREFIX = "held-"
+
+
+def log_name(side: Literal["export", "held"], pid: int) -> str:
+    """``export-<pid>.jsonl`` or ``held-<pid>.jsonl``: one file per process, as msprobe's folders are."""
+    return f"{EXPORT_PREFIX if side == 'export' else HELD_PREFIX}{pid}.jsonl"
+
+
+class TensorPrint(BaseModel):
+    """One tensor's fingerprint: its shape, dtype and the two sums (``weight_fingerprint.fingerprint``)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    shape: list[int]
+    dtype: str = Field(description="torch's name without 'torch.', e.g. bfloat16")
+    rows: int = Field(description="sum over rows of (row's bit-pattern sum x position weight), mod 2^64")
+    cols: int = Field(description="the same over columns")
+
+    def same_values(self, other: TensorPrint) -> bool:
+        """Bit-identical contents (shape and both sums); dtype is compared apart."""
+        return self.shape == other.shape and self.rows == other.rows and self.cols == other.cols
+
+
+class WeightSyncRecord(RecordHeader):
+    """One process's view of one weight sync."""
+
+    side: Literal["export", "held"]
+    rank: int = 0
+    version: int | None = Field(
+        description="the sync's label (verl's global_steps), as weight_version elsewhere"
+    )
+    tensors: dict[str, TensorPrint] = Field(
+        description="export: what the trainer sent; held: where vLLM's parameters hold each tensor"
+    )
+    received: dict[str, TensorPrint] | None = Field(
+        default=None, description="held only: each tensor of this sync as it arrived, before loading"
+    )
+    unmapped: dict[str, str] = Field(
+        default_factory=dict, description="held only: tensor -> why its region in vLLM's model was not found"
+    )
+    seconds: float = Field(default=0.0, description="time spent fingerprinting in this process for this sync")

@@ -1,0 +1,187 @@
+"""vLLM side of the weight check: what each worker received, and what its model holds after (issue 42).
+
+verl's worker extension (``vLLMColocateWorkerExtension.update_weights_from_ipc``,
+``workers/rollout/vllm_rollout/utils.py``, both pin sets) receives a sync bucket by bucket and
+loads each with the model's own ``load_weights``; the checkpoint engine of the separate pools ends
+in the same method. Patch 0007 wraps its bucket callback with :meth:`HeldCheck.receiving` (each
+tensor fingerprinted as it arrived, before loading) and calls :meth:`HeldCheck.finish` after
+vLLM's ``process_weights_after_loading``: the tensors as vLLM now serves them.
+
+**Where vLLM holds an HF tensor.** vLLM fuses several HF tensors into one parameter:
+``qkv_proj`` holds ``q_proj``, ``k_proj`` and ``v_proj``, ``gate_up_proj`` holds ``gate_proj`` and
+``up_proj``, stacked along the output dimension in the order of the model class's own table,
+``packed_modules_mapping`` (the table vLLM's LoRA and quantisation code read). :func:`locate` reads
+that table, never a list of names written here: the region of ``k_proj`` is the rows of
+``qkv_proj`` after ``q_proj``'s. A tensor that is a parameter by its own name (``get_parameter``,
+which also follows a tied ``lm_head`` to the embedding) is its parameter's leading rows: vLLM
+pads the vocabulary of an embedding, never the front. Each region is fingerprinted in the dtype
+the tensor arrived in.
+
+**What is not mapped, and says so** (``unmapped`` in the record; the postprocess lists them as not
+checked): a tensor no parameter of the model holds, a fused tensor whose parts have not all been
+seen, a parameter whose shape cannot hold the tensor, and every tensor of a worker with tensor
+parallelism (each rank holds a slice of each part, which this check does not cut yet), and MoE
+experts fused by their own loaders. Nothing is compared by guess.
+
+The names the worker has received are remembered across syncs: a tensor a sync leaves out is
+still fingerprinted where vLLM holds it, which is how a stale tensor shows.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl_consistency.contracts.records import now
+from verl_consistency.contracts.weight_records import WeightSyncRecord
+from verl_consistency.patches.hooks import weight_export, weight_sync
+from verl_consistency.patches.hooks.weight_fingerprint import Collector
+
+
+@dataclass
+class _Seen:
+    """Per worker process: each tensor name received so far, with its shape and dtype."""
+
+    pid: int
+    tensors: dict[str, tuple[tuple[int, ...], Any]] = field(default_factory=dict)
+
+
+_SEEN = _Seen(os.getpid())
+
+
+def _seen() -> _Seen:
+    global _SEEN
+    if _SEEN.pid != os.getpid():
+        _SEEN = _Seen(os.getpid())
+    return _SEEN
+
+
+def tensor_parallel_size() -> int:
+    """vLLM's tensor-parallel world size in this worker (1 where vLLM's state is not set up)."""
+    try:
+        from vllm.distributed import parallel_state
+
+        return int(parallel_state.get_tensor_model_parallel_world_size())
+    except Exception:  # vLLM absent or its groups not initialised: a single worker
+        return 1
+
+
+def _param(model: Any, name: str) -> Any | None:
+    try:
+        return model.get_parameter(name)
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
+def _fused_parts(model: Any, name: str) -> tuple[str, int, list[str]] | None:
+    """(fused parameter name, this part's index, the sibling part names) from the model's table."""
+    table = getattr(model, "packed_modules_mapping", None) or {}
+    for fused, parts in table.items():
+        for i, part in enumerate(parts):
+            token = f".{part}."
+            if token in f".{name}":
+
+                def sibling(p: str, part: str = part) -> str:
+                    return f".{name}".replace(f".{part}.", f".{p}.", 1)[1:]
+
+                target = f".{name}".replace(token, f".{fused}.", 1)[1:]
+                return target, i, [sibling(p) for p in parts]
+    return None
+
+
+def locate(model: Any, name: str, seen: dict[str, tuple[tuple[int, ...], Any]]) -> Any | str:
+    """The region of vLLM's parameter that holds HF tensor ``name`` (a tensor view), or why not."""
+    shape = seen[name][0]
+    rows = shape[0] if shape else 1
+    start = 0
+    param = _param(model, name)
+    if param is None:
+        fused = _fused_parts(model, name)
+        if fused is None:
+            return "no parameter of vLLM's model holds it (not in packed_modules_mapping either)"
+        target, index, siblings = fused
+        param = _param(model, target)
+        if param is None:
+            return f"vLLM's model has no {target}"
+        missing = [s for s in siblings[:index] if s not in seen]
+        if missing:
+            return f"fused into {target} after {', '.join(missing)}, which never arrived"
+        start = sum(seen[s][0][0] if seen[s][0] else 1 for s in siblings[:index])
+    held = param.data
+    if (
+        tuple(held.shape[1:]) != tuple(shape[1:])
+        or held.dim() != max(len(shape), 1)
+        or start + rows > held.shape[0]
+    ):
+        return f"vLLM's parameter {tuple(held.shape)} cannot hold {tuple(shape)} at row {start}"
+    return held.narrow(0, start, rows).reshape(shape)
+
+
+class HeldCheck:
+    """One sync's check in one vLLM worker: :meth:`receiving` while it loads, :meth:`finish` after."""
+
+    def __init__(self, folder: Path, global_steps: object) -> None:
+        self.folder = folder
+        self.version = weight_sync.label(global_steps)
+        self.received = Collector()
+
+    def receiving(self, on_bucket: Callable[..., Any]) -> Callable[..., Any]:
+        """verl's bucket callback, with each tensor fingerprinted before it is loaded."""
+        seen = _seen().tensors
+
+        def fingerprinted(weights: list[tuple[str, Any]], *args: Any, **kwargs: Any) -> Any:
+            for name, tensor in weights:
+                self.received.add(name, tensor)
+                seen[name] = (tuple(tensor.shape), tensor.dtype)
+            return on_bucket(weights, *args, **kwargs)
+
+        return fingerprinted
+
+    def finish(self, model: Any) -> WeightSyncRecord:
+        """Fingerprint what ``model`` holds for every tensor received so far, and write the record."""
+        received = self.received.finish()
+        held = Collector()
+        seen = _seen().tensors
+        tp = tensor_parallel_size()
+        unmapped: dict[str, str] = {}
+        for name, (_shape, dtype) in seen.items():
+            if tp > 1:
+                unmapped[name] = (
+                    f"vLLM tensor parallel size {tp}: each worker holds a slice (not checked yet)"
+                )
+                continue
+            region = locate(model, name, seen)
+            if isinstance(region, str):
+                unmapped[name] = region
+            else:
+                held.add(name, region, dtype)
+        record = WeightSyncRecord(
+            timestamp=now(),
+            pid=os.getpid(),
+            rank=weight_export.process_rank(),
+            side="held",
+            version=self.version,
+            tensors=held.finish(),
+            received=received,
+            unmapped=unmapped,
+            seconds=round(self.received.seconds + held.seconds, 4),
+        )
+        weight_export.write(self.folder, record)
+        return record
+
+
+def begin(global_steps: object, *, adapter_only: bool = False) -> HeldCheck | None:
+    """The check of the sync starting now, or None when it is off (or the sync carries a LoRA
+    adapter, whose tensors are not the model's)."""
+    folder = weight_export.weights_dir()
+    if folder is None or adapter_only:
+        return None
+    return HeldCheck(folder, global_steps)
+
+
+def reset_for_tests() -> None:
+    global _SEEN
+    _SEEN = _Seen(os.getpid())

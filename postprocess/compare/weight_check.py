@@ -1,0 +1,205 @@
+"""The weight check: every tensor of every sync, as the trainer sent it and as vLLM holds it (issue 42).
+
+Reads ``<run>/weights/`` (``contracts/weight_records.py``: each trainer rank's ``export`` record
+and each vLLM worker's ``held`` record per sync version) and names, per version and worker, each
+tensor whose held fingerprint is not the exported one. What kind of difference it is decides
+where to look next:
+
+* ``stale``: vLLM holds what the trainer exported at an *earlier* version (a sync that left the
+  tensor out, or a load that did not take it): the sync path;
+* ``wrong_values``: vLLM holds values no version had. If what *arrived* already differs from what
+  was sent, the transport changed it; if it arrived intact, vLLM's loading did (a fused shard
+  written to the wrong rows, a cast);
+* ``missing``: the trainer exports it and vLLM never received it and has no place for it;
+* ``wrong_shape`` / ``wrong_dtype``: it arrived in another shape or dtype than it left.
+
+Tensors vLLM's worker could not map to its parameters are counted as not checked, with the
+worker's reason, never compared by guess. The first version at which each tensor differs is kept,
+so a fault that starts at one sync and stays is named once with its start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import orjson
+from pydantic import ValidationError
+
+from verl_consistency.contracts.weight_records import (
+    EXPORT_PREFIX,
+    HELD_PREFIX,
+    WEIGHTS_DIR,
+    TensorPrint,
+    WeightSyncRecord,
+)
+
+Kind = Literal["stale", "wrong_values", "missing", "wrong_shape", "wrong_dtype"]
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """One tensor that vLLM does not hold as the trainer sent it, at one version, in one worker."""
+
+    version: int | None
+    tensor: str
+    kind: Kind
+    detail: str
+    worker: int
+
+
+@dataclass
+class VersionCheck:
+    """One sync version: how many tensors were sent and compared, and those that differ."""
+
+    version: int | None
+    exported: int = 0
+    workers: list[int] = field(default_factory=list)
+    compared: int = 0
+    not_checked: dict[str, str] = field(default_factory=dict)
+    diffs: list[TensorDiff] = field(default_factory=list)
+    fingerprint_s: float = 0.0
+    """Seconds spent fingerprinting this sync: the slowest trainer rank plus the slowest worker."""
+
+
+@dataclass
+class WeightCheck:
+    """The whole run's check; ``present`` is False when the run wrote no weight records."""
+
+    versions: list[VersionCheck] = field(default_factory=list)
+    first_version: dict[str, int | None] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    present: bool = False
+
+    @property
+    def differing(self) -> list[TensorDiff]:
+        return [d for v in self.versions for d in v.diffs]
+
+
+def _records(folder: Path, prefix: str, warnings: list[str]) -> Iterator[WeightSyncRecord]:
+    for path in sorted(folder.glob(f"{prefix}*.jsonl")):
+        with path.open("rb") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield WeightSyncRecord.model_validate(orjson.loads(line))
+                except (orjson.JSONDecodeError, ValidationError) as exc:
+                    first = str(exc).splitlines()[0]
+                    warnings.append(f"{path}:{n}: unreadable weight record, skipped ({first})")
+
+
+def _exports(folder: Path, warnings: list[str]) -> dict[int | None, WeightSyncRecord]:
+    """One export per version: the lowest rank's; ranks that disagree are named."""
+    by_version: dict[int | None, WeightSyncRecord] = {}
+    for rec in _records(folder, EXPORT_PREFIX, warnings):
+        kept = by_version.get(rec.version)
+        if kept is None or rec.rank < kept.rank:
+            if kept is not None:
+                _compare_ranks(rec, kept, warnings)
+            by_version[rec.version] = rec
+        else:
+            _compare_ranks(kept, rec, warnings)
+    return by_version
+
+
+def _compare_ranks(a: WeightSyncRecord, b: WeightSyncRecord, warnings: list[str]) -> None:
+    odd = [n for n, p in a.tensors.items() if n in b.tensors and not p.same_values(b.tensors[n])]
+    if odd:
+        warnings.append(
+            f"weight check: version {a.version}: trainer ranks {a.rank} and {b.rank} exported different "
+            f"{odd[0]} ({len(odd)} tensors); rank {a.rank}'s are compared"
+        )
+
+
+def _stale_since(
+    name: str, held: TensorPrint, version: int | None, exports: dict[int | None, WeightSyncRecord]
+) -> int | None:
+    """The latest earlier version whose export of ``name`` is exactly what vLLM holds."""
+    if version is None:
+        return None
+    earlier = sorted((v for v in exports if v is not None and v < version), reverse=True)
+    for v in earlier:
+        old = exports[v].tensors.get(name)
+        if old is not None and old.same_values(held):
+            return v
+    return None
+
+
+def judge(
+    name: str,
+    sent: TensorPrint,
+    held_rec: WeightSyncRecord,
+    exports: dict[int | None, WeightSyncRecord],
+) -> tuple[Kind, str] | None:
+    """How vLLM's worker holds one exported tensor at the record's version; None when exactly."""
+    arrived = (held_rec.received or {}).get(name)
+    if arrived is not None and arrived.shape != sent.shape:
+        return "wrong_shape", f"sent {sent.shape}, arrived {arrived.shape}"
+    if arrived is not None and arrived.dtype != sent.dtype:
+        return "wrong_dtype", f"sent {sent.dtype}, arrived {arrived.dtype}"
+    held = held_rec.tensors.get(name)
+    if held is None:
+        return "missing", "never arrived at this vLLM worker, which has no copy of it"
+    if held.same_values(sent):
+        return None
+    since = _stale_since(name, held, held_rec.version, exports)
+    if since is not None:
+        how = "it was not in this sync" if arrived is None else "it arrived, but the load did not take it"
+        return "stale", f"holds version {since}'s values; {how}"
+    if arrived is None:
+        return "wrong_values", "not in this sync, and held values match no version the trainer sent"
+    if not arrived.same_values(sent):
+        return "wrong_values", "changed on the way: what arrived is not what was sent"
+    return "wrong_values", "arrived intact, but vLLM's parameter holds other values after loading"
+
+
+def _check_version(
+    version: int | None,
+    export: WeightSyncRecord,
+    held: list[WeightSyncRecord],
+    exports: dict[int | None, WeightSyncRecord],
+) -> VersionCheck:
+    row = VersionCheck(version, exported=len(export.tensors), workers=sorted(h.pid for h in held))
+    for h in sorted(held, key=lambda r: r.pid):
+        for name, sent in export.tensors.items():
+            if name in h.unmapped:
+                row.not_checked[name] = h.unmapped[name]
+                continue
+            row.compared += 1
+            found = judge(name, sent, h, exports)
+            if found is not None:
+                row.diffs.append(TensorDiff(version, name, found[0], found[1], h.pid))
+    row.fingerprint_s = round(export.seconds + max((h.seconds for h in held), default=0.0), 4)
+    return row
+
+
+def check(run_dir: Path) -> WeightCheck:
+    """Compare every sync in ``run_dir``; an empty check (``present`` False) without records."""
+    folder = Path(run_dir) / WEIGHTS_DIR
+    result = WeightCheck()
+    if not folder.is_dir():
+        return result
+    exports = _exports(folder, result.warnings)
+    held: dict[int | None, list[WeightSyncRecord]] = {}
+    for rec in _records(folder, HELD_PREFIX, result.warnings):
+        held.setdefault(rec.version, []).append(rec)
+    result.present = bool(exports or held)
+    order = sorted(set(exports) | set(held), key=lambda v: (v is None, v if v is not None else 0))
+    for version in order:
+        if version not in exports:
+            result.warnings.append(
+                f"weight check: vLLM loaded version {version}, but no trainer export of it was recorded"
+            )
+            continue
+        if version not in held:
+            result.warnings.append(
+                f"weight check: the trainer exported version {version}, but no vLLM worker recorded it"
+            )
+        row = _check_version(version, exports[version], held.get(version, []), exports)
+        for d in row.diffs:
+            result.first_version.setdefault(d.tensor, d.version)
+        result.versions.append(row)
+    return result

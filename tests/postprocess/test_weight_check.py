@@ -1,0 +1,141 @@
+"""The weight check from records to verdicts (issue 42): the hooks write, the postprocess names.
+
+The trainer side (``weight_export.exporting``) and the vLLM side (``weight_held``) run here on a
+plain torch model standing in for vLLM's (the real pair runs in ``tests/demo/test_weight_sync.py``
+and on the GPU); the loading is a ``copy_`` per tensor, as vLLM's default loader does it. Each kind
+of fault is planted between the two and must be named with its kind and first version, and
+nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from verl_consistency.contracts import env
+from verl_consistency.contracts.weight_records import WEIGHTS_DIR
+from verl_consistency.patches.hooks import weight_export, weight_held
+from verl_consistency.postprocess.compare import weight_check
+from verl_consistency.postprocess.output import weight_section
+
+Plant = Callable[[str, torch.Tensor], torch.Tensor | None]
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+
+
+def _sync(trainer: torch.nn.Module, vllm: torch.nn.Module, version: int, plant: Plant | None = None) -> None:
+    """One sync: export through the hook, plant, receive and load, then fingerprint what is held."""
+    check = weight_held.begin(version)
+    assert check is not None
+
+    def load(weights: list[tuple[str, torch.Tensor]]) -> None:
+        for name, t in weights:
+            vllm.get_parameter(name).data.copy_(t)
+
+    on_bucket = check.receiving(load)
+    bucket = []
+    for name, t in weight_export.exporting(
+        ((n, p.detach().clone()) for n, p in trainer.named_parameters()), version
+    ):
+        planted = plant(name, t) if plant else t
+        if planted is not None:
+            bucket.append((name, planted))
+    on_bucket(bucket)
+    check.finish(vllm)
+
+
+def _step(m: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.01)
+
+
+@pytest.fixture
+def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(env.RUN_DIR, str(tmp_path))
+    monkeypatch.delenv(env.WEIGHT_CHECK, raising=False)
+    weight_held.reset_for_tests()
+    return tmp_path
+
+
+def _story(plant_at_2: Plant | None) -> None:
+    trainer, vllm = _model(), _model()
+    with torch.no_grad():
+        for p in vllm.parameters():
+            p.zero_()  # vLLM starts on dummy weights, as verl's does
+    _sync(trainer, vllm, 0)
+    _step(trainer)
+    _sync(trainer, vllm, 1)
+    _step(trainer)
+    _sync(trainer, vllm, 2, plant_at_2)
+
+
+def _named(run: Path) -> dict[int | None, list[tuple[str, str]]]:
+    checked = weight_check.check(run)
+    assert checked.present
+    assert not checked.warnings
+    return {v.version: [(d.tensor, d.kind) for d in v.diffs] for v in checked.versions}
+
+
+def test_healthy_syncs_name_nothing(run: Path) -> None:
+    _story(None)
+    assert _named(run) == {0: [], 1: [], 2: []}
+    assert len(list((run / WEIGHTS_DIR).glob("*.jsonl"))) == 2  # one export log, one held log (one process)
+
+
+def test_a_tensor_left_out_is_stale_since_the_last_sync_that_had_it(run: Path) -> None:
+    _story(lambda n, t: None if n == "1.weight" else t)
+    assert _named(run)[2] == [("1.weight", "stale")]
+    diff = weight_check.check(run).versions[2].diffs[0]
+    assert diff.detail.startswith("holds version 1's values; it was not in this sync")
+
+
+def test_a_tensor_changed_on_the_way_is_wrong_values_in_transport(run: Path) -> None:
+    _story(lambda n, t: t * 2 if n == "0.bias" else t)
+    checked = weight_check.check(run)
+    assert [(d.tensor, d.kind) for d in checked.versions[2].diffs] == [("0.bias", "wrong_values")]
+    assert "changed on the way" in checked.versions[2].diffs[0].detail
+    assert checked.first_version == {"0.bias": 2}
+
+
+def test_a_tensor_of_another_shape_or_dtype_is_named_so(run: Path) -> None:
+    _story(lambda n, t: t.to(torch.float64) if n == "1.bias" else t)
+    assert _named(run)[2] == [("1.bias", "wrong_dtype")]
+
+
+def test_the_check_is_off_without_a_run_folder_or_when_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(env.RUN_DIR, raising=False)
+    assert weight_held.begin(0) is None
+    stream = [("a", torch.ones(2))]
+    assert list(weight_export.exporting(iter(stream), 0)) == stream
+    monkeypatch.setenv(env.RUN_DIR, str(tmp_path))
+    monkeypatch.setenv(env.WEIGHT_CHECK, "0")
+    assert weight_held.begin(0) is None
+    assert not (tmp_path / WEIGHTS_DIR).exists()
+
+
+def test_the_section_sets_the_weights_beside_the_layer_view(run: Path) -> None:
+    _story(lambda n, t: None if n == "1.weight" else t)
+    summary = weight_section.build(weight_check.check(run), [], [])
+    assert summary is not None
+    assert summary.differing_tensors == ["1.weight"]
+    assert summary.verdict == "1.weight stale from version 2"
+    assert [r.version for r in summary.versions] == [0, 1, 2]
+    assert weight_section.csv_text(summary).splitlines()[1].startswith("2,1.weight,stale,2,")
+
+
+def test_an_unreadable_record_is_named_and_skipped(run: Path) -> None:
+    _story(None)
+    log = next((run / WEIGHTS_DIR).glob("held-*.jsonl"))
+    before = log.read_bytes()
+    log.write_bytes(before + b"{not json\n")
+    checked = weight_check.check(run)
+    assert [w.split(": ")[0] for w in checked.warnings] == [f"{log}:4"]
+    assert log.read_bytes() == before + b"{not json\n"  # the input is left as it was
