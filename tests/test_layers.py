@@ -5,7 +5,7 @@ The layers (entrypoints/README.md, "Map: every module, room by room"), from the 
 - ``contracts`` (``patches/contracts/``, the pins reader among them): imported by every stage,
   imports no stage;
 - ``patches.hooks``: runs inside vLLM and trainer processes, so it may import only contracts;
-- ``patches`` tooling (apply, upstream, cli) and ``postprocess``: contracts and themselves;
+- ``patches.tooling`` (apply, upstream, cli) and ``postprocess``: contracts and themselves;
 - ``entrypoints``: the command line, the only layer that may import all the others, and the hooks
   only to run them (a hook's constants or parsing belong in the contracts; see ``FORBIDDEN``).
 
@@ -48,9 +48,7 @@ GROUPS: list[tuple[str, str]] = [
 ]
 CONTRACTS = (f"{PKG}.contracts",)
 PATCH_TOOLS = (
-    f"{PKG}.patches.apply",
-    f"{PKG}.patches.upstream",
-    f"{PKG}.patches.cli",
+    f"{PKG}.patches.tooling",
     f"{PKG}.patches.__main__",
 )
 """The patch tooling, module by module: the ``patches`` prefix as a whole would let it reach the hooks."""
@@ -72,9 +70,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     # the hook's constants and threshold() (an environment variable's parsing) are contracts; the
     # command line must not load the training-side hook to read them
     "entrypoints": (
-        f"{PKG}.patches.hooks.token_mismatch",
-        f"{PKG}.patches.hooks.token_figures",
-        f"{PKG}.patches.hooks.next_token",
+        f"{PKG}.patches.hooks.training.token_mismatch",
+        f"{PKG}.patches.hooks.training.token_figures",
+        f"{PKG}.patches.hooks.training.next_token",
     ),
 }
 """Modules a group may not import although ``ALLOWED`` covers them."""
@@ -221,8 +219,12 @@ def test_every_env_name_anywhere_is_one_of_the_contracts(repo):
     [
         ("patches/hooks/x.py", "from verl_consistency.entrypoints import run_cmd\n", 1),
         ("patches/hooks/x.py", "def f():\n    import verl_consistency.postprocess.pairing.pair\n", 1),
-        ("patches/contracts/x.py", "from verl_consistency.patches.hooks import training\n", 1),
-        ("postprocess/x.py", "from verl_consistency.patches.hooks import dispatch\n", 1),
+        (
+            "patches/contracts/x.py",
+            "from verl_consistency.patches.hooks.training import micro_batch_dump\n",
+            1,
+        ),
+        ("postprocess/x.py", "from verl_consistency.patches.hooks.rollout import dispatch\n", 1),
         ("bench/x.py", "from tests.postprocess import pairing_trees\n", 1),
         ("entrypoints/x.py", "import tests.fixtures\n", 1),
         ("patches/hooks/x.py", "from verl_consistency.contracts import env, records\n", 0),
@@ -237,10 +239,14 @@ def test_every_env_name_anywhere_is_one_of_the_contracts(repo):
         # the contracts are one room of their own, under their own name
         ("patches/hooks/x.py", "from verl_consistency.patches.contracts import env\n", 1),
         # the patch tooling and docker/ use the contracts and the tooling, never the hooks
-        ("patches/x.py", "from verl_consistency.patches.hooks import dispatch\n", 1),
-        ("patches/x.py", "import verl_consistency.patches.hooks.training\n", 1),
-        ("docker/helpers/x.py", "from verl_consistency.patches.hooks.placement import install\n", 1),
-        ("docker/helpers/x.py", "from verl_consistency.patches import apply, upstream\n", 0),
+        ("patches/x.py", "from verl_consistency.patches.hooks.rollout import dispatch\n", 1),
+        ("patches/x.py", "import verl_consistency.patches.hooks.training.micro_batch_dump\n", 1),
+        (
+            "docker/helpers/x.py",
+            "from verl_consistency.patches.hooks.ray_setup.placement import install\n",
+            1,
+        ),
+        ("docker/helpers/x.py", "from verl_consistency.patches.tooling import apply, upstream\n", 0),
         ("docker/helpers/x.py", "from verl_consistency.contracts import pins\n", 0),
         # a module named in a string is an import too
         (
@@ -253,10 +259,18 @@ def test_every_env_name_anywhere_is_one_of_the_contracts(repo):
         ("docker/x.py", 'CMD = ["python3", "-m", "verl_consistency.patches", "apply"]\n', 0),
         ("patches/contracts/x.py", 'WHY = "see verl_consistency.patches.hooks for the callers"\n', 0),
         # entrypoints run hooks, but take no constants from the token-record hook
-        ("entrypoints/x.py", "from verl_consistency.patches.hooks import token_mismatch\n", 1),
-        ("entrypoints/x.py", "from verl_consistency.patches.hooks.token_mismatch import threshold\n", 1),
-        ("entrypoints/x.py", "from verl_consistency.patches.hooks import next_token, token_figures\n", 2),
-        ("entrypoints/x.py", "from verl_consistency.patches.hooks import placement\n", 0),
+        ("entrypoints/x.py", "from verl_consistency.patches.hooks.training import token_mismatch\n", 1),
+        (
+            "entrypoints/x.py",
+            "from verl_consistency.patches.hooks.training.token_mismatch import threshold\n",
+            1,
+        ),
+        (
+            "entrypoints/x.py",
+            "from verl_consistency.patches.hooks.training import next_token, token_figures\n",
+            2,
+        ),
+        ("entrypoints/x.py", "from verl_consistency.patches.hooks.ray_setup import placement\n", 0),
     ],
 )
 def test_the_layer_check_catches_a_crossing(tmp_path, rel, source, expected):

@@ -15,7 +15,7 @@ sides as the demo dumps them:
    with the old ``down_proj``: the pairs must diverge there first.
 3. **healthy**: sync 2 sends everything again: healthy again.
 
-Each record carries its sync's label (``patches/hooks/weight_sync``: vLLM's dispatch records the
+Each record carries its sync's label (``patches/hooks/training/weight_sync``: vLLM's dispatch records the
 label it loaded, the trainer's records the label it sent), so the pairing pairs each phase's
 requests within their own weights. The summary (``weight-sync-summary.json`` in DUMP_ROOT) names
 the run folder and each phase's request ids, which the test checks the verdicts of.

@@ -1,6 +1,6 @@
 """Weight versions at their source: verl's sync label reaches both sides' records (issue 35).
 
-The state machine runs as the engines drive it (``training.batch_dumper`` per
+The state machine runs as the engines drive it (``micro_batch_dump.batch_dumper`` per
 ``forward_backward_batch``, ``weight_sync.weights_sent`` per sync); the patched verl of the set in
 force is checked with ``ast`` (vLLM and a GPU are not here), as the Megatron patch is.
 """
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from verl_consistency.patches.hooks import older_weights, training, weight_sync
+from verl_consistency.patches.hooks.training import micro_batch_dump, older_weights, weight_sync
 
 pytestmark = pytest.mark.pinset
 
@@ -35,12 +35,12 @@ def _engine() -> SimpleNamespace:
     )
 
 
-def _dumper(monkeypatch: pytest.MonkeyPatch, *, forward_only: bool) -> training.BatchDumper:
+def _dumper(monkeypatch: pytest.MonkeyPatch, *, forward_only: bool) -> micro_batch_dump.BatchDumper:
     monkeypatch.setenv("DUMP_ON", "1")
     monkeypatch.setenv("DUMP_PHASE", "all")
-    monkeypatch.setattr(training.training_session, "session", lambda: object())
-    got = training.batch_dumper(_engine(), backend="fsdp", forward_only=forward_only)
-    assert isinstance(got, training.BatchDumper)
+    monkeypatch.setattr(micro_batch_dump.dump_session, "session", lambda: object())
+    got = micro_batch_dump.batch_dumper(_engine(), backend="fsdp", forward_only=forward_only)
+    assert isinstance(got, micro_batch_dump.BatchDumper)
     return got
 
 
@@ -60,10 +60,13 @@ def test_updates_are_counted_even_when_their_phase_is_not_dumped(monkeypatch: py
     weight_sync.weights_sent(1)
     monkeypatch.setenv("DUMP_ON", "1")
     monkeypatch.setenv("DUMP_PHASE", "log_prob")
-    monkeypatch.setattr(training.training_session, "session", lambda: object())
-    assert training.batch_dumper(_engine(), backend="fsdp", forward_only=False) is training.NO_DUMP
-    got = training.batch_dumper(_engine(), backend="fsdp", forward_only=True)
-    assert isinstance(got, training.BatchDumper)
+    monkeypatch.setattr(micro_batch_dump.dump_session, "session", lambda: object())
+    assert (
+        micro_batch_dump.batch_dumper(_engine(), backend="fsdp", forward_only=False)
+        is micro_batch_dump.NO_DUMP
+    )
+    got = micro_batch_dump.batch_dumper(_engine(), backend="fsdp", forward_only=True)
+    assert isinstance(got, micro_batch_dump.BatchDumper)
     assert got.version == (1, 1)
 
 

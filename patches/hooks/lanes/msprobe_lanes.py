@@ -53,8 +53,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from verl_consistency.contracts.records import lane_folder
-from verl_consistency.patches.hooks.lane_collector import LaneStats, lane_paths
-from verl_consistency.patches.hooks.lane_fast import modes_context
+from verl_consistency.patches.hooks.lanes.lane_collector import LaneStats, lane_paths
+from verl_consistency.patches.hooks.lanes.msprobe_shortcuts import modes_context
 
 
 @dataclass(frozen=True)
@@ -277,7 +277,7 @@ def install(service: Any, lanes: Sequence[Lane], path: Path | None = None) -> La
 
 
 def _lean_modes(hook_manager: Any) -> None:
-    """``lane_fast.modes_context`` on msprobe's hook manager (an instance attribute over its static
+    """``msprobe_shortcuts.modes_context`` on msprobe's hook manager (an instance attribute over its static
     method), once; a manager without the method is left as it is."""
     current = getattr(hook_manager, "_no_grad_context", None)
     if current is None or getattr(current, "_lane_modes", False):

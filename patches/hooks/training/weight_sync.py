@@ -19,7 +19,7 @@ on both sides. 0.8.0's fully-async trainer labels its syncs with ``current_param
   keyword and calls :func:`weights_loaded`; ``dispatch.DispatchLogger`` stamps every step with
   :func:`loaded_version`.
 * **Trainer side** (the actor worker's process): ``update_weights`` calls :func:`weights_sent`
-  before it sends; ``training.batch_dumper`` stamps every dumped forward with
+  before it sends; ``micro_batch_dump.batch_dumper`` stamps every dumped forward with
   :func:`trainer_version` and counts each ``forward_backward_batch`` that trains
   (:func:`note_update`: an optimizer step follows it).
 

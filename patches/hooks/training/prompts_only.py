@@ -48,7 +48,7 @@ BYPASS_OVERRIDE = "algorithm.rollout_correction.bypass_mode=False"
 PREFILL_ROWS = "vc_prefill_rows"
 """Per-row column the trim adds (``non_tensor_batch``; a field of each V1 sample): how many of the
 row's tokens vLLM's prefill computed, the original prompt, which after the trim is the whole row
-(the trimmed ``prompts`` plus the one-token response). ``training.PackedLayout`` cuts the lanes to
+(the trimmed ``prompts`` plus the one-token response). ``micro_batch_dump.PackedLayout`` cuts the lanes to
 it; without it (ride-along) the prompt rows come from ``prompts``, as verl reads them."""
 
 _FULL_SEQUENCE = ("input_ids", "attention_mask")
@@ -110,7 +110,7 @@ def trim(batch: Any, *, bypass_mode: bool = False) -> Any:
             "(distillation and other extensions are not supported in a collection run)"
         )
 
-    from verl_consistency.patches.hooks import next_token
+    from verl_consistency.patches.hooks.training import next_token
 
     next_token.stash_next_token(batch)
     import numpy as np
@@ -231,7 +231,7 @@ def trim_sample(field: dict[str, Any], *, validate: bool = False) -> dict[str, A
             "(distillation and other extensions are not supported in a collection run)"
         )
 
-    from verl_consistency.patches.hooks import next_token
+    from verl_consistency.patches.hooks.training import next_token
 
     next_token.stash_next_token_sample(field)
     field[PREFILL_ROWS] = prompt_len

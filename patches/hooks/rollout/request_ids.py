@@ -35,7 +35,7 @@ from typing import Any
 from verl_consistency.contracts import capture
 from verl_consistency.contracts import token_records as tr
 from verl_consistency.contracts.env import CAPTURE
-from verl_consistency.patches.hooks import weight_sync
+from verl_consistency.patches.hooks.training import weight_sync
 
 REQUEST_ID = "request_id"
 REQUEST_IDS_ALL = "request_ids_all"

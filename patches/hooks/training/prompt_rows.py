@@ -28,8 +28,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from verl_consistency.patches.hooks import msprobe_lanes
-from verl_consistency.patches.hooks.prompts_only import PREFILL_ROWS
+from verl_consistency.patches.hooks.lanes import msprobe_lanes
+from verl_consistency.patches.hooks.training.prompts_only import PREFILL_ROWS
 
 
 class PromptRowsError(RuntimeError):
