@@ -130,7 +130,7 @@ async def send(engine: Any, job_id: str, label: int, skip: frozenset[str] = froz
 async def load(engine: Any, label: int) -> dict[str, Any]:
     """vLLM: receive and load the sync labelled ``label`` into the running engine, then drop the
     prefix cache (its blocks were computed with the old weights)."""
-    from verl_consistency.patches.hooks.training import weight_sync
+    from verl_consistency.patches.hooks.rollout import weight_sync
 
     t0 = time.monotonic()
     kwargs = {"peft_config": None, "base_sync_done": True, "use_shm": True, **weight_sync.sync_kwargs(label)}

@@ -52,7 +52,7 @@ from verl_consistency.patches.hooks.lanes.msprobe_shortcuts import (
 )
 
 if TYPE_CHECKING:
-    from verl_consistency.patches.hooks.lanes.msprobe_lanes import Lane
+    from verl_consistency.patches.hooks.lanes.cuts import Lane
 
 PROCESSOR_NEEDS = (
     "_analyze_tensor",

@@ -49,33 +49,12 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from verl_consistency.contracts.records import lane_folder
+from verl_consistency.patches.hooks.lanes.cuts import Cut, Lane
 from verl_consistency.patches.hooks.lanes.lane_collector import LaneStats, lane_paths
 from verl_consistency.patches.hooks.lanes.msprobe_shortcuts import modes_context
-
-
-@dataclass(frozen=True)
-class Cut:
-    """One request's rows: ``[begin, end)`` along ``dim`` of every tensor whose ``shape[dim] == size``."""
-
-    dim: int
-    size: int
-    begin: int
-    end: int
-
-    def as_msprobe(self) -> dict[str, int]:
-        return {"dim": self.dim, "size": self.size, "begin": self.begin, "end": self.end}
-
-
-@dataclass(frozen=True)
-class Lane:
-    """One captured request of a dumped step and the cuts that select its rows."""
-
-    request_id: str
-    cuts: tuple[Cut, ...]
 
 
 def packed_lanes(

@@ -53,8 +53,7 @@ from typing import Any, Protocol
 from verl_consistency.contracts import capture, layout, records
 from verl_consistency.contracts.env import CAPTURE, RUN_DIR
 from verl_consistency.patches.hooks.lanes import msprobe_lanes
-from verl_consistency.patches.hooks.rollout import request_scope
-from verl_consistency.patches.hooks.training import weight_sync
+from verl_consistency.patches.hooks.rollout import request_scope, weight_sync
 
 DECODE_STATE = "DecodeOnly"
 """The only ``AscendAttentionState`` member that is a decode step (upstream's ``!= DecodeOnly``)."""

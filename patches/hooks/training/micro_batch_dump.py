@@ -49,12 +49,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from verl_consistency.contracts import env, records
+from verl_consistency.contracts import env, records, weight_labels
+from verl_consistency.contracts.batch_fields import PREFILL_ROWS
 from verl_consistency.patches.hooks.lanes import msprobe_lanes
 from verl_consistency.patches.hooks.training import dump_session, next_token, older_weights, weight_sync
 from verl_consistency.patches.hooks.training.dump_session import TrainingDumpError
 from verl_consistency.patches.hooks.training.prompt_rows import PackedLayout, PromptRowsError
-from verl_consistency.patches.hooks.training.prompts_only import PREFILL_ROWS
 
 Backend = Literal["fsdp", "megatron"]
 Phase = Literal["log_prob", "update_actor"]
@@ -245,7 +245,7 @@ class BatchDumper:
         now: list[str] = []
         later: dict[int, list[str]] = {}
         for rid in captured:
-            v = weight_sync.label(of.get(rid))
+            v = weight_labels.label(of.get(rid))
             if v is None or (v, 0) == self.version or not store.has(v):
                 now.append(rid)
             else:

@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from verl_consistency.contracts import records
+from verl_consistency.contracts.batch_fields import PREFILL_ROWS
 from verl_consistency.contracts.token_records import (
     NEXT_TOKEN,
     NEXT_TOKEN_LOG,
@@ -110,13 +111,11 @@ def rollout_next_tokens(micro_batch: Any) -> tuple[list[int | None], list[float 
     Without the PROMPTS_ONLY trim nothing is stashed: the micro batch still holds vLLM's
     ``responses`` and (with ``rollout.calculate_log_probs=true``) ``rollout_log_probs``, padded
     (``RayPPOTrainer``'s batch) or nested (verl 0.9's V1 path); position 0 of each is what vLLM
-    sampled at the last prompt position. None for a trimmed batch (``prompts_only.PREFILL_ROWS``:
+    sampled at the last prompt position. None for a trimmed batch (``batch_fields.PREFILL_ROWS``:
     its ``responses`` is the last prompt token) or without rollout log-probs. A row whose token 0
     is masked out, missing or without a finite log-prob gets None.
     """
     from verl.utils import tensordict_utils as tu
-
-    from verl_consistency.patches.hooks.training.prompts_only import PREFILL_ROWS
 
     if tu.get(micro_batch, key=PREFILL_ROWS, default=None) is not None:
         return None
