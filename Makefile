@@ -64,7 +64,7 @@ venv: $(VENV)/.installed ## Create the set's venv (.venv, or .venv-next with PIN
 #
 # What lets them share one machine: Ray clusters on loopback pick free ports, and `ray start`
 # clusters (tests/k8s) keep their address file in their own --temp-dir, so a bare ray.init() in
-# another lane starts its own; downloads into $(CACHE) are atomic (patches/upstream.py); each
+# another lane starts its own; downloads into $(CACHE) are atomic (patches/tooling/upstream.py); each
 # set has its own venv, demo venv and image tag; the image tests of both sets run in ONE lane,
 # one set after the other (no two buildah builds at once, and LEAN_DISK's `buildah rmi --prune`
 # never runs beside a build); each image process has its own --basetemp.

@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     from msprobe.pytorch import PrecisionDebugger
 
     from bench.support.vllm_qwen2 import forward_step
-    from verl_consistency.patches.hooks import msprobe_lanes
-    from verl_consistency.patches.hooks.request_scope import start_lanes
+    from verl_consistency.patches.hooks.lanes import msprobe_lanes
+    from verl_consistency.patches.hooks.rollout.request_scope import start_lanes
 
     torch.set_num_threads(1)
     SIZES["deep"] = SHAPE

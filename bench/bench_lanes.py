@@ -78,8 +78,8 @@ def vllm_part(args: argparse.Namespace) -> dict[str, Any]:
     from msprobe.pytorch import PrecisionDebugger
 
     from bench.support.vllm_qwen2 import forward_step
-    from verl_consistency.patches.hooks import msprobe_lanes
-    from verl_consistency.patches.hooks.request_scope import start_lanes, start_step
+    from verl_consistency.patches.hooks.lanes import msprobe_lanes
+    from verl_consistency.patches.hooks.rollout.request_scope import start_lanes, start_step
 
     device = args.device
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

@@ -72,7 +72,7 @@ def _window(steps: int, rate: float, skip: int) -> list[dict[str, object]]:
 
 
 def msprobe_config(mode: str, dump: Path) -> dict[str, object]:
-    from verl_consistency.patches.hooks.request_scope import LAYER_TENSOR_LIST, scoped_msprobe_config
+    from verl_consistency.patches.hooks.rollout.request_scope import LAYER_TENSOR_LIST, scoped_msprobe_config
 
     task = "tensor" if mode == "tensor" else "statistics"
     section: dict[str, object] = {"scope": [], "list": [], "data_mode": ["all"]}
@@ -98,7 +98,7 @@ def child(mode: str, size: str, window_file: Path, fraction: float, out: Path) -
     from bench.support.vllm_qwen2 import Qwen2ForCausalLM, forward_step
     from verl_consistency.contracts.capture import CaptureRule
     from verl_consistency.contracts.records import ScheduledRequest
-    from verl_consistency.patches.hooks.request_scope import (
+    from verl_consistency.patches.hooks.rollout.request_scope import (
         install_compact_tensor_save,
         should_dump,
         start_step,

@@ -22,7 +22,7 @@ its dispatch log records every step, dumped or not, so three ways are read off o
   request alone, computing its whole prompt (no prefix hit, no chunk);
 * one per step (msprobe 26.2.0's own ``scheduled_tokens`` cut, the previous release of this
   bundle): one request per prefill step that holds at least one such request;
-* lanes (``hooks/msprobe_lanes.py``, what this run dumped): every such request of every dumped
+* lanes (``hooks/lanes/msprobe_lanes.py``, what this run dumped): every such request of every dumped
   step, each in a ``req{k}`` folder of its own; counted from the lane folders on disk, which
   must hold a ``dump.json`` each;
 * comparable: requests whose whole prompt was computed in one step (the upper bound).
@@ -57,7 +57,7 @@ def _inner(out: Path) -> None:
     from verl_consistency.entrypoints.engines.stage_runner import run_stage
     from verl_consistency.entrypoints.engines.tiny_model import build_model, encode, prompt_texts
     from verl_consistency.entrypoints.msprobe.config import Task, write_single_node
-    from verl_consistency.patches.hooks.request_scope import is_comparable_prefill
+    from verl_consistency.patches.hooks.rollout.request_scope import is_comparable_prefill
 
     root = out.parent
     model = root / "tiny-qwen2"

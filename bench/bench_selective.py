@@ -61,7 +61,7 @@ from typing import Any
 from bench.support.hardware import hardware
 from verl_consistency.contracts.capture import CaptureRule
 from verl_consistency.contracts.records import ScheduledRequest
-from verl_consistency.patches.hooks.request_scope import (
+from verl_consistency.patches.hooks.rollout.request_scope import (
     BLOCK_TENSOR_LIST,
     LAYER_TENSOR_LIST,
     TENSOR_DATA_MODE,

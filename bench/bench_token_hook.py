@@ -44,7 +44,7 @@ from verl.workers.config import HFModelConfig
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
-from verl_consistency.patches.hooks import token_mismatch
+from verl_consistency.patches.hooks.training import token_mismatch
 actor_cfg = drv._actor_config(model_dir)
 mc = HFModelConfig(path=str(model_dir), load_tokenizer=False,
                    override_config={"attn_implementation": "eager"},
@@ -86,7 +86,7 @@ import json, os, statistics, sys, time
 import numpy as np, torch
 from verl import DataProto
 from verl.utils.debug.metrics import calculate_debug_metrics
-from verl_consistency.patches.hooks import token_mismatch
+from verl_consistency.patches.hooks.training import token_mismatch
 out = []
 for size in os.environ["VC_SIZES"].split(","):
     b, length = (int(x) for x in size.split("x"))

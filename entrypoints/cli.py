@@ -20,7 +20,7 @@ from verl_consistency.entrypoints.load.command import load_cmd
 from verl_consistency.entrypoints.msprobe import defaults as msprobe_defaults
 from verl_consistency.entrypoints.preflight.command import preflight_cmd
 from verl_consistency.entrypoints.run import command as run_cmd
-from verl_consistency.patches.cli import app as patches_app
+from verl_consistency.patches.tooling.cli import app as patches_app
 from verl_consistency.postprocess import cli as postprocess_cli
 
 

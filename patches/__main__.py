@@ -1,3 +1,3 @@
-from verl_consistency.patches.cli import app
+from verl_consistency.patches.tooling.cli import app
 
 app(prog_name="python -m verl_consistency.patches")

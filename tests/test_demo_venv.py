@@ -14,7 +14,7 @@ import zipfile
 import pytest
 
 from verl_consistency.entrypoints.demo import venv as demo_venv
-from verl_consistency.patches import upstream
+from verl_consistency.patches.tooling import upstream
 
 pytestmark = pytest.mark.upstream
 

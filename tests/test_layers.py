@@ -4,8 +4,13 @@ The layers (entrypoints/README.md, "Map: every module, room by room"), from the 
 
 - ``contracts`` (``patches/contracts/``, the pins reader among them): imported by every stage,
   imports no stage;
-- ``patches.hooks``: runs inside vLLM and trainer processes, so it may import only contracts;
-- ``patches`` tooling (apply, upstream, cli) and ``postprocess``: contracts and themselves;
+- ``patches.hooks``: runs inside vLLM and trainer processes, so it may import only contracts, and
+  its rooms are one process each: ``rollout`` (vLLM workers, verl's agent loop) and ``training``
+  (verl's trainer and actor ranks) never import each other; both reach ``lanes`` (the per-request
+  msprobe dumps) only through its way in, ``lanes.msprobe_lanes``, and both may use ``weights`` (the
+  weight check's fingerprint and record writer); ``lanes``, ``ray_setup`` and ``weights`` import no
+  other room;
+- ``patches.tooling`` (apply, upstream, cli) and ``postprocess``: contracts and themselves;
 - ``entrypoints``: the command line, the only layer that may import all the others, and the hooks
   only to run them (a hook's constants or parsing belong in the contracts; see ``FORBIDDEN``).
 
@@ -17,6 +22,11 @@ A module named in a string counts as an import (``importlib.resources.files("...
 ``importlib.import_module("...")``, ``python -m ...``), and so does an import inside a string that
 is itself a Python script (a bench's ``python -c`` step): such a link runs upward as surely as an
 ``import`` statement does.
+
+And no module of the bundle imports itself back through others: no import loop, whether the
+imports run at import time, inside a function, or only for the type checker (``TYPE_CHECKING``).
+A loop hidden in function bodies still ties two modules into one; a constant both need belongs in
+the contracts.
 """
 
 from __future__ import annotations
@@ -37,7 +47,13 @@ PKG = "verl_consistency"
 # group of a file (by path prefix, most specific first) -> import prefixes it may use
 GROUPS: list[tuple[str, str]] = [
     ("patches/contracts/", "contracts"),
+    ("patches/hooks/rollout/", "rollout"),
+    ("patches/hooks/training/", "training"),
+    ("patches/hooks/lanes/", "lanes"),
+    ("patches/hooks/ray_setup/", "ray_setup"),
+    ("patches/hooks/weights/", "weights"),
     ("patches/hooks/", "hooks"),
+    ("patches/tooling/", "patches"),
     ("patches/", "patches"),
     ("postprocess/", "postprocess"),
     ("entrypoints/", "entrypoints"),
@@ -47,19 +63,27 @@ GROUPS: list[tuple[str, str]] = [
     ("tests/", "tests"),
 ]
 CONTRACTS = (f"{PKG}.contracts",)
+HOOKS = f"{PKG}.patches.hooks"
 PATCH_TOOLS = (
-    f"{PKG}.patches.apply",
-    f"{PKG}.patches.upstream",
-    f"{PKG}.patches.cli",
+    f"{PKG}.patches.tooling",
     f"{PKG}.patches.__main__",
 )
 """The patch tooling, module by module: the ``patches`` prefix as a whole would let it reach the hooks."""
 NAMESPACES = (PKG, f"{PKG}.patches")
 """Package roots named exactly: they hold no layer's code (``patches/__init__.py`` is a docstring;
 ``python -m verl_consistency.patches`` runs the tooling's ``__main__``), so naming one crosses nothing."""
+LANES_WAY_IN = (f"{HOOKS}.lanes.msprobe_lanes",)
+"""What a hook of another room may import of ``lanes``: its way in, not its parts."""
+WEIGHTS = (f"{HOOKS}.weights",)
+"""The weight check's parts both sides of a sync use (fingerprint, where records go)."""
 ALLOWED: dict[str, tuple[str, ...]] = {
     "contracts": CONTRACTS,
-    "hooks": (*CONTRACTS, f"{PKG}.patches.hooks"),
+    "hooks": CONTRACTS,
+    "rollout": (*CONTRACTS, f"{HOOKS}.rollout", *LANES_WAY_IN, *WEIGHTS),
+    "training": (*CONTRACTS, f"{HOOKS}.training", *LANES_WAY_IN, *WEIGHTS),
+    "lanes": (*CONTRACTS, f"{HOOKS}.lanes"),
+    "ray_setup": (*CONTRACTS, f"{HOOKS}.ray_setup"),
+    "weights": (*CONTRACTS, *WEIGHTS),
     "patches": (*CONTRACTS, *PATCH_TOOLS),
     "postprocess": (*CONTRACTS, f"{PKG}.postprocess"),
     "entrypoints": (PKG,),
@@ -72,9 +96,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     # the hook's constants and threshold() (an environment variable's parsing) are contracts; the
     # command line must not load the training-side hook to read them
     "entrypoints": (
-        f"{PKG}.patches.hooks.token_mismatch",
-        f"{PKG}.patches.hooks.token_figures",
-        f"{PKG}.patches.hooks.next_token",
+        f"{PKG}.patches.hooks.training.token_mismatch",
+        f"{PKG}.patches.hooks.training.token_figures",
+        f"{PKG}.patches.hooks.training.next_token",
     ),
 }
 """Modules a group may not import although ``ALLOWED`` covers them."""
@@ -169,6 +193,77 @@ def layer_violations(root: Path, files: list[str]) -> list[Violation]:
     return out
 
 
+PACKAGE_DIRS = (
+    ("patches/contracts/", f"{PKG}.contracts"),
+    ("patches/", f"{PKG}.patches"),
+    ("postprocess/", f"{PKG}.postprocess"),
+    ("entrypoints/", f"{PKG}.entrypoints"),
+)
+"""Folder → import name, as pyproject's ``package-dir`` maps them (most specific first)."""
+
+
+def module_name(rel: str) -> str | None:
+    """The import name of a product file (None for tests, benches and anything else)."""
+    for folder, name in PACKAGE_DIRS:
+        if rel.startswith(folder) and rel.endswith(".py"):
+            parts = rel[len(folder) : -len(".py")].split("/")
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            return ".".join([name, *parts])
+    return None
+
+
+def import_graph(root: Path, files: list[str]) -> dict[str, set[str]]:
+    """Module → the bundle's modules it imports: every import, at import time, in a function body,
+    or under ``TYPE_CHECKING`` (``from pkg import mod`` counts as an import of ``pkg.mod``)."""
+    names = {m: rel for rel in files if (m := module_name(rel))}
+    graph: dict[str, set[str]] = {}
+    for mod, rel in names.items():
+        edges = set()
+        for _, imported in _imports(ast.parse((root / rel).read_text(), filename=rel)):
+            # "from a.b import c" is reported as a.b.c: a module if there is one, else a name in a.b
+            target = imported if imported in names else imported.rpartition(".")[0]
+            if target in names and target != mod:
+                edges.add(target)
+        graph[mod] = edges
+    return graph
+
+
+def import_loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of two or more modules (Tarjan), each sorted: the loops."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    loops: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            members = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                members.append(top)
+                if top == node:
+                    break
+            if len(members) > 1:
+                loops.append(sorted(members))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return loops
+
+
 ENV_NAME = re.compile(r"^VERL_CONSISTENCY_[A-Z0-9_]+$")
 ENV_TOKEN = re.compile(r"\bVERL_CONSISTENCY_[A-Z0-9_]*[A-Z0-9]\b")
 ENV_HOME = "patches/contracts/env.py"
@@ -196,6 +291,64 @@ def test_imports_follow_the_layers(repo):
     assert not bad, "imports across the layers (see this file's docstring):\n" + "\n".join(map(str, bad))
 
 
+def test_no_module_imports_itself_back(repo):
+    loops = import_loops(import_graph(repo, _tracked(repo)))
+    assert not loops, "import loops (type-only and function-local imports count):\n" + "\n".join(
+        " <-> ".join(loop) for loop in loops
+    )
+
+
+@pytest.mark.parametrize(
+    ("sources", "loops"),
+    [
+        # the loop issue 45 removed: two training hooks importing each other inside functions
+        (
+            {
+                "patches/hooks/training/a.py": f"def f():\n    from {HOOKS}.training import b\n",
+                "patches/hooks/training/b.py": f"def g():\n    from {HOOKS}.training.a import f\n",
+            },
+            1,
+        ),
+        # a type-only loop is a loop too
+        (
+            {
+                "patches/hooks/lanes/a.py": "from verl_consistency.patches.hooks.lanes.b import B\n",
+                "patches/hooks/lanes/b.py": (
+                    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                    "    from verl_consistency.patches.hooks.lanes.a import A\n"
+                ),
+            },
+            1,
+        ),
+        # three modules around, and a package importing its module (not a loop)
+        (
+            {
+                "postprocess/a.py": "import verl_consistency.postprocess.b\n",
+                "postprocess/b.py": "from verl_consistency.postprocess import c\n",
+                "postprocess/c.py": "from verl_consistency.postprocess.a import x\n",
+                "postprocess/d/__init__.py": "from verl_consistency.postprocess.d import e\n",
+                "postprocess/d/e.py": "from verl_consistency.contracts import env\n",
+            },
+            1,
+        ),
+        # both import a contract: no loop
+        (
+            {
+                "patches/hooks/training/a.py": "from verl_consistency.contracts.batch_fields import X\n",
+                "patches/hooks/training/b.py": "from verl_consistency.contracts import batch_fields\n",
+                "patches/contracts/batch_fields.py": "X = 1\n",
+            },
+            0,
+        ),
+    ],
+)
+def test_the_loop_check_catches_a_loop(tmp_path, sources, loops):
+    for rel, text in sources.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert len(import_loops(import_graph(tmp_path, list(sources)))) == loops
+
+
 def test_env_names_are_defined_only_in_the_contracts(repo):
     bad = env_name_violations(repo, _tracked(repo))
     assert not bad, f"define these in {ENV_HOME} and import them from there:\n" + "\n".join(map(str, bad))
@@ -221,8 +374,12 @@ def test_every_env_name_anywhere_is_one_of_the_contracts(repo):
     [
         ("patches/hooks/x.py", "from verl_consistency.entrypoints import run_cmd\n", 1),
         ("patches/hooks/x.py", "def f():\n    import verl_consistency.postprocess.pairing.pair\n", 1),
-        ("patches/contracts/x.py", "from verl_consistency.patches.hooks import training\n", 1),
-        ("postprocess/x.py", "from verl_consistency.patches.hooks import dispatch\n", 1),
+        (
+            "patches/contracts/x.py",
+            "from verl_consistency.patches.hooks.training import micro_batch_dump\n",
+            1,
+        ),
+        ("postprocess/x.py", "from verl_consistency.patches.hooks.rollout import dispatch\n", 1),
         ("bench/x.py", "from tests.postprocess import pairing_trees\n", 1),
         ("entrypoints/x.py", "import tests.fixtures\n", 1),
         ("patches/hooks/x.py", "from verl_consistency.contracts import env, records\n", 0),
@@ -237,10 +394,14 @@ def test_every_env_name_anywhere_is_one_of_the_contracts(repo):
         # the contracts are one room of their own, under their own name
         ("patches/hooks/x.py", "from verl_consistency.patches.contracts import env\n", 1),
         # the patch tooling and docker/ use the contracts and the tooling, never the hooks
-        ("patches/x.py", "from verl_consistency.patches.hooks import dispatch\n", 1),
-        ("patches/x.py", "import verl_consistency.patches.hooks.training\n", 1),
-        ("docker/helpers/x.py", "from verl_consistency.patches.hooks.placement import install\n", 1),
-        ("docker/helpers/x.py", "from verl_consistency.patches import apply, upstream\n", 0),
+        ("patches/x.py", "from verl_consistency.patches.hooks.rollout import dispatch\n", 1),
+        ("patches/x.py", "import verl_consistency.patches.hooks.training.micro_batch_dump\n", 1),
+        (
+            "docker/helpers/x.py",
+            "from verl_consistency.patches.hooks.ray_setup.placement import install\n",
+            1,
+        ),
+        ("docker/helpers/x.py", "from verl_consistency.patches.tooling import apply, upstream\n", 0),
         ("docker/helpers/x.py", "from verl_consistency.contracts import pins\n", 0),
         # a module named in a string is an import too
         (
@@ -253,10 +414,53 @@ def test_every_env_name_anywhere_is_one_of_the_contracts(repo):
         ("docker/x.py", 'CMD = ["python3", "-m", "verl_consistency.patches", "apply"]\n', 0),
         ("patches/contracts/x.py", 'WHY = "see verl_consistency.patches.hooks for the callers"\n', 0),
         # entrypoints run hooks, but take no constants from the token-record hook
-        ("entrypoints/x.py", "from verl_consistency.patches.hooks import token_mismatch\n", 1),
-        ("entrypoints/x.py", "from verl_consistency.patches.hooks.token_mismatch import threshold\n", 1),
-        ("entrypoints/x.py", "from verl_consistency.patches.hooks import next_token, token_figures\n", 2),
-        ("entrypoints/x.py", "from verl_consistency.patches.hooks import placement\n", 0),
+        ("entrypoints/x.py", "from verl_consistency.patches.hooks.training import token_mismatch\n", 1),
+        (
+            "entrypoints/x.py",
+            "from verl_consistency.patches.hooks.training.token_mismatch import threshold\n",
+            1,
+        ),
+        (
+            "entrypoints/x.py",
+            "from verl_consistency.patches.hooks.training import next_token, token_figures\n",
+            2,
+        ),
+        ("entrypoints/x.py", "from verl_consistency.patches.hooks.ray_setup import placement\n", 0),
+        # the hooks' rooms are one process each: rollout and training never import each other
+        (
+            "patches/hooks/rollout/x.py",
+            "from verl_consistency.patches.hooks.training import weight_sync\n",
+            1,
+        ),
+        (
+            "patches/hooks/training/x.py",
+            "def f():\n    from verl_consistency.patches.hooks.rollout import dispatch\n",
+            1,
+        ),
+        (
+            "patches/hooks/training/x.py",
+            "from verl_consistency.patches.hooks.training import next_token\n",
+            0,
+        ),
+        (
+            "patches/hooks/rollout/x.py",
+            "from verl_consistency.patches.hooks.rollout import request_scope\n",
+            0,
+        ),
+        # ... and reach the lanes through their way in only
+        ("patches/hooks/rollout/x.py", "from verl_consistency.patches.hooks.lanes import msprobe_lanes\n", 0),
+        (
+            "patches/hooks/training/x.py",
+            "from verl_consistency.patches.hooks.lanes.lane_stats import Entry\n",
+            1,
+        ),
+        # the lanes and the Ray setup hook import no other room (no arrow back up)
+        ("patches/hooks/lanes/x.py", "from verl_consistency.patches.hooks.training import prompt_rows\n", 1),
+        ("patches/hooks/lanes/x.py", "from verl_consistency.patches.hooks.lanes import lane_json\n", 0),
+        ("patches/hooks/ray_setup/x.py", "from verl_consistency.patches.hooks.rollout import dispatch\n", 1),
+        ("patches/hooks/training/x.py", "from verl_consistency.patches.tooling import apply\n", 1),
+        ("patches/tooling/x.py", "from verl_consistency.patches.hooks.lanes import msprobe_lanes\n", 1),
+        ("patches/tooling/x.py", "from verl_consistency.patches.tooling import upstream\n", 0),
     ],
 )
 def test_the_layer_check_catches_a_crossing(tmp_path, rel, source, expected):

@@ -1,12 +1,12 @@
 """What do per-request training dumps cost at the user's micro batch? verl's log_prob phase, mb 1 vs 8.
 
-Issue 21 (acceptance, training cost). Before the lanes (``patches/hooks/msprobe_lanes.py``) a
+Issue 21 (acceptance, training cost). Before the lanes (``patches/hooks/lanes/msprobe_lanes.py``) a
 collection run forced ``log_prob_micro_batch_size_per_gpu=1`` so that each training dump held one
 request; with lanes a micro batch of several rows is dumped one msprobe dump per request. This
 bench times verl's real ``FSDPEngineWithLMHead.infer_batch`` (the old-log-prob pass, PROMPTS_ONLY
 trimmed by ``prompts_only.trim``, ``use_remove_padding`` THD) over the same N requests:
 
-* with the training dump on (the patched ``forward_backward_batch`` and ``hooks/training.py``:
+* with the training dump on (the patched ``forward_backward_batch`` and ``micro_batch_dump.py``:
   ``DUMP_ON=1``, ``VERL_CONSISTENCY_ACTOR_CONFIG``, ``VERL_CONSISTENCY_RUN_DIR``, capture
   ``fraction:1``; msprobe statistics, L0, written by ``entrypoints/msprobe_config``), at micro batch
   1 (today's forced setting: one msprobe step per request) and at 8 (one step per 8 requests, one
@@ -21,7 +21,7 @@ undumped pass pays their idle cost (``off-after``). Each dumped pass's step fold
 
 Issue 21's figure is ``ratio dumps mb1/mb8`` (micro batch 1 over 8, both dumping), issue 32's
 ``ratio mb8 dumps/off`` (dumped over undumped at micro batch 8): medians of the same run. The lanes
-go through the one-pass path (``hooks/lane_collector.py``; ``--lanes-path fanout``: one msprobe
+go through the one-pass path (``hooks/lanes/lane_collector.py``; ``--lanes-path fanout``: one msprobe
 collector per lane, the path before issue 32), and each dumped pass is checked to have used it
 (``fsdp_cost_checks``). Written to ``--out`` (JSON) and ``--out`` with ``.txt`` (the table).
 
@@ -188,7 +188,7 @@ def build_engine(model_dir: Path, device: str, n: int) -> Any:
 
 def trimmed_batch(requests: list[dict[str, Any]]) -> Any:
     from verl_consistency.entrypoints.engines import fsdp_stage
-    from verl_consistency.patches.hooks import prompts_only
+    from verl_consistency.patches.hooks.training import prompts_only
 
     return prompts_only.trim(fsdp_stage.rollout_batch(requests))
 
@@ -459,9 +459,10 @@ def set_up(args: argparse.Namespace, t_start: float) -> tuple[Bench, dict[str, A
         t = time.monotonic()
         engine = build_engine(model_dir, device, len(requests))
         print(f"engine ready in {time.monotonic() - t:.1f}s", flush=True)
-        from verl_consistency.patches.hooks import msprobe_lanes, training  # the patched verl imports it
+        from verl_consistency.patches.hooks.lanes import msprobe_lanes
+        from verl_consistency.patches.hooks.training import micro_batch_dump  # the patched verl imports it
 
-        del training
+        del micro_batch_dump
         msprobe_lanes.DEFAULT_PATH = args.lanes_path
     tokens = sum(len(r["prompt_ids"]) for r in requests)
     config = {

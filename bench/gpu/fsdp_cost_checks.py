@@ -172,7 +172,7 @@ def check_dumps(into: Path, recs: list[dict[str, Any]], expected: dict[str, int]
 def count_fronts() -> Counter[str]:
     """Count the fronts ``msprobe_lanes.install`` puts in place from now on in this process, by
     class name (the training hook calls it through the module, so the wrapper sees every step)."""
-    from verl_consistency.patches.hooks import msprobe_lanes
+    from verl_consistency.patches.hooks.lanes import msprobe_lanes
 
     seen: Counter[str] = Counter()
     install = msprobe_lanes.install

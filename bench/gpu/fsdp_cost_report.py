@@ -90,7 +90,7 @@ def hardware(device: str) -> dict[str, Any]:
 
 
 LANE_PATHS = {
-    "auto": "in one pass (hooks/lane_collector.py, issue 32)",
+    "auto": "in one pass (hooks/lanes/lane_collector.py, issue 32)",
     "fanout": "fanned out, one msprobe collector per lane (before issue 32)",
 }
 RATIO_NOTES = {

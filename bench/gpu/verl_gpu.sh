@@ -45,7 +45,7 @@
 # fsdp-cost.json, fsdp-cost.log (without msprobe's INFO lines) and fsdp-cost-full.log. Expected:
 # ~6 min (set-up ~1 min; a dumped pass over 64 requests ~20-30 s). If it prints SKIP lines, repeat
 # the last call with MBS=1,8. REQUESTS, MBS, REPS, DEVICE (cpu), COST_ARGS (e.g. --tiny) override.
-# Since issue 32 the lanes are written in one pass (hooks/lane_collector.py; the table's first line says
+# Since issue 32 the lanes are written in one pass (hooks/lanes/lane_collector.py; the table's first line says
 # which path ran); COST_ARGS="--lanes-path fanout" times the path before it (one msprobe collector per lane).
 # After the timed passes, one more dumped pass per micro batch above 1 runs with bench/support/host_clock.py's
 # clocks: the table's `host split mbN` lines say where the added time went (the lanes' per-tensor step and
@@ -335,7 +335,7 @@ from_checkout() {  # COMMAND
 if [ "$cmd" = cost ]; then
   # Issue 21's training cost: bench/gpu/fsdp_cost.py of THIS checkout (the device call's working tree),
   # on the unpacked next set. verl_consistency is imported from the checkout too (OVERLAY): the bundle
-  # wheel in the stage may predate the per-request lanes (hooks/msprobe_lanes.py).
+  # wheel in the stage may predate the per-request lanes (hooks/lanes/msprobe_lanes.py).
   from_checkout cost
   export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HYDRA_FULL_ERROR=1 WANDB_MODE=disabled
   # The bench gets what is left of this call's BUDGET s (it skips a repetition that would overrun).
@@ -536,7 +536,7 @@ if [ "$cmd" = fullyasync ]; then
   #   engine one_gpu_shm (bench/gpu/one_gpu/one_gpu_ckpt.py, on PYTHONPATH), which verl imports
   #   through checkpoint_engine.custom_backend_module (NCCL refuses two ranks on one device).
   # Since issue 41 each stale request's training forward is dumped again at its rollout's weights
-# (patches/hooks/older_weights.py), so the run pairs every step, not only the first. FAULT=1 plants the
+# (patches/hooks/training/older_weights.py), so the run pairs every step, not only the first. FAULT=1 plants the
 # sync fault (plant_fault). STEPS (8), PHASE (the run's default for fully-async: log_prob), FA_ARGS (more verl overrides,
   # e.g. actor_rollout_ref.rollout.free_cache_engine=False if vLLM's sleep asserts "Memory usage
   # increased after sleeping"). Writes to $OUT: <id>.tar.xz (logs/<id>/ and trim/<id>/, as `ride`),

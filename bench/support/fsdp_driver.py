@@ -170,7 +170,7 @@ def _agent_loop_ids(indices: list[int]) -> list[str]:
     calling ``request_ids.enter_prompt(kwargs)`` then ``request_ids.new_request_id()`` (patch 0006)."""
     import asyncio
 
-    from verl_consistency.patches.hooks import request_ids
+    from verl_consistency.patches.hooks.rollout import request_ids
 
     async def one(index: int) -> str:
         request_ids.enter_prompt({"index": index, "uid": "u"})
@@ -301,7 +301,7 @@ def _run_versions(engine: Any, actor_cfg: Any, report: dict[str, Any]) -> None:
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding
 
-    from verl_consistency.patches.hooks import weight_sync
+    from verl_consistency.patches.hooks.training import weight_sync
 
     batch = _rollout_batch()
     report["request_ids"] = list(batch.non_tensor_batch["request_id"])
@@ -382,7 +382,7 @@ def main() -> None:
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
-    from verl_consistency.patches.hooks import prompts_only
+    from verl_consistency.patches.hooks.training import prompts_only
 
     borrowed_dir = None
     if os.environ.get("VC_TEST_BORROW") == "1":
@@ -443,7 +443,7 @@ def main() -> None:
             # vLLM's log-probs are a STAND-IN here (no vLLM): the engine's own, one token drifted.
             from verl.utils.debug.metrics import calculate_debug_metrics
 
-            from verl_consistency.patches.hooks import token_mismatch
+            from verl_consistency.patches.hooks.training import token_mismatch
 
             rollout = batch.batch["old_log_probs"].clone()
             rollout[2, 1] += 0.5

@@ -196,7 +196,7 @@ def _site_root(package: str) -> str:
 
 def _bundle_components() -> tuple[str, ...]:
     """The components whose series the installed bundle ships (read after it is installed)."""
-    from verl_consistency.patches import apply  # type: ignore[import-not-found]
+    from verl_consistency.patches.tooling import apply  # type: ignore[import-not-found]
 
     return tuple(apply.COMPONENTS)
 

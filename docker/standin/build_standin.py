@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from verl_consistency.contracts import env, pins
-from verl_consistency.patches import upstream
+from verl_consistency.patches.tooling import upstream
 
 HERE = Path(__file__).resolve().parent
 

@@ -44,7 +44,7 @@ import zipfile
 from pathlib import Path
 
 from verl_consistency.contracts import pins
-from verl_consistency.patches import upstream
+from verl_consistency.patches.tooling import upstream
 
 ROOT = Path(__file__).resolve().parents[2]
 

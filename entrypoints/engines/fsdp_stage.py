@@ -107,7 +107,7 @@ def actor_config(model_dir: str, micro_batches: int, *extra: str, micro_batch: i
     """verl's own Hydra defaults for the actor, as its worker builds them (fsdp2 on CPU).
 
     ``micro_batches`` is the mini batch (every request of the demo), ``micro_batch`` the rows
-    per forward: several rows are dumped one lane per request (``hooks/msprobe_lanes.py``)."""
+    per forward: several rows are dumped one lane per request (``hooks/lanes/msprobe_lanes.py``)."""
     import verl
     from hydra import compose, initialize_config_dir
     from verl.utils.config import omega_conf_to_dataclass
@@ -287,7 +287,7 @@ def log_probs(engine: Any, requests: list[dict[str, Any]], micro_batch: int) -> 
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import no_padding_2_padding
 
-    from verl_consistency.patches.hooks import prompts_only
+    from verl_consistency.patches.hooks.training import prompts_only
 
     batch = prompts_only.trim(rollout_batch(requests))
     td = engine_input(batch, micro_batch)

@@ -131,7 +131,7 @@ async def send(
 ) -> dict[str, Any]:
     """Trainer: label the weights ``label`` and send them with verl's sender, ``skip`` left out and
     ``scale`` doubled after the export the weight check fingerprints (patch 0007's two lines)."""
-    from verl_consistency.patches.hooks import weight_export, weight_sync
+    from verl_consistency.patches.hooks.training import weight_export, weight_sync
 
     serve_cpu_device_calls()
     t0 = time.monotonic()
@@ -153,7 +153,7 @@ async def send(
 async def load(engine: Any, label: int) -> dict[str, Any]:
     """vLLM: receive and load the sync labelled ``label`` into the running engine, then drop the
     prefix cache (its blocks were computed with the old weights)."""
-    from verl_consistency.patches.hooks import weight_sync
+    from verl_consistency.patches.hooks.rollout import weight_sync
 
     t0 = time.monotonic()
     kwargs = {"peft_config": None, "base_sync_done": True, "use_shm": True, **weight_sync.sync_kwargs(label)}

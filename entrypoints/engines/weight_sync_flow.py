@@ -18,7 +18,7 @@ sides as the demo dumps them:
    (issue 42) sees, since nothing is generated: the fault's tensor left out again, ``k_proj`` of
    layer 1 left out (one part of vLLM's fused ``qkv_proj``), and one tensor doubled on the way.
 
-Each record carries its sync's label (``patches/hooks/weight_sync``: vLLM's dispatch records the
+Each record carries its sync's label (``patches/hooks/training/weight_sync``: vLLM's dispatch records the
 label it loaded, the trainer's records the label it sent), so the pairing pairs each phase's
 requests within their own weights. The summary (``weight-sync-summary.json`` in DUMP_ROOT) names
 the run folder and each phase's request ids, which the test checks the verdicts of.

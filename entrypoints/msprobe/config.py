@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from verl_consistency.contracts.atomic import write_json_atomic
 from verl_consistency.contracts.layout import RunLayout
-from verl_consistency.patches.hooks import request_scope
+from verl_consistency.patches.hooks.rollout import request_scope
 
 STEP_RANK_MAX = 1_000_000
 """msprobe's ``Const.STEP_RANK_MAXIMUM_VALUE``."""

@@ -43,7 +43,7 @@ from verl_consistency.entrypoints.run.plan_options import (
     PlanOptions,
 )
 from verl_consistency.entrypoints.run.step_metrics import StepLog
-from verl_consistency.patches.hooks import placement
+from verl_consistency.patches.hooks.ray_setup import placement
 
 EXIT_REFUSED = 2
 

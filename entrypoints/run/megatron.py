@@ -1,6 +1,7 @@
 """What a collection run on verl's Megatron actor refuses before anything starts.
 
-Per-request lanes cut verl's FSDP micro batches (``hooks/training.py``, ``hooks/prompt_rows.py``).
+Per-request lanes cut verl's FSDP micro batches (``hooks/training/micro_batch_dump.py``,
+``hooks/training/prompt_rows.py``).
 Megatron's engine is not cut: its ``forward_step`` is dumped whole, its activations are
 sequence-first and its THD packing pads each sequence to the tensor-parallel size. So a Megatron
 collection keeps one sample per micro batch, and its forward must cover the prompt only, which

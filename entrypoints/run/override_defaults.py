@@ -26,7 +26,7 @@ from verl_consistency.entrypoints.run.override_schema import (
 _GRPO_N = "GRPO needs more than one response per prompt"
 _MICRO_BATCH = (
     "a value verl accepts with any mini batch; set your job's own: each request of an FSDP "
-    "micro batch is dumped in a lane of its own (hooks/msprobe_lanes.py). Every run kind sets it: "
+    "micro batch is dumped in a lane of its own (hooks/lanes/msprobe_lanes.py). Every run kind sets it: "
 )
 
 DEFAULTS: tuple[Override, ...] = (

@@ -9,8 +9,8 @@
 | ``capture`` | which requests a collection run captures | entrypoints | hooks (both sides) |
 | ``run_manifest`` | ``run.json`` | entrypoints | postprocess |
 | ``check_run`` | ``check.json``: a check run's two vLLM ids per prompt | entrypoints (check) | postprocess |
-| ``dataset`` | the embedded prompt set (verl's parquet schema) | entrypoints | verl, ``reward`` |
-| ``reward`` | the prompt set's rule-based score (copied into the run) | entrypoints | verl's reward |
+| ``batch_fields`` | the fields one hook adds to verl's batch and another reads | hooks | hooks |
+| ``weight_labels`` | a weight sync's label and the keyword that carries it | hooks | hooks |
 | ``atomic`` | how every file is written (temp file, then rename) | every stage | |
 
 The version pins are the one contract kept outside, in ``patches/pins.toml`` beside their

@@ -50,8 +50,9 @@ runs the weights its rollout used (``patches.hooks.older_weights``; default 8, v
 ``max_off_policy_threshold``; 0: every request is dumped at the trainer's own weights)."""
 
 WEIGHT_CHECK = "VERL_CONSISTENCY_WEIGHT_CHECK"
-"""``0`` turns the per-tensor weight check off (``patches.hooks.weight_export`` / ``weight_held``); it is
-on in every run folder otherwise: it costs a fingerprint of each tensor at each weight sync."""
+"""``0`` turns the per-tensor weight check off (``patches/hooks/training/weight_export.py``,
+``rollout/weight_held.py``); it is on in every run folder otherwise: a fingerprint of each tensor at
+each weight sync."""
 
 POOL_RESOURCES = "VERL_CONSISTENCY_POOL_RESOURCES"
 """``pool_prefix=resource`` pairs for the Ray placement hook (``patches.hooks.placement``)."""

@@ -28,7 +28,7 @@ UPDATE_ACTOR_LOG = "update_actor_log.jsonl"
 
 LANE_PREFIX = "req"
 """A record with ``lane_request_ids`` keeps lane ``k`` (the k-th id's rows alone) in the folder
-``req{k}`` inside msprobe's rank folder of its step (``hooks/msprobe_lanes.py`` writes it)."""
+``req{k}`` inside msprobe's rank folder of its step (``hooks/lanes/msprobe_lanes.py`` writes it)."""
 
 
 def lane_folder(k: int) -> str:
@@ -62,7 +62,7 @@ class _Record(RecordHeader):
 WEIGHT_VERSION_DOC = (
     "the label (verl's global_steps) of the weight sync whose weights computed this record "
     "(dispatch: the last sync this vLLM worker loaded; training: the last sync the trainer sent, "
-    "see unsynced_updates); absent in older logs and the recipe's (hooks/weight_sync.py)"
+    "see unsynced_updates); absent in older logs and the recipe's (hooks/training/weight_sync.py)"
 )
 
 
@@ -112,8 +112,8 @@ class DispatchRecord(_Record):
     )
     lane_request_ids: list[str] | None = Field(
         default=None,
-        description="per-request lanes (hooks/msprobe_lanes.py): lane k's dump is step{N}/<rank>/req{k}/ "
-        "and holds the rows of the k-th id here alone",
+        description="per-request lanes (hooks/lanes/msprobe_lanes.py): lane k's dump is "
+        "step{N}/<rank>/req{k}/ and holds the rows of the k-th id here alone",
     )
     weight_version: int | None = Field(default=None, description=WEIGHT_VERSION_DOC)
 
@@ -128,7 +128,7 @@ class UpdateActorRecord(_Record):
     weights are then no sync's, and the record never pairs (``weights_differ``).
 
     In the async modes a request's rollout may have run older weights than the trainer's step:
-    its lanes are then dumped by a second forward at those weights (``hooks/older_weights.py``), in a
+    its lanes are then dumped by a second forward at those weights (``hooks/training/older_weights.py``), in a
     record of their own whose ``weight_version`` is the rollout's and whose
     ``trainer_weight_version`` is what verl's own computation of that call ran (the staleness is the
     difference). ``lanes_elsewhere`` names the micro batch's requests dumped in such another record,
@@ -142,8 +142,8 @@ class UpdateActorRecord(_Record):
     num_requests: int
     lane_request_ids: list[str] | None = Field(
         default=None,
-        description="per-request lanes (hooks/msprobe_lanes.py): lane k's dump is step{N}/<rank>/req{k}/ "
-        "and holds the rows of the k-th id here alone",
+        description="per-request lanes (hooks/lanes/msprobe_lanes.py): lane k's dump is "
+        "step{N}/<rank>/req{k}/ and holds the rows of the k-th id here alone",
     )
     weight_version: int | None = Field(default=None, description=WEIGHT_VERSION_DOC)
     unsynced_updates: int = Field(

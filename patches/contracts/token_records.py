@@ -148,7 +148,7 @@ class Figures(BaseModel):
 
 
 CALL_VERSIONS = "vc_call_weight_versions"
-"""``extra_fields`` key (``hooks/request_ids.py``): the weights of each vLLM generate call of a
+"""``extra_fields`` key (``hooks/rollout/request_ids.py``): the weights of each vLLM generate call of a
 trajectory, in order, as the server stamped them (verl's ``global_steps``). One call, one version; a
 partial-rollout resume after a weight sync is a second call at the new version."""
 

@@ -4,16 +4,16 @@ Issue 42. The layer view finds a bad weight sync through the activations it spoi
 after a dumped step. These records check the weights themselves, tensor by tensor, at every
 sync, dumped or not:
 
-* ``export-<pid>.jsonl``, written by each trainer rank (``patches/hooks/weight_export.py``): the
+* ``export-<pid>.jsonl``, written by each trainer rank (``patches/hooks/training/weight_export.py``): the
   fingerprint of every tensor verl hands to the sync, after the FSDP/Megatron → HF conversion
   (``engine.get_per_tensor_param()``), under the sync's label;
-* ``held-<pid>.jsonl``, written by each vLLM worker (``patches/hooks/weight_held.py``): the
+* ``held-<pid>.jsonl``, written by each vLLM worker (``patches/hooks/rollout/weight_held.py``): the
   fingerprint of every tensor as it arrived, and of the region of vLLM's own parameter that
   holds it once loaded (``qkv_proj`` holds ``q_proj``, ``k_proj`` and ``v_proj`` one after the other,
   as vLLM's ``packed_modules_mapping`` of the model says), and the tensors it could not map.
 
 A fingerprint is two exact integer sums over the tensor's bit patterns (row sums and column sums,
-each weighted by position; ``weight_fingerprint.py`` says why), so an exact copy gives the same
+each weighted by position; ``patches/hooks/weights/fingerprint.py`` says why), so an exact copy gives the same
 two numbers on any device and in any reduction order, and nothing else is compared approximately.
 ``postprocess/compare/weight_check.py`` reads both and names each tensor that differs.
 
@@ -40,7 +40,7 @@ def log_name(side: Literal["export", "held"], pid: int) -> str:
 
 
 class TensorPrint(BaseModel):
-    """One tensor's fingerprint: its shape, dtype and the two sums (``weight_fingerprint.fingerprint``)."""
+    """One tensor's fingerprint: its shape, dtype and the two sums (``hooks/weights/fingerprint.py``)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 

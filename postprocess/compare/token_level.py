@@ -1,6 +1,6 @@
 """The token-level view of a run, next to the layer view: which requests drift, where, and how much.
 
-Inputs (all optional; written by ``hooks/token_mismatch.py`` and ``hooks/next_token.py``):
+Inputs (all optional; written by ``hooks/training/token_mismatch.py`` and ``hooks/training/next_token.py``):
 
 * ``<run>/token_mismatch.jsonl`` (+ ``token_mismatch.f16``): one record per response of every
   training step where verl had both vLLM's and its own log-probs (``--token-level`` runs, or any

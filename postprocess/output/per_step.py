@@ -16,8 +16,8 @@ rollout and the log_prob forward of global step ``s`` both run version ``s - 1``
 step itself.
 
 In the async modes a step trains on requests generated with older weights, and the dumped forward
-of such a request runs again at its rollout's weights (``patches/hooks/older_weights.py``): the pair's
-``weight_version`` is then the rollout's and its ``trainer_weight_version`` the step's. A pair is
+of such a request runs again at its rollout's weights (``patches/hooks/training/older_weights.py``):
+the pair's ``weight_version`` is then the rollout's and its ``trainer_weight_version`` the step's. A pair is
 counted in the step that trained it (:func:`training_version`), and each row says which rollout
 versions its pairs came from and the staleness between them (``rollout_versions``,
 ``max_staleness``).

@@ -39,7 +39,7 @@ class TrainingBatches:
 
 def _elsewhere(o: dict, among: set[str]) -> set[str]:
     """A record's ``lanes_elsewhere``: requests of its micro batch whose lanes another record holds
-    (a forward at their rollout's weights, ``hooks/older_weights.py``). Raises ``TypeError`` (a
+    (a forward at their rollout's weights, ``hooks/training/older_weights.py``). Raises ``TypeError`` (a
     ``bad_log_line``) unless a list of ids of the record that have no lane in it."""
     v = o.get("lanes_elsewhere")
     if v is None:

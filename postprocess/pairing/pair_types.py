@@ -80,7 +80,7 @@ class Pair(_Model):
         default=None,
         exclude_if=lambda v: v is None,
         description="the weights of the training step whose call dumped this forward, when the forward "
-        "ran the rollout's older ones (hooks/older_weights.py); absent when they are the same",
+        "ran the rollout's older ones (hooks/training/older_weights.py); absent when they are the same",
     )
 
 

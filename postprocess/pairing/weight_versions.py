@@ -43,7 +43,7 @@ def read_unsynced(o: dict[str, Any]) -> int:
 
 
 def read_trainer_version(o: dict[str, Any]) -> int | None:
-    """A training record's ``trainer_weight_version`` (``hooks/older_weights.py``): an integer or None.
+    """A training record's ``trainer_weight_version`` (``hooks/training/older_weights.py``): an int or None.
     Raises ``TypeError`` (a ``bad_log_line``) for anything else."""
     v = o.get("trainer_weight_version")
     if v is not None and type(v) is not int:

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from bench.support.host_clock import HostClock, per_lane_line, split_line
-from verl_consistency.patches.hooks.lane_stats import LaneStatQueue
-from verl_consistency.patches.hooks.msprobe_lanes import Cut
+from verl_consistency.patches.hooks.lanes.lane_stats import LaneStatQueue
+from verl_consistency.patches.hooks.lanes.msprobe_lanes import Cut
 
 pytestmark = pytest.mark.msprobe
 

@@ -13,7 +13,7 @@ import pytest
 
 from verl_consistency.contracts import pins
 from verl_consistency.entrypoints.msprobe.defaults import default_configs
-from verl_consistency.patches import apply
+from verl_consistency.patches.tooling import apply
 
 from .conftest import REPO, labels, podman_run
 

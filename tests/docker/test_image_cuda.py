@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from verl_consistency.contracts import pins
-from verl_consistency.patches import apply
+from verl_consistency.patches.tooling import apply
 
 from . import conftest
 from .conftest import REPO, buildah_bud, discard_images, image_size, labels, podman_run, require_tools

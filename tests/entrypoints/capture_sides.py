@@ -57,7 +57,7 @@ def _config_fields(debugger: object) -> dict[str, object]:
 def rollout(run_dir: Path, captured: str, other: str) -> dict[str, object]:
     from msprobe.pytorch import PrecisionDebugger
 
-    from verl_consistency.patches.hooks.dispatch import DispatchLogger
+    from verl_consistency.patches.hooks.rollout.dispatch import DispatchLogger
 
     layout = RunLayout(run_dir.parent, run_dir.name)
     logger = DispatchLogger.for_rollout(layout.rollout_config)

@@ -24,7 +24,7 @@ from verl_consistency.entrypoints.msprobe.config import Level, Task, parse_data_
 from verl_consistency.entrypoints.run.overrides import Mode
 from verl_consistency.entrypoints.run.plan import RunPlan, build_plan
 from verl_consistency.entrypoints.run.plan_options import PlanError, PlanOptions
-from verl_consistency.patches.hooks import dispatch, request_scope
+from verl_consistency.patches.hooks.rollout import dispatch, request_scope
 
 pytestmark = pytest.mark.pinset
 

@@ -236,7 +236,7 @@ def test_compatible_overrides_pass_through(tmp_path: Path, override: str) -> Non
 
 def test_prompts_only_refuses_bypass_even_when_only_update_actor_is_dumped(tmp_path: Path) -> None:
     """The PROMPTS_ONLY trim drops rollout log-probs, so bypass mode would fail at the first step
-    in every phase (patches/hooks/prompts_only.py): refuse it up front, not after an NPU-hour."""
+    in every phase (patches/hooks/training/prompts_only.py): refuse it up front, not after an NPU-hour."""
     result = CliRunner().invoke(
         app,
         [

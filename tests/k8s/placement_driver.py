@@ -9,7 +9,7 @@ RayJob's ``runtimeEnvYAML`` to the driver as ``RAY_JOB_CONFIG_JSON_ENV_VAR`` and
 with the runtime env that verl's ``run_ppo`` passes to ``ray.init``. Then, like verl's task
 runner, an actor composes verl's real Hydra config and creates the pools with verl's own code.
 Which code depends on the verl release the actor finds (its distribution version, through
-:func:`verl_consistency.patches.hooks.placement.has_v1_trainer`), not on the pin set's name:
+:func:`verl_consistency.patches.hooks.ray_setup.placement.has_v1_trainer`), not on the pin set's name:
 
 * verl 0.8.0 (``fully_async_policy``), as ``FullyAsyncTaskRunner`` does: the trainer pool with
   ``create_resource_pool_manager`` + ``create_resource_pool()`` (``_create_trainer`` /
@@ -249,7 +249,7 @@ def build_v1_separate_async(scenario: dict[str, Any]) -> None:
 @ray.remote(num_cpus=1)  # like verl's task runner
 class PoolBuilder:
     def build(self, scenario: dict[str, Any]) -> dict[str, Any]:
-        from verl_consistency.patches.hooks import placement
+        from verl_consistency.patches.hooks.ray_setup import placement
 
         version = placement.installed_verl_version()
         if placement.has_v1_trainer(version):

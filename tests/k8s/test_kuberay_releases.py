@@ -24,7 +24,7 @@ import yaml
 from tests.k8s import kuberay_crds, kuberay_rules, ray_start
 from tests.k8s.conftest import K8S, of_kind, release_schemas, render
 from tests.k8s.test_manifests import check_pool_split, groups
-from verl_consistency.patches.hooks import placement
+from verl_consistency.patches.hooks.ray_setup import placement
 
 RELEASES = list(kuberay_crds.RELEASES)
 GROUP_RESOURCES = [

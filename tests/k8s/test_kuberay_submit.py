@@ -46,7 +46,7 @@ def test_the_command_is_kuberays() -> None:
         f"if ! ray job status --address {addr} vc-abcde >/dev/null 2>&1 ; then "
         f"ray job submit --address {addr} --no-wait "
         '--runtime-env-json "{\\"worker_process_setup_hook\\":'
-        '\\"verl_consistency.patches.hooks.placement.install\\"}" '
+        '\\"verl_consistency.patches.hooks.ray_setup.placement.install\\"}" '
         '--metadata-json "{\\"team\\":\\"x\\"}" --submission-id vc-abcde --entrypoint-num-cpus 1.000000 '
         '--entrypoint-resources "{\\"a\\": 1}" '
         f"-- {job['spec']['entrypoint']} ; fi ; ray job logs --address {addr} --follow vc-abcde"

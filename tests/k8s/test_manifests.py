@@ -35,7 +35,7 @@ from tests.k8s.conftest import (
 )
 from verl_consistency.contracts import pins
 from verl_consistency.contracts.layout import check_run_id
-from verl_consistency.patches.hooks import placement
+from verl_consistency.patches.hooks.ray_setup import placement
 
 NPU_RESOURCE_NAMES = {"huawei.com/Ascend910", "huawei.com/Ascend910B3", "huawei.com/ascend-1980"}
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -31,7 +31,7 @@ from tests.k8s.placement_driver import read_result
 from tests.k8s.raycluster import LoopbackCluster, NodeSpec
 from verl_consistency.contracts import pins
 from verl_consistency.contracts.env import POOL_RESOURCES
-from verl_consistency.patches.hooks import placement
+from verl_consistency.patches.hooks.ray_setup import placement
 
 pytestmark = [pytest.mark.ray, pytest.mark.verl, pytest.mark.pinset, pytest.mark.timeout(900)]
 

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 
 from verl_consistency.contracts import pins
-from verl_consistency.patches.hooks import placement
+from verl_consistency.patches.hooks.ray_setup import placement
 
 pytestmark = pytest.mark.pinset
 
 
 def test_import_pulls_in_neither_torch_nor_verl_nor_ray() -> None:
     code = (
-        "import sys, verl_consistency.patches.hooks.placement as p;"
+        "import sys, verl_consistency.patches.hooks.ray_setup.placement as p;"
         "bad=[m for m in ('torch','verl','vllm','torch_npu','ray') if m in sys.modules];"
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -102,7 +102,7 @@ def test_install_wraps_ray_and_pins_only_named_pools(monkeypatch: pytest.MonkeyP
 def test_verl_binds_the_wrapped_function_when_imported_after_the_hook() -> None:
     """verl's base.py does `from ray.util.placement_group import placement_group` at import."""
     code = (
-        "from verl_consistency.patches.hooks import placement; placement.install({});"
+        "from verl_consistency.patches.hooks.ray_setup import placement; placement.install({});"
         "import verl.single_controller.ray.base as b;"
         "import sys; sys.exit(0 if getattr(b.placement_group, '__verl_consistency_pinned__', False) else 1)"
     )

@@ -44,12 +44,12 @@ from tests.k8s import kuberay_submit, ray_start
 from tests.k8s.conftest import FILES, expand_entrypoint, of_kind, render
 from tests.k8s.raycluster import LoopbackCluster, NodeSpec
 from verl_consistency.contracts import pins
-from verl_consistency.patches.hooks import placement
+from verl_consistency.patches.hooks.ray_setup import placement
 
 pytestmark = [pytest.mark.ray, pytest.mark.verl, pytest.mark.pinset, pytest.mark.timeout(900)]
 
 STANDIN = Path(__file__).with_name("standin_verl_consistency.py")
-HOOK = "verl_consistency.patches.hooks.placement.install"
+HOOK = "verl_consistency.patches.hooks.ray_setup.placement.install"
 RAY_CLI = "from ray.scripts.scripts import main; main()"
 # The trainer's pool: verl 0.9's V1 trainer_base._init_resource_pool_mgr, or 0.8.0's fully_async_policy.
 V1 = placement.has_v1_trainer(placement.installed_verl_version())

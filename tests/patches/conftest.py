@@ -19,7 +19,7 @@ import pytest
 
 from bench.support.verl_support import patched_verl, run_patched
 from tests.patches.test_vllm_patch import read_member
-from verl_consistency.patches import upstream
+from verl_consistency.patches.tooling import upstream
 
 
 def _extract_atomically(wheel: Path, dest: Path, prefix: str) -> Path:

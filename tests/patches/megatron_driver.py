@@ -342,7 +342,7 @@ def main() -> None:
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
-    from verl_consistency.patches.hooks import prompts_only
+    from verl_consistency.patches.hooks.training import prompts_only
 
     actor_cfg = _actor_config(model_dir, tp)
     model_config = HFModelConfig(path=str(model_dir), use_remove_padding=False)

@@ -375,7 +375,7 @@ def _v1_batch(report: dict[str, Any], parts: set[str], run_dir: Path) -> None:
 
 def _capture(report: dict[str, Any], v1: bool, server_cls: Any) -> None:
     """Capture by prompt through the real client: a listed prompt's vLLM id starts with vccap."""
-    from verl_consistency.patches.hooks import request_ids
+    from verl_consistency.patches.hooks.rollout import request_ids
 
     listed = Path(tempfile.mkdtemp()) / "prompts.txt"
     listed.write_text("index:7\n")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_consistency.patches import apply
+from verl_consistency.patches.tooling import apply
 
 ORIGINAL = "".join(f"line {i}\n" for i in range(1, 21))
 
@@ -128,7 +128,7 @@ def test_shipped_series_files_parse(set_name):
 def test_cli_apply_failure_exit_code(layout, monkeypatch):
     from typer.testing import CliRunner
 
-    from verl_consistency.patches.cli import app
+    from verl_consistency.patches.tooling.cli import app
 
     patches, tree = layout
     _series(patches, **{"0001-bad.patch": _diff("nope", "x")})

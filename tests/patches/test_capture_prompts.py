@@ -24,7 +24,7 @@ from verl_consistency.contracts.records import ScheduledRequest
 from verl_consistency.entrypoints.run.overrides import Mode
 from verl_consistency.entrypoints.run.plan import CAPTURE_PROMPTS, build_plan
 from verl_consistency.entrypoints.run.plan_options import PlanError, PlanOptions
-from verl_consistency.patches.hooks import request_ids, request_scope
+from verl_consistency.patches.hooks.rollout import request_ids, request_scope
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from verl_consistency.contracts import pins
-from verl_consistency.patches import apply
+from verl_consistency.patches.tooling import apply
 
 pytestmark = [pytest.mark.upstream, pytest.mark.timeout(900)]
 

@@ -10,7 +10,7 @@ import pytest
 
 from verl_consistency.contracts import records
 from verl_consistency.contracts.env import RUN_DIR
-from verl_consistency.patches.hooks import dispatch
+from verl_consistency.patches.hooks.rollout import dispatch
 
 # pure hook logic, no upstream source; in the pinset run so that the next set's venv (numpy 2,
 # transformers 5, its torch) is shown to import and run the hook the same way
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.pinset
 def test_import_pulls_no_heavy_upstream():
     # torch_npu needs CANN; the hook module is imported inside the vLLM worker and in tests
     code = (
-        "import sys, verl_consistency.patches.hooks.dispatch\n"
+        "import sys, verl_consistency.patches.hooks.rollout.dispatch\n"
         "heavy = ('torch', 'torch_npu', 'vllm', 'vllm_ascend', 'msprobe')\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in heavy]\n"
         "print(bad)\n"

@@ -116,7 +116,7 @@ def main(argv: list[str]) -> int:
     import torch
     from msprobe.pytorch import PrecisionDebugger
 
-    from verl_consistency.patches.hooks.dispatch import DispatchLogger
+    from verl_consistency.patches.hooks.rollout.dispatch import DispatchLogger
 
     states = enum.Enum("AscendAttentionState", sc["attn_states"])  # type: ignore[misc]
     torch.manual_seed(0)

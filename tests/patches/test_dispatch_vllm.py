@@ -21,8 +21,8 @@ from typing import get_type_hints
 import pytest
 
 from tests.patches.test_vllm_patch import read_member
-from verl_consistency.patches import upstream
-from verl_consistency.patches.hooks import dispatch
+from verl_consistency.patches.hooks.rollout import dispatch
+from verl_consistency.patches.tooling import upstream
 
 pytestmark = [pytest.mark.upstream, pytest.mark.pinset]
 
@@ -135,7 +135,7 @@ _REAL_CLASSES = r"""
 import dataclasses, json, sys
 sys.path.insert(0, sys.argv[1])
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
-from verl_consistency.patches.hooks import dispatch
+from verl_consistency.patches.hooks.rollout import dispatch
 
 classes = (SchedulerOutput, NewRequestData, CachedRequestData)
 fields = {c.__name__: [f.name for f in dataclasses.fields(c)] for c in classes}

@@ -1,4 +1,4 @@
-"""The dumped training forward at the weights the rollout used (``patches/hooks/older_weights.py``).
+"""The dumped training forward at the weights the rollout used (``patches/hooks/training/older_weights.py``).
 
 verl's real FSDP engine on CPU, patched with the set's series (``bench/support/fsdp_driver.py``,
 ``VC_TEST_VERSIONS=1``): sync 0, old log-probs of four requests rolled out at version 0, one real

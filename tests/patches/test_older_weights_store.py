@@ -1,4 +1,4 @@
-"""``hooks/older_weights.py``'s store on a plain torch module: what it keeps, drops, swaps and refuses.
+"""``hooks/training/older_weights.py``'s store on a plain torch module: what it keeps, drops, swaps, refuses.
 
 The FSDP engine's path (sharded parameters, verl's forward, the records) is
 ``test_older_weights.py``; these pin the store's own rules, fast.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_consistency.patches.hooks import older_weights
+from verl_consistency.patches.hooks.training import older_weights
 
 torch = pytest.importorskip("torch")
 

@@ -22,7 +22,7 @@ from tests.entrypoints.test_verl_validation import dry_run_plan
 from tests.patches.test_vllm_patch import read_member
 from verl_consistency.contracts import pins
 from verl_consistency.entrypoints.run.overrides import Mode
-from verl_consistency.patches import apply, upstream
+from verl_consistency.patches.tooling import apply, upstream
 
 pytestmark = [
     pytest.mark.timeout(300),

@@ -1,4 +1,4 @@
-"""Token records (``hooks/token_mismatch.py``, ``patches/current/verl/0005-token-records.patch``).
+"""Token records (``hooks/training/token_mismatch.py``, ``patches/current/verl/0005-token-records.patch``).
 
 The figures are checked against the pinned verl's own ``calculate_debug_metrics`` and
 ``compute_offpolicy_metrics`` on the same real ``DataProto`` (patched verl in a subprocess), and
@@ -21,7 +21,7 @@ import pytest
 from bench.support.verl_support import run_patched, series_has
 from tests.patches.test_training_fsdp import _drive
 from verl_consistency.contracts import env, pins, token_records
-from verl_consistency.patches.hooks import token_mismatch as tm
+from verl_consistency.patches.hooks.training import token_mismatch as tm
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
 
@@ -41,7 +41,7 @@ import numpy as np, torch
 from verl import DataProto
 from verl.utils.debug.metrics import calculate_debug_metrics
 from verl.trainer.ppo.rollout_corr_helper import compute_offpolicy_metrics
-from verl_consistency.patches.hooks import token_mismatch
+from verl_consistency.patches.hooks.training import token_mismatch
 
 g = torch.Generator().manual_seed(3)
 B, P, R = 6, 5, 80          # R > INLINE_MAX: long rows go to the float16 side file

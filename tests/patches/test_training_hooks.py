@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from verl_consistency.patches.hooks import prompts_only, training
+from verl_consistency.patches.hooks.training import micro_batch_dump, prompts_only
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.pinset
@@ -27,9 +27,9 @@ def _engine(forward_only: bool = False, model_type: str = "language_model") -> S
 
 
 def test_only_the_actor_engine_dumps() -> None:
-    assert training.is_actor_engine(_engine())
-    assert not training.is_actor_engine(_engine(forward_only=True)), "ref engine"
-    assert not training.is_actor_engine(_engine(model_type="value_model")), "critic"
+    assert micro_batch_dump.is_actor_engine(_engine())
+    assert not micro_batch_dump.is_actor_engine(_engine(forward_only=True)), "ref engine"
+    assert not micro_batch_dump.is_actor_engine(_engine(model_type="value_model")), "critic"
 
 
 @pytest.mark.parametrize(
@@ -50,21 +50,21 @@ def test_phase_selection(
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(training.training_session, "session", lambda: object())
-    got = training.batch_dumper(_engine(), backend="fsdp", forward_only=forward_only)
-    assert (got is not training.NO_DUMP) == dumps
+    monkeypatch.setattr(micro_batch_dump.dump_session, "session", lambda: object())
+    got = micro_batch_dump.batch_dumper(_engine(), backend="fsdp", forward_only=forward_only)
+    assert (got is not micro_batch_dump.NO_DUMP) == dumps
 
 
 def test_missing_actor_config_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DUMP_ON", "1")
     monkeypatch.delenv("VERL_CONSISTENCY_ACTOR_CONFIG", raising=False)
-    training.reset_for_tests()
-    with pytest.raises(training.TrainingDumpError, match="VERL_CONSISTENCY_ACTOR_CONFIG is not set"):
-        training.batch_dumper(_engine(), backend="fsdp", forward_only=True)
+    micro_batch_dump.reset_for_tests()
+    with pytest.raises(micro_batch_dump.TrainingDumpError, match="VERL_CONSISTENCY_ACTOR_CONFIG is not set"):
+        micro_batch_dump.batch_dumper(_engine(), backend="fsdp", forward_only=True)
     monkeypatch.setenv("VERL_CONSISTENCY_ACTOR_CONFIG", str(tmp_path / "nope.json"))
-    with pytest.raises(training.TrainingDumpError, match="no such file"):
-        training.batch_dumper(_engine(), backend="fsdp", forward_only=True)
-    training.reset_for_tests()
+    with pytest.raises(micro_batch_dump.TrainingDumpError, match="no such file"):
+        micro_batch_dump.batch_dumper(_engine(), backend="fsdp", forward_only=True)
+    micro_batch_dump.reset_for_tests()
 
 
 def _rollout_batch():  # type: ignore[no-untyped-def]
@@ -139,12 +139,12 @@ def test_megatron_patch_wraps_forward_fn_in_start_stop(root: Path) -> None:
     tree = ast.parse((root / "verl/workers/engine/megatron/transformer_impl.py").read_text())
     fbb = _calls(_method(tree, "MegatronEngine", "forward_backward_batch"))
     names = [c for _, c in fbb]
-    assert "training.batch_dumper" in names
-    assert names.index("training.batch_dumper") < names.index("forward_backward_func")
+    assert "micro_batch_dump.batch_dumper" in names
+    assert names.index("micro_batch_dump.batch_dumper") < names.index("forward_backward_func")
 
     step = _calls(_method(tree, "MegatronEngineWithLMHead", "forward_step"))
     lines = {c: ln for ln, c in reversed(step)}  # first occurrence of each call
-    assert lines["training.current"] < lines["dumper.start"]
+    assert lines["micro_batch_dump.current"] < lines["dumper.start"]
     assert lines["dumper.start"] < lines["fused_forward_fn"] < lines["dumper.stop"]
     assert lines["dumper.start"] < lines["forward_fn"] < lines["dumper.stop"]
     assert [c for _, c in step].count("dumper.start") == 1
@@ -165,21 +165,21 @@ def _td(**non_tensor: list[object]):  # type: ignore[no-untyped-def]
 
 def test_request_ids_from_a_column_or_from_v1_extra_fields() -> None:
     """verl 0.8.0 flattens extra_fields into columns; verl 0.9.1's V1 path keeps one dict per row."""
-    assert training.request_ids_of(_td(request_id=["a", "b"])) == ["a", "b"]
+    assert micro_batch_dump.request_ids_of(_td(request_id=["a", "b"])) == ["a", "b"]
     v1 = _td(extra_fields=[{"request_id": "a", "request_ids_all": ["a", "x"]}, {"request_id": "b"}])
-    assert training.request_ids_of(v1) == ["a", "b"]
-    assert training.request_ids_of(v1, "request_ids_all") == [["a", "x"], None]
+    assert micro_batch_dump.request_ids_of(v1) == ["a", "b"]
+    assert micro_batch_dump.request_ids_of(v1, "request_ids_all") == [["a", "x"], None]
     both = _td(request_id=["col"], extra_fields=[{"request_id": "nested"}])
-    assert training.request_ids_of(both) == ["col"], "a column wins"
-    assert training.request_ids_of(_td(extra_fields=[{"other": 1}])) == []
-    assert training.request_ids_of(_td(uid=["u"])) == []
+    assert micro_batch_dump.request_ids_of(both) == ["col"], "a column wins"
+    assert micro_batch_dump.request_ids_of(_td(extra_fields=[{"other": 1}])) == []
+    assert micro_batch_dump.request_ids_of(_td(uid=["u"])) == []
 
 
 def test_padding_rows_are_verl_091_synthetic_uids_only() -> None:
     pad = "pad" + "0123456789abcdef" * 2
     real = "3f2b8a9c-1d4e-4f5a-9b6c-7d8e9f0a1b2c"  # str(uuid4()), the trainer's dataset uid
-    assert training.padding_rows(_td(uid=[real, pad, "pad-not-hex"])) == [False, True, False]
-    assert training.padding_rows(_td(request_id=["a"])) == []
+    assert micro_batch_dump.padding_rows(_td(uid=[real, pad, "pad-not-hex"])) == [False, True, False]
+    assert micro_batch_dump.padding_rows(_td(request_id=["a"])) == []
 
 
 def _ride_along_td(nested: bool, marked: bool = False):  # type: ignore[no-untyped-def]
@@ -215,12 +215,12 @@ def _ride_along_td(nested: bool, marked: bool = False):  # type: ignore[no-untyp
 
 @pytest.mark.parametrize("nested", [False, True], ids=["padded-prompts", "nested-prompts"])
 def test_prompt_lengths_are_read_as_verl_reads_them(nested: bool) -> None:
-    layout = training.PackedLayout.of(_ride_along_td(nested))
+    layout = micro_batch_dump.PackedLayout.of(_ride_along_td(nested))
     assert layout is not None
     assert layout.lengths == (4, 5)
     assert layout.prompts == (2, 4), "the rows vLLM prefilled: the prompts' valid tokens"
     assert not layout.prompt_only
-    marked = training.PackedLayout.of(_ride_along_td(nested, marked=True))
+    marked = micro_batch_dump.PackedLayout.of(_ride_along_td(nested, marked=True))
     assert marked is not None
     assert marked.prompt_only, "a PROMPTS_ONLY batch: its rows whole"
 
@@ -228,8 +228,8 @@ def test_prompt_lengths_are_read_as_verl_reads_them(nested: bool) -> None:
 def test_lanes_and_last_positions_are_cut_to_the_prompt_rows() -> None:
     """Rows of 4 and 5 tokens whose prompts are 2 and 4: THD ``[begin, begin + p)`` on dims 1
     and 0; padded, the row and its first p positions; the output row at ``begin + p - 1``."""
-    cut = training.msprobe_lanes.Cut
-    thd = training.PackedLayout((4, 5), thd=True, prompts=(2, 4))
+    cut = micro_batch_dump.msprobe_lanes.Cut
+    thd = micro_batch_dump.PackedLayout((4, 5), thd=True, prompts=(2, 4))
     lanes = thd.lanes(["a", "b"], ["b", "a"])
     assert lanes is not None
     assert [(x.request_id, x.cuts) for x in lanes] == [
@@ -237,7 +237,7 @@ def test_lanes_and_last_positions_are_cut_to_the_prompt_rows() -> None:
         ("a", (cut(1, 9, 0, 2), cut(0, 9, 0, 2))),
     ]
     assert thd.last_positions() == [1, 7]
-    padded = training.PackedLayout((4, 5), thd=False, prompts=(2, 4))
+    padded = micro_batch_dump.PackedLayout((4, 5), thd=False, prompts=(2, 4))
     lanes = padded.lanes(["a", "b"], ["a", "b"])
     assert lanes is not None
     assert [x.cuts for x in lanes] == [
@@ -246,7 +246,7 @@ def test_lanes_and_last_positions_are_cut_to_the_prompt_rows() -> None:
     ]
     assert padded.last_positions() == [1, 5 + 3]
     # without prompt lengths (a prompt-only forward) the cuts are the whole rows, as before
-    whole = training.PackedLayout((4, 5), thd=True)
+    whole = micro_batch_dump.PackedLayout((4, 5), thd=True)
     assert whole.prompt_only
     assert whole.last_positions() == [3, 8]
     lanes = whole.lanes(["a", "b"], ["b"])
@@ -256,22 +256,22 @@ def test_lanes_and_last_positions_are_cut_to_the_prompt_rows() -> None:
 
 
 def test_unreadable_prompt_lengths_are_a_clear_error() -> None:
-    from verl_consistency.patches.hooks.prompt_rows import PromptRowsError
+    from verl_consistency.patches.hooks.training.prompt_rows import PromptRowsError
 
     td = _ride_along_td(nested=False)
     del td["attention_mask"]
     with pytest.raises(PromptRowsError, match="no padded 'attention_mask'"):
-        training.PackedLayout.of(td)
+        micro_batch_dump.PackedLayout.of(td)
     td = _ride_along_td(nested=False)
     del td["prompts"]
     with pytest.raises(PromptRowsError, match="has no 'prompts'"):
-        training.PackedLayout.of(td)
+        micro_batch_dump.PackedLayout.of(td)
     from tensordict import NonTensorStack
 
     td = _ride_along_td(nested=True)
     td[prompts_only.PREFILL_ROWS] = NonTensorStack(4, 6)
     with pytest.raises(PromptRowsError, match=r"\[4, 6\].*rows of \[4, 5\] tokens"):
-        training.PackedLayout.of(td)
+        micro_batch_dump.PackedLayout.of(td)
 
 
 def test_the_trims_mark_each_row_with_the_tokens_vllm_prefilled(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -290,20 +290,20 @@ def test_the_trims_mark_each_row_with_the_tokens_vllm_prefilled(monkeypatch: pyt
 
 def test_megatron_refuses_a_ride_along_forward_and_names_prompts_only() -> None:
     ride = _ride_along_td(nested=False)
-    with pytest.raises(training.TrainingDumpError, match="--prompts-only"):
-        training.check_megatron_prompt_only(ride, training.PackedLayout.of(ride))
+    with pytest.raises(micro_batch_dump.TrainingDumpError, match="--prompts-only"):
+        micro_batch_dump.check_megatron_prompt_only(ride, micro_batch_dump.PackedLayout.of(ride))
     marked = _ride_along_td(nested=False, marked=True)
-    training.check_megatron_prompt_only(marked, training.PackedLayout.of(marked))
-    training.check_megatron_prompt_only(marked, None)
-    with pytest.raises(training.TrainingDumpError, match="--prompts-only"):
-        training.check_megatron_prompt_only(ride, None)
+    micro_batch_dump.check_megatron_prompt_only(marked, micro_batch_dump.PackedLayout.of(marked))
+    micro_batch_dump.check_megatron_prompt_only(marked, None)
+    with pytest.raises(micro_batch_dump.TrainingDumpError, match="--prompts-only"):
+        micro_batch_dump.check_megatron_prompt_only(ride, None)
 
 
 @pytest.mark.parametrize("nested", [False, True], ids=["padded", "nested"])
 def test_ride_along_next_token_is_read_from_the_responses(
     monkeypatch: pytest.MonkeyPatch, nested: bool
 ) -> None:
-    from verl_consistency.patches.hooks import next_token
+    from verl_consistency.patches.hooks.training import next_token
 
     got = next_token.rollout_next_tokens(_ride_along_td(nested))
     assert got == ([11, 13], [-0.25, -0.75])

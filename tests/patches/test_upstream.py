@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from verl_consistency.contracts import pins
-from verl_consistency.patches import apply, upstream
+from verl_consistency.patches.tooling import apply, upstream
 
 
 def _sdist(path: Path, top: str, members: dict[str, bytes], *, link: str | None = None) -> Path:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from verl_consistency.contracts import pins
-from verl_consistency.patches.hooks import prompts_only
+from verl_consistency.patches.hooks.training import prompts_only
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
 

@@ -17,7 +17,7 @@ import pytest
 
 from verl_consistency.contracts import capture, pins
 from verl_consistency.contracts import token_records as tr
-from verl_consistency.patches.hooks import request_ids
+from verl_consistency.patches.hooks.rollout import request_ids
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.pinset]
 

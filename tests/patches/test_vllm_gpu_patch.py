@@ -36,7 +36,7 @@ from tests.patches.test_vllm_patch import (
     start_site,
 )
 from verl_consistency.contracts import pins
-from verl_consistency.patches import apply, upstream
+from verl_consistency.patches.tooling import apply, upstream
 
 pytestmark = [pytest.mark.upstream, pytest.mark.pinset]
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from verl_consistency.contracts import pins
-from verl_consistency.patches import apply, upstream
+from verl_consistency.patches.tooling import apply, upstream
 
 pytestmark = [pytest.mark.upstream, pytest.mark.pinset]
 
@@ -471,7 +471,7 @@ def check_runner(source: str) -> list[str]:
 def test_patched_runner_pairs_every_start_with_one_stop_and_step(patched):
     source = (patched / RUNNER).read_text()
     assert check_runner(source) == []
-    assert "from verl_consistency.patches.hooks.dispatch import DispatchLogger" in source
+    assert "from verl_consistency.patches.hooks.rollout.dispatch import DispatchLogger" in source
     compile(source, RUNNER, "exec")
 
 

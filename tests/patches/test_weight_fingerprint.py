@@ -13,8 +13,8 @@ from typing import ClassVar
 import pytest
 import torch
 
-from verl_consistency.patches.hooks import weight_held
-from verl_consistency.patches.hooks.weight_fingerprint import Collector, fingerprint
+from verl_consistency.patches.hooks.rollout import weight_held
+from verl_consistency.patches.hooks.weights.fingerprint import Collector, fingerprint
 
 
 def _t(*shape: int, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Weight versions at their source: verl's sync label reaches both sides' records (issue 35).
 
-The state machine runs as the engines drive it (``training.batch_dumper`` per
+The state machine runs as the engines drive it (``micro_batch_dump.batch_dumper`` per
 ``forward_backward_batch``, ``weight_sync.weights_sent`` per sync); the patched verl of the set in
 force is checked with ``ast`` (vLLM and a GPU are not here), as the Megatron patch is.
 """
@@ -13,7 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from verl_consistency.patches.hooks import older_weights, training, weight_sync
+from verl_consistency.contracts import weight_labels
+from verl_consistency.patches.hooks.rollout import weight_sync as vllm_side
+from verl_consistency.patches.hooks.training import micro_batch_dump, older_weights, weight_sync
 
 pytestmark = pytest.mark.pinset
 
@@ -21,6 +23,7 @@ pytestmark = pytest.mark.pinset
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
     weight_sync.reset_for_tests()
+    vllm_side.reset_for_tests()
     older_weights.reset_for_tests()
 
 
@@ -35,12 +38,12 @@ def _engine() -> SimpleNamespace:
     )
 
 
-def _dumper(monkeypatch: pytest.MonkeyPatch, *, forward_only: bool) -> training.BatchDumper:
+def _dumper(monkeypatch: pytest.MonkeyPatch, *, forward_only: bool) -> micro_batch_dump.BatchDumper:
     monkeypatch.setenv("DUMP_ON", "1")
     monkeypatch.setenv("DUMP_PHASE", "all")
-    monkeypatch.setattr(training.training_session, "session", lambda: object())
-    got = training.batch_dumper(_engine(), backend="fsdp", forward_only=forward_only)
-    assert isinstance(got, training.BatchDumper)
+    monkeypatch.setattr(micro_batch_dump.dump_session, "session", lambda: object())
+    got = micro_batch_dump.batch_dumper(_engine(), backend="fsdp", forward_only=forward_only)
+    assert isinstance(got, micro_batch_dump.BatchDumper)
     return got
 
 
@@ -60,19 +63,23 @@ def test_updates_are_counted_even_when_their_phase_is_not_dumped(monkeypatch: py
     weight_sync.weights_sent(1)
     monkeypatch.setenv("DUMP_ON", "1")
     monkeypatch.setenv("DUMP_PHASE", "log_prob")
-    monkeypatch.setattr(training.training_session, "session", lambda: object())
-    assert training.batch_dumper(_engine(), backend="fsdp", forward_only=False) is training.NO_DUMP
-    got = training.batch_dumper(_engine(), backend="fsdp", forward_only=True)
-    assert isinstance(got, training.BatchDumper)
+    monkeypatch.setattr(micro_batch_dump.dump_session, "session", lambda: object())
+    assert (
+        micro_batch_dump.batch_dumper(_engine(), backend="fsdp", forward_only=False)
+        is micro_batch_dump.NO_DUMP
+    )
+    got = micro_batch_dump.batch_dumper(_engine(), backend="fsdp", forward_only=True)
+    assert isinstance(got, micro_batch_dump.BatchDumper)
     assert got.version == (1, 1)
 
 
 @pytest.mark.parametrize(("label", "version"), [(7, 7), ("7", 7), (None, None), (True, None), ("x", None)])
 def test_the_vllm_worker_keeps_the_label_it_loaded(label: object, version: int | None) -> None:
-    weight_sync.weights_loaded(2)
-    weight_sync.weights_loaded(label)
-    assert weight_sync.loaded_version() == version, "an unlabelled sync forgets the old label"
-    assert weight_sync.sync_kwargs(label) == {weight_sync.KWARG: version}
+    vllm_side.weights_loaded(2)
+    vllm_side.weights_loaded(label)
+    assert vllm_side.loaded_version() == version, "an unlabelled sync forgets the old label"
+    assert vllm_side.sync_kwargs(label) == {weight_labels.KWARG: version}
+    assert weight_sync.trainer_version() == (None, 0), "the trainer's side is another process's state"
 
 
 def _function(tree: ast.Module, cls: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
@@ -106,7 +113,7 @@ def test_the_label_reaches_the_vllm_workers_through_one_keyword(root: Path) -> N
     assert "weight_sync.sync_kwargs(global_steps)" in ast.unparse(update)
     worker = ast.parse((root / "verl/workers/rollout/vllm_rollout/utils.py").read_text())
     ipc = _function(worker, "vLLMColocateWorkerExtension", "update_weights_from_ipc")
-    assert weight_sync.KWARG in [a.arg for a in ipc.args.args]
+    assert weight_labels.KWARG in [a.arg for a in ipc.args.args]
     body_calls = [
         ast.unparse(s.value.func)
         for s in ipc.body

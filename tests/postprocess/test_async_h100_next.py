@@ -21,7 +21,7 @@ responses, the weights move), msprobe statistics L0, ``--capture fraction:1``:
   ``colocate_async`` sharing the card: staleness alternates 0 and 1.
 
 A stale request's dumped training forward ran again at its rollout's weights
-(``patches/hooks/older_weights.py``), so every trained request pairs; the 16 that do not are the
+(``patches/hooks/training/older_weights.py``), so every trained request pairs; the 16 that do not are the
 rollouter's last batch in flight, never trained (``no_training_micro_batch``). What the device's
 postprocess of the whole runs said (``summary.md`` there): fully async 160 of 176 paired, all
 healthy; the fault run 96 of 112, steps 1-2 healthy and steps 3-6 diverged at

@@ -29,7 +29,7 @@ from verl_consistency.entrypoints.run.command import prepare_run_dir
 from verl_consistency.entrypoints.run.overrides import Mode
 from verl_consistency.entrypoints.run.plan import build_plan
 from verl_consistency.entrypoints.run.plan_options import PlanOptions
-from verl_consistency.patches.hooks import token_mismatch as tm
+from verl_consistency.patches.hooks.training import token_mismatch as tm
 from verl_consistency.postprocess import pipeline
 from verl_consistency.postprocess.compare import token_level
 

@@ -17,8 +17,8 @@ import pytest
 
 from verl_consistency.contracts import env
 from verl_consistency.contracts import token_records as trec
-from verl_consistency.patches.hooks import next_token as nt
-from verl_consistency.patches.hooks import request_ids
+from verl_consistency.patches.hooks.rollout import request_ids
+from verl_consistency.patches.hooks.training import next_token as nt
 from verl_consistency.postprocess.compare import token_level
 from verl_consistency.postprocess.compare.verdict import PairComparison
 from verl_consistency.postprocess.output import report

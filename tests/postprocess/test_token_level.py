@@ -18,7 +18,7 @@ import pytest
 
 from bench.support.verl_support import patched_verl
 from tests.patches.test_training_fsdp import _drive, _msprobe_config, _records
-from verl_consistency.patches.hooks import token_mismatch as tm
+from verl_consistency.patches.hooks.training import token_mismatch as tm
 from verl_consistency.postprocess.compare import token_level
 from verl_consistency.postprocess.compare.verdict import PairComparison
 from verl_consistency.postprocess.output import report

@@ -16,7 +16,8 @@ import torch
 
 from verl_consistency.contracts import env
 from verl_consistency.contracts.weight_records import WEIGHTS_DIR
-from verl_consistency.patches.hooks import weight_export, weight_held
+from verl_consistency.patches.hooks.rollout import weight_held
+from verl_consistency.patches.hooks.training import weight_export
 from verl_consistency.postprocess.compare import weight_check
 from verl_consistency.postprocess.output import weight_section
 

@@ -218,7 +218,7 @@ def test_a_version_that_is_not_an_integer_is_a_bad_line(tmp_path, bad):
 
 def _stale_and_fresh(t: RunTree, **replay: object) -> None:
     """Step 2 of a fully-async run: a, b rolled out at version 0, c, d at version 1; the trainer at 1
-    dumps c, d in its own forward and a, b in a second one at version 0 (hooks/older_weights.py)."""
+    dumps c, d in its own forward and a, b in a second one at version 0 (hooks/training/older_weights.py)."""
     for k, (rid, v) in enumerate((("a", 0), ("b", 0), ("c", 1), ("d", 1))):
         t.rollout_step(1, 0, k, [req(vid(rid))], weight_version=v)
     ids = ["a", "b", "c", "d"]

@@ -11,7 +11,7 @@ for all lanes), so that step ``2i`` and step ``2i + 1`` must hold the same lanes
 * ``vllm-subset``: the same batch, lanes for c and a only (b not captured), asked in that order;
 * ``vllm-bf16``: the stand-in in bfloat16 (what a GPU worker runs);
 * ``thd``: a transformers Qwen2 on a packed ``[1, total]`` micro batch, lanes from
-  ``training.PackedLayout(..., thd=True).lanes`` (cuts on dims 1 and 0), installed as the training
+  ``micro_batch_dump.PackedLayout(..., thd=True).lanes`` (cuts on dims 1 and 0), installed as the training
   hook does;
 * ``padded``: the same model on a right-padded ``[batch, longest]`` micro batch with its attention
   mask, ``PackedLayout(..., thd=False)`` (row on dim 0, positions on dim 1);
@@ -36,9 +36,9 @@ import torch
 from bench.support.tiny_qwen2 import tiny_qwen2
 from bench.support.vllm_qwen2 import Qwen2ForCausalLM, run_step
 from tests.selective.scenario import LENGTHS, PACKING, SCHEDULER_DICT, base_config, tiny_config
-from verl_consistency.patches.hooks import msprobe_lanes
-from verl_consistency.patches.hooks.request_scope import scoped_msprobe_config, start_lanes
-from verl_consistency.patches.hooks.training import PackedLayout
+from verl_consistency.patches.hooks.lanes import msprobe_lanes
+from verl_consistency.patches.hooks.rollout.request_scope import scoped_msprobe_config, start_lanes
+from verl_consistency.patches.hooks.training.micro_batch_dump import PackedLayout
 
 PATHS = ("fanout", "auto")
 RESPONSES = {"a": 3, "b": 1, "c": 4}

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from bench.support.vllm_qwen2 import run_step
 from tests.selective.scenario import LENGTHS, PACKING, SCHEDULER_DICT, setup
-from verl_consistency.patches.hooks.msprobe_lanes import packed_lanes
-from verl_consistency.patches.hooks.request_scope import start_lanes, start_step
+from verl_consistency.patches.hooks.lanes.msprobe_lanes import packed_lanes
+from verl_consistency.patches.hooks.rollout.request_scope import start_lanes, start_step
 
 
 def main(task: str, out: Path) -> None:

@@ -1,4 +1,4 @@
-"""``lane_fast``'s short ways give msprobe's own answers, on the pinned mindstudio-probe.
+"""``msprobe_shortcuts``'s short ways give msprobe's own answers, on the pinned mindstudio-probe.
 
 The one-pass lanes answer the per-tensor questions of a plain tensor once per dtype
 (``PlainTensors``), send tensors straight to the one-pass ``_analyze_tensor`` (``single_element``)
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from verl_consistency.patches.hooks.lane_collector import _one_pass_kind, resolve_type_checks
-from verl_consistency.patches.hooks.lane_fast import (
+from verl_consistency.patches.hooks.lanes.lane_collector import _one_pass_kind, resolve_type_checks
+from verl_consistency.patches.hooks.lanes.msprobe_shortcuts import (
     PlainTensors,
     element_walk,
     modes_context,
@@ -279,7 +279,7 @@ def test_the_modes_context_is_msprobes_when_a_dispatch_mode_is_on_and_nothing_ot
 
 
 def test_install_puts_the_modes_context_on_msprobes_hook_manager_and_uninstall_takes_it_off() -> None:
-    from verl_consistency.patches.hooks import msprobe_lanes
+    from verl_consistency.patches.hooks.lanes import msprobe_lanes
 
     class Manager:  # stands for msprobe's PytorchHookManager: the context a static method
         @staticmethod
@@ -305,7 +305,7 @@ def test_every_lane_renders_what_json_dump_writes_with_entries_named_twice_and_s
     shared by every lane between ones that are not."""
     import json
 
-    from verl_consistency.patches.hooks.lane_json import LANE_RECORD, StepTemplate
+    from verl_consistency.patches.hooks.lanes.lane_json import LANE_RECORD, StepTemplate
 
     def rec(i: int) -> dict[str, Any]:
         return {"type": "torch.Tensor", "dtype": "torch.bfloat16", LANE_RECORD: i, "requires_grad": True}

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 from tests.fixtures.subprocess_run import run_module_json
 from verl_consistency.contracts.records import LANE_PREFIX
-from verl_consistency.patches.hooks.lane_json import LANE_RECORD, StepTemplate
-from verl_consistency.patches.hooks.lane_stats import LaneStatQueue, lane_boxes
-from verl_consistency.patches.hooks.msprobe_lanes import Cut, one_pass
+from verl_consistency.patches.hooks.lanes.lane_json import LANE_RECORD, StepTemplate
+from verl_consistency.patches.hooks.lanes.lane_stats import LaneStatQueue, lane_boxes
+from verl_consistency.patches.hooks.lanes.msprobe_lanes import Cut, one_pass
 
 pytestmark = [pytest.mark.msprobe, pytest.mark.pinset]
 
@@ -316,7 +316,7 @@ def _stack_both(name: str) -> tuple[Any, Any]:
     from msprobe.core.common.log import logger
     from msprobe.core.dump.data_dump.data_processor.base import BaseDataProcessor
 
-    from verl_consistency.patches.hooks.call_stack import remembering
+    from verl_consistency.patches.hooks.lanes.call_stack import remembering
 
     ours = remembering(Const, logger.warning)
 
@@ -345,7 +345,7 @@ def test_the_call_stack_is_remembered_per_stack_not_per_name() -> None:
     from msprobe.core.common.const import Const
     from msprobe.core.common.log import logger
 
-    from verl_consistency.patches.hooks.call_stack import remembering
+    from verl_consistency.patches.hooks.lanes.call_stack import remembering
 
     capture = remembering(Const, logger.warning)
 
@@ -371,7 +371,7 @@ def test_the_call_stack_is_remembered_per_stack_not_per_name() -> None:
 def test_a_step_like_the_last_reuses_its_template_and_a_reordered_one_does_not() -> None:
     """``LaneStats._template``: the same records give the last step's template (encoded once); the
     same records with two modules' keys in another order give a new one, whose text follows it."""
-    from verl_consistency.patches.hooks.lane_collector import LaneStats
+    from verl_consistency.patches.hooks.lanes.lane_collector import LaneStats
 
     def record(i: int) -> dict[str, Any]:
         return {"type": "torch.Tensor", "dtype": "torch.float32", LANE_RECORD: i, "requires_grad": False}
@@ -393,7 +393,7 @@ def test_the_same_step_dict_written_again_after_more_records_is_encoded_anew() -
     """msprobe fills one ``cache_data`` in place through a step and may write it twice (``stop()``,
     then ``step()``, with a ``start()`` between): the template kept from the first write must not
     stand for the dict once it holds more records."""
-    from verl_consistency.patches.hooks.lane_collector import LaneStats
+    from verl_consistency.patches.hooks.lanes.lane_collector import LaneStats
 
     record = {"type": "torch.Tensor", "dtype": "torch.float32", LANE_RECORD: 0, "requires_grad": False}
     modules = {"Module.a.forward.0": {"output": [record]}}
@@ -413,7 +413,7 @@ def test_the_resolved_type_checks_answer_as_msprobes() -> None:
     from msprobe.core.dump.data_dump.data_processor.pytorch_processor import TensorHandler
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from verl_consistency.patches.hooks.lane_collector import TYPE_CHECKS, resolve_type_checks
+    from verl_consistency.patches.hooks.lanes.lane_collector import TYPE_CHECKS, resolve_type_checks
 
     theirs, ours = TensorHandler(None), TensorHandler(None)
     resolve_type_checks(ours)
@@ -455,7 +455,7 @@ def test_blocks_of_many_tensors_and_a_second_write_keep_every_entrys_values() ->
     """Past ``BLOCK`` tensors a group's row statistics are stacked as they come; the entries keep
     their order and values across blocks and groups, and a second ``materialise`` in the step (a
     second write after more records) keeps the first's values and adds the new ones."""
-    from verl_consistency.patches.hooks.lane_stats import BLOCK
+    from verl_consistency.patches.hooks.lanes.lane_stats import BLOCK
 
     queue = LaneStatQueue([[Cut(0, 4, 0, 1)], [Cut(0, 4, 1, 4)]])
     gen = torch.Generator().manual_seed(1)
@@ -484,7 +484,7 @@ def test_msprobes_per_lane_values_are_read_as_item_reads_them_in_one_copy_per_ki
     """``_read_pending``: 0-d tensors of every dtype (msprobe's statistics), a one-element tensor
     of more dimensions, numbers and None come back as ``.item()`` gives them (value and type),
     a tensor several lanes share read once, one ``torch.stack`` per device and dtype."""
-    from verl_consistency.patches.hooks import lane_stats
+    from verl_consistency.patches.hooks.lanes import lane_stats
 
     shared = torch.tensor(2.5, dtype=torch.bfloat16)
     pending = {

@@ -22,7 +22,7 @@ from tests.fixtures.subprocess_run import run_module_json
 from tests.selective.dump_stats import mismatches, tensors
 from tests.selective.scenario import PACKING
 from verl_consistency.contracts.records import LANE_PREFIX
-from verl_consistency.patches.hooks.msprobe_lanes import Cut, packed_lanes
+from verl_consistency.patches.hooks.lanes.msprobe_lanes import Cut, packed_lanes
 
 pytestmark = [pytest.mark.msprobe, pytest.mark.pinset]
 

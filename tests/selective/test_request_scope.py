@@ -17,7 +17,7 @@ import torch
 from tests.fixtures.subprocess_run import run_module_json
 from tests.selective import scenario
 from tests.selective.dump_stats import mismatches, tensors
-from verl_consistency.patches.hooks.request_scope import (
+from verl_consistency.patches.hooks.rollout.request_scope import (
     CAPTURED_SENTINEL,
     scoped_msprobe_config,
     scoped_tokens,

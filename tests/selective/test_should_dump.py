@@ -6,7 +6,7 @@ import pytest
 
 from verl_consistency.contracts.capture import CaptureRule
 from verl_consistency.contracts.records import ScheduledRequest
-from verl_consistency.patches.hooks.request_scope import is_comparable_prefill, should_dump
+from verl_consistency.patches.hooks.rollout.request_scope import is_comparable_prefill, should_dump
 
 ALL = CaptureRule(fraction=1.0)
 

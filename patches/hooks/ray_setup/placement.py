@@ -27,7 +27,7 @@ vllm-ascend 0.18.0 image pins ``ray<=2.48.0``.
 
 Install it in every Ray worker through the job's runtime env (the RayJob's ``runtimeEnvYAML``)::
 
-    worker_process_setup_hook: verl_consistency.patches.hooks.placement.install
+    worker_process_setup_hook: verl_consistency.patches.hooks.ray_setup.placement.install
 
 verl creates all its pools inside Ray actors (TaskRunner, FullyAsyncTrainer, the rollouter),
 never in the driver, so a worker-process hook sees every ``placement_group()`` call.

@@ -40,19 +40,19 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from verl_consistency.contracts.records import lane_folder
-from verl_consistency.patches.hooks.call_stack import remembering
-from verl_consistency.patches.hooks.lane_fast import (
+from verl_consistency.patches.hooks.lanes.call_stack import remembering
+from verl_consistency.patches.hooks.lanes.lane_json import LANE_RECORD, StepTemplate, save_text, stack_text
+from verl_consistency.patches.hooks.lanes.lane_stats import LaneStatQueue
+from verl_consistency.patches.hooks.lanes.msprobe_shortcuts import (
     PlainTensors,
     dtype_kind,
     element_walk,
     quiet_debug,
     single_element,
 )
-from verl_consistency.patches.hooks.lane_json import LANE_RECORD, StepTemplate, save_text, stack_text
-from verl_consistency.patches.hooks.lane_stats import LaneStatQueue
 
 if TYPE_CHECKING:
-    from verl_consistency.patches.hooks.msprobe_lanes import Lane
+    from verl_consistency.patches.hooks.lanes.cuts import Lane
 
 PROCESSOR_NEEDS = (
     "_analyze_tensor",
@@ -146,7 +146,7 @@ class LaneStats:
 
             processor = self.collector.data_processor
             processor.analyze_api_call_stack = remembering(Const, logger.warning)
-            # less Python per tensor and per hook call (lane_fast.py): the same answers as msprobe's
+            # less Python per tensor and per hook call (msprobe_shortcuts.py): the same answers as msprobe's
             processor.analyze_single_element = single_element(processor, processor.analyze_single_element)
             processor.analyze_element = element_walk(
                 processor, processor.recursive_apply_transform, Const.DUMP_MAX_DEPTH
@@ -183,7 +183,7 @@ class LaneStats:
     def _analyze_tensor(self, tensor: Any, suffix: str) -> dict[str, Any]:
         """msprobe's ``PytorchDataProcessor._analyze_tensor`` for every lane at once: the record's
         fixed fields now, each lane's shape and statistics queued (``LaneStatQueue``). A plain tensor
-        takes the short way (``lane_fast.PlainTensors``: msprobe's answers, once per dtype)."""
+        takes the short way (``msprobe_shortcuts.PlainTensors``: msprobe's answers, once per dtype)."""
         plain = self._plain.kind(tensor) if self._plain is not None else None
         if plain is not None:
             return {

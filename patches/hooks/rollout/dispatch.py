@@ -35,7 +35,7 @@ cache hit, no chunking), because only such a step can be compared with the train
 Every other step gets a record with ``dumped=false`` and no msprobe start/stop/step at all, so
 msprobe's step counter advances only on dumped steps and ``step{N}`` always matches a record.
 The dump is scoped to that one request's token rows with msprobe's ``scheduled_tokens``, in
-the runner's packing order (``verl_consistency.patches.hooks.request_scope`` owns the msprobe side).
+the runner's packing order (``verl_consistency.patches.hooks.rollout.request_scope`` owns the msprobe side).
 
 This module must import without torch_npu, vllm or vllm_ascend: the scheduler output and
 ``attn_state`` are taken as plain objects (duck-typed, ``attn_state.name``).
@@ -52,7 +52,8 @@ from typing import Any, Protocol
 
 from verl_consistency.contracts import capture, layout, records
 from verl_consistency.contracts.env import CAPTURE, RUN_DIR
-from verl_consistency.patches.hooks import msprobe_lanes, request_scope, weight_sync
+from verl_consistency.patches.hooks.lanes import msprobe_lanes
+from verl_consistency.patches.hooks.rollout import request_scope, weight_sync
 
 DECODE_STATE = "DecodeOnly"
 """The only ``AscendAttentionState`` member that is a decode step (upstream's ``!= DecodeOnly``)."""

@@ -11,54 +11,21 @@ when the stream ends: ``<run>/weights/export-<pid>.jsonl``, one line per sync
 (``contracts/weight_records.py``).
 
 On when ``$VERL_CONSISTENCY_RUN_DIR`` names a run folder (every ``verl-consistency run``) and
-``$VERL_CONSISTENCY_WEIGHT_CHECK`` is not ``0``; otherwise the stream passes untouched.
+``$VERL_CONSISTENCY_WEIGHT_CHECK`` is not ``0`` (``weights/sync_log.py``); otherwise the stream
+passes untouched.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from verl_consistency.contracts import env
-from verl_consistency.contracts.records import JsonlWriter, now
-from verl_consistency.contracts.weight_records import WEIGHTS_DIR, WeightSyncRecord, log_name
-from verl_consistency.patches.hooks import weight_sync
-from verl_consistency.patches.hooks.weight_fingerprint import Collector
-
-
-def weights_dir(environ: Mapping[str, str] | None = None) -> Path | None:
-    """``<run>/weights`` when the check is on in this process, else None."""
-    e = os.environ if environ is None else environ
-    run_dir = e.get(env.RUN_DIR, "").strip()
-    if not run_dir or e.get(env.WEIGHT_CHECK, "1").strip() == "0":
-        return None
-    return Path(run_dir) / WEIGHTS_DIR
-
-
-def process_rank() -> int:
-    """This process's rank in torch.distributed, else ``$RANK``, else 0."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
-    except ImportError:
-        pass
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
-
-
-def write(folder: Path, record: WeightSyncRecord) -> None:
-    """One line in this process's log (opened, appended, closed: a sync is rare)."""
-    writer = JsonlWriter(folder / log_name(record.side, record.pid))
-    try:
-        writer.write(record)
-    finally:
-        writer.close()
+from verl_consistency.contracts.records import now
+from verl_consistency.contracts.weight_labels import label
+from verl_consistency.contracts.weight_records import WeightSyncRecord
+from verl_consistency.patches.hooks.weights.fingerprint import Collector
+from verl_consistency.patches.hooks.weights.sync_log import process_rank, weights_dir, write
 
 
 def exporting(params: Iterable[tuple[str, Any]], global_steps: object) -> Iterator[tuple[str, Any]]:
@@ -79,7 +46,7 @@ def exporting(params: Iterable[tuple[str, Any]], global_steps: object) -> Iterat
             pid=os.getpid(),
             rank=process_rank(),
             side="export",
-            version=weight_sync.label(global_steps),
+            version=label(global_steps),
             tensors=tensors,
             seconds=round(collector.seconds, 4),
         ),

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from verl_consistency.contracts import pins
-from verl_consistency.patches import apply, upstream
+from verl_consistency.patches.tooling import apply, upstream
 
 app = typer.Typer(
     help="Apply and check the upstream patch series.", no_args_is_help=True, add_completion=False

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from verl_consistency.contracts.records import now
+from verl_consistency.contracts.weight_labels import label
 from verl_consistency.contracts.weight_records import WeightSyncRecord
-from verl_consistency.patches.hooks import weight_export, weight_sync
-from verl_consistency.patches.hooks.weight_fingerprint import Collector
+from verl_consistency.patches.hooks.weights import sync_log
+from verl_consistency.patches.hooks.weights.fingerprint import Collector
 
 
 @dataclass
@@ -125,7 +126,7 @@ class HeldCheck:
 
     def __init__(self, folder: Path, global_steps: object) -> None:
         self.folder = folder
-        self.version = weight_sync.label(global_steps)
+        self.version = label(global_steps)
         self.received = Collector()
 
     def receiving(self, on_bucket: Callable[..., Any]) -> Callable[..., Any]:
@@ -161,7 +162,7 @@ class HeldCheck:
         record = WeightSyncRecord(
             timestamp=now(),
             pid=os.getpid(),
-            rank=weight_export.process_rank(),
+            rank=sync_log.process_rank(),
             side="held",
             version=self.version,
             tensors=held.finish(),
@@ -169,14 +170,14 @@ class HeldCheck:
             unmapped=unmapped,
             seconds=round(self.received.seconds + held.seconds, 4),
         )
-        weight_export.write(self.folder, record)
+        sync_log.write(self.folder, record)
         return record
 
 
 def begin(global_steps: object, *, adapter_only: bool = False) -> HeldCheck | None:
     """The check of the sync starting now, or None when it is off (or the sync carries a LoRA
     adapter, whose tensors are not the model's)."""
-    folder = weight_export.weights_dir()
+    folder = sync_log.weights_dir()
     if folder is None or adapter_only:
         return None
     return HeldCheck(folder, global_steps)

@@ -1,9 +1,9 @@
 """The training side's process-wide msprobe session: the debugger, the per-pid folder, the log writer.
 
-Kept apart from :mod:`.training` (what each dumped micro batch does) because it is set up once per
+Kept apart from :mod:`.micro_batch_dump` (what each dumped micro batch does) because it is set up once per
 trainer process and read by every ``forward_backward_batch``: msprobe's ``PrecisionDebugger`` is
 one instance per process, and it may already belong to another component (then it is borrowed,
-see :mod:`.training`'s docstring).
+see :mod:`.micro_batch_dump`'s docstring).
 """
 
 from __future__ import annotations

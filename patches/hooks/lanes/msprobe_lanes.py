@@ -49,33 +49,12 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from verl_consistency.contracts.records import lane_folder
-from verl_consistency.patches.hooks.lane_collector import LaneStats, lane_paths
-from verl_consistency.patches.hooks.lane_fast import modes_context
-
-
-@dataclass(frozen=True)
-class Cut:
-    """One request's rows: ``[begin, end)`` along ``dim`` of every tensor whose ``shape[dim] == size``."""
-
-    dim: int
-    size: int
-    begin: int
-    end: int
-
-    def as_msprobe(self) -> dict[str, int]:
-        return {"dim": self.dim, "size": self.size, "begin": self.begin, "end": self.end}
-
-
-@dataclass(frozen=True)
-class Lane:
-    """One captured request of a dumped step and the cuts that select its rows."""
-
-    request_id: str
-    cuts: tuple[Cut, ...]
+from verl_consistency.patches.hooks.lanes.cuts import Cut, Lane
+from verl_consistency.patches.hooks.lanes.lane_collector import LaneStats, lane_paths
+from verl_consistency.patches.hooks.lanes.msprobe_shortcuts import modes_context
 
 
 def packed_lanes(
@@ -277,7 +256,7 @@ def install(service: Any, lanes: Sequence[Lane], path: Path | None = None) -> La
 
 
 def _lean_modes(hook_manager: Any) -> None:
-    """``lane_fast.modes_context`` on msprobe's hook manager (an instance attribute over its static
+    """``msprobe_shortcuts.modes_context`` on msprobe's hook manager (an instance attribute over its static
     method), once; a manager without the method is left as it is."""
     current = getattr(hook_manager, "_no_grad_context", None)
     if current is None or getattr(current, "_lane_modes", False):

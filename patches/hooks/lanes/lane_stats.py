@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from verl_consistency.patches.hooks.msprobe_lanes import Cut
+    from verl_consistency.patches.hooks.lanes.cuts import Cut
 
 MASK_ELEMENTS = 1 << 24
 """At most this many elements in one masked reduction ``[tensors, lanes, rows]`` (memory bound)."""

@@ -10,7 +10,7 @@ in three places of verl:
   (:func:`stash_next_token`, :func:`stash_next_token_sample` for verl 0.9's V1 samples) before it
   drops the responses; ride-along reads them from the micro batch's ``responses[:, 0]`` and
   ``rollout_log_probs[:, 0]`` (:func:`rollout_next_tokens`);
-* the training hook (``training``) puts a read-only forward hook on ``lm_head`` for each dumped
+* the training hook (``micro_batch_dump``) puts a read-only forward hook on ``lm_head`` for each dumped
   micro batch (:class:`NextTokenProbe`);
 * the probe writes one :class:`NextTokenRecord` per wanted row to ``actor/<pid>/next_token.jsonl``.
 
@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from verl_consistency.contracts import records
+from verl_consistency.contracts.batch_fields import PREFILL_ROWS
 from verl_consistency.contracts.token_records import (
     NEXT_TOKEN,
     NEXT_TOKEN_LOG,
@@ -36,7 +37,7 @@ from verl_consistency.contracts.token_records import (
     NextTokenRecord,
     head_figures,
 )
-from verl_consistency.patches.hooks.token_mismatch import enabled, warn
+from verl_consistency.patches.hooks.training.token_mismatch import enabled, warn
 
 
 def _topk_pairs(value: Any) -> list[tuple[int, float]] | None:
@@ -110,13 +111,11 @@ def rollout_next_tokens(micro_batch: Any) -> tuple[list[int | None], list[float 
     Without the PROMPTS_ONLY trim nothing is stashed: the micro batch still holds vLLM's
     ``responses`` and (with ``rollout.calculate_log_probs=true``) ``rollout_log_probs``, padded
     (``RayPPOTrainer``'s batch) or nested (verl 0.9's V1 path); position 0 of each is what vLLM
-    sampled at the last prompt position. None for a trimmed batch (``prompts_only.PREFILL_ROWS``:
+    sampled at the last prompt position. None for a trimmed batch (``batch_fields.PREFILL_ROWS``:
     its ``responses`` is the last prompt token) or without rollout log-probs. A row whose token 0
     is masked out, missing or without a finite log-prob gets None.
     """
     from verl.utils import tensordict_utils as tu
-
-    from verl_consistency.patches.hooks.prompts_only import PREFILL_ROWS
 
     if tu.get(micro_batch, key=PREFILL_ROWS, default=None) is not None:
         return None
@@ -169,7 +168,7 @@ class NextTokenProbe:
     logits by the temperature in place, and returns None, so the forward is unchanged. One row
     (a micro batch of one) is the logits' last position; a packed micro batch names each
     request's last position in the logits flattened to ``[positions, vocab]`` (``last_positions``,
-    which the training hook derives from verl's layout: ``training.last_positions``).
+    which the training hook derives from verl's layout: ``micro_batch_dump.last_positions``).
     """
 
     def __init__(self, handle: Any, rows: list[WantedRow], temperature: float) -> None:

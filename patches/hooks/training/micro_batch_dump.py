@@ -2,7 +2,7 @@
 
 The patched engines call only two things::
 
-    dumper = training.batch_dumper(self, backend="fsdp", forward_only=forward_only)
+    dumper = micro_batch_dump.batch_dumper(self, backend="fsdp", forward_only=forward_only)
     for micro_batch in micro_batches:
         dumper.start(micro_batch, model=self.module)
         ...  # forward (and backward)
@@ -49,17 +49,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from verl_consistency.contracts import env, records
-from verl_consistency.patches.hooks import (
-    msprobe_lanes,
-    next_token,
-    older_weights,
-    training_session,
-    weight_sync,
-)
-from verl_consistency.patches.hooks.prompt_rows import PackedLayout, PromptRowsError
-from verl_consistency.patches.hooks.prompts_only import PREFILL_ROWS
-from verl_consistency.patches.hooks.training_session import TrainingDumpError
+from verl_consistency.contracts import env, records, weight_labels
+from verl_consistency.contracts.batch_fields import PREFILL_ROWS
+from verl_consistency.patches.hooks.lanes import msprobe_lanes
+from verl_consistency.patches.hooks.training import dump_session, next_token, older_weights, weight_sync
+from verl_consistency.patches.hooks.training.dump_session import TrainingDumpError
+from verl_consistency.patches.hooks.training.prompt_rows import PackedLayout, PromptRowsError
 
 Backend = Literal["fsdp", "megatron"]
 Phase = Literal["log_prob", "update_actor"]
@@ -148,7 +143,7 @@ def padding_rows(micro_batch: Any) -> list[bool]:
 
 def reset_for_tests() -> None:
     """Forget the process-wide session and kept weights (tests run several configurations in one process)."""
-    training_session.reset_for_tests()
+    dump_session.reset_for_tests()
     older_weights.reset_for_tests()
 
 
@@ -211,7 +206,7 @@ class BatchDumper:
 
     def __init__(
         self,
-        session: training_session.Session,
+        session: dump_session.Session,
         backend: Backend,
         phase: Phase,
         rank: int,
@@ -250,7 +245,7 @@ class BatchDumper:
         now: list[str] = []
         later: dict[int, list[str]] = {}
         for rid in captured:
-            v = weight_sync.label(of.get(rid))
+            v = weight_labels.label(of.get(rid))
             if v is None or (v, 0) == self.version or not store.has(v):
                 now.append(rid)
             else:
@@ -445,7 +440,7 @@ def batch_dumper(engine: Any, *, backend: Backend, forward_only: bool) -> BatchD
     wanted = env.dump_phase()
     if wanted is not env.DumpPhase.ALL and wanted.value != phase:
         return NO_DUMP
-    return BatchDumper(training_session.session(), backend, phase, _rank(engine), version)
+    return BatchDumper(dump_session.session(), backend, phase, _rank(engine), version)
 
 
 def current(engine: Any) -> BatchDumper | _NoDump:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from verl_consistency.contracts import pins
 
-PATCHES_DIR = Path(str(resources.files(__package__ or "verl_consistency.patches")))
+PATCHES_DIR = Path(str(resources.files("verl_consistency.patches")))
 
 COMPONENTS: dict[str, str] = {"verl": "verl", "vllm-ascend": "vllm_ascend", "vllm": "vllm"}
 """Series folder name → the top-level package the diffs patch (checked to exist under root)."""

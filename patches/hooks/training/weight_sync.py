@@ -14,12 +14,10 @@ trainer syncs with label 0 at start-up (``on_init_end``) and with label ``s`` af
 update (``on_step_end``), so step ``s`` generates and recomputes log-probs with version ``s - 1``
 on both sides. 0.8.0's fully-async trainer labels its syncs with ``current_param_version``.
 
-* **vLLM side** (the worker process that runs the model): verl's worker extension
-  (``vLLMColocateWorkerExtension.update_weights_from_ipc``) receives the label through one added
-  keyword and calls :func:`weights_loaded`; ``dispatch.DispatchLogger`` stamps every step with
-  :func:`loaded_version`.
+* **vLLM side** (the worker process that runs the model): ``patches/hooks/rollout/weight_sync.py``
+  (its own process, its own room); the label's spelling is ``contracts/weight_labels.py``'s.
 * **Trainer side** (the actor worker's process): ``update_weights`` calls :func:`weights_sent`
-  before it sends; ``training.batch_dumper`` stamps every dumped forward with
+  before it sends; ``micro_batch_dump.batch_dumper`` stamps every dumped forward with
   :func:`trainer_version` and counts each ``forward_backward_batch`` that trains
   (:func:`note_update`: an optimizer step follows it).
 
@@ -31,7 +29,7 @@ would collide with the next sync's label whenever that sync comes after more tha
 
 Before the first sync a process has no version (None: older logs and the recipe's format carry
 none either, and the pairing pairs them as before). State is per process, as verl's is: each
-vLLM worker loads its own shard, and each trainer rank holds its own engine.
+trainer rank holds its own engine.
 
 Nothing here imports torch, verl or vLLM.
 """
@@ -41,14 +39,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-KWARG = "verl_consistency_weight_version"
-"""The keyword that ``vLLMAsyncRollout.update_weights`` adds to the workers' ``update_weights_from_ipc``."""
+from verl_consistency.contracts.weight_labels import label
 
 
 @dataclass
 class _State:
     pid: int
-    loaded: int | None = None
     sent: int | None = None
     unsynced: int = 0
 
@@ -62,35 +58,6 @@ def _state() -> _State:
     if _STATE.pid != os.getpid():
         _STATE = _State(os.getpid())
     return _STATE
-
-
-def label(global_steps: object) -> int | None:
-    """verl's label as an int; None for a sync without one (``update_weights()`` called bare)."""
-    if global_steps is None or isinstance(global_steps, bool):
-        return None
-    try:
-        return int(global_steps)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        return None
-
-
-def sync_kwargs(global_steps: object) -> dict[str, int | None]:
-    """What the rollout adds to the workers' ``update_weights_from_ipc`` call."""
-    return {KWARG: label(global_steps)}
-
-
-def weights_loaded(global_steps: object) -> None:
-    """vLLM worker: the weights being loaded now are sync ``global_steps``'s.
-
-    A sync without a label leaves the worker's version unknown (None) rather than keeping the
-    old one: its weights are no longer that label's.
-    """
-    _state().loaded = label(global_steps)
-
-
-def loaded_version() -> int | None:
-    """vLLM worker: the label of the last sync it loaded (None before any, or after an unlabelled one)."""
-    return _state().loaded
 
 
 def weights_sent(global_steps: object) -> None:

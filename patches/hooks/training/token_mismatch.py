@@ -50,7 +50,7 @@ from verl_consistency.contracts.token_records import (
     TokenRecord,
     threshold,
 )
-from verl_consistency.patches.hooks.token_figures import TokenFigures, compute, spans
+from verl_consistency.patches.hooks.training.token_figures import TokenFigures, compute, spans
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -155,7 +155,7 @@ class _Batch:
     indices: list[Any]
     uids: list[Any]
     call_versions: list[Any]
-    """Per response, the weights of each generate call that made it (``hooks/request_ids.py``)."""
+    """Per response, the weights of each generate call that made it (``hooks/rollout/request_ids.py``)."""
     call_offsets: list[Any]
 
 

@@ -42,14 +42,10 @@ import os
 from typing import Any
 
 from verl_consistency.contracts import env
+from verl_consistency.contracts.batch_fields import PREFILL_ROWS
+from verl_consistency.patches.hooks.training import next_token
 
 BYPASS_OVERRIDE = "algorithm.rollout_correction.bypass_mode=False"
-
-PREFILL_ROWS = "vc_prefill_rows"
-"""Per-row column the trim adds (``non_tensor_batch``; a field of each V1 sample): how many of the
-row's tokens vLLM's prefill computed, the original prompt, which after the trim is the whole row
-(the trimmed ``prompts`` plus the one-token response). ``training.PackedLayout`` cuts the lanes to
-it; without it (ride-along) the prompt rows come from ``prompts``, as verl reads them."""
 
 _FULL_SEQUENCE = ("input_ids", "attention_mask")
 _DROPPED = ("rollout_log_probs",)
@@ -109,8 +105,6 @@ def trim(batch: Any, *, bypass_mode: bool = False) -> Any:
             f"PROMPTS_ONLY: does not know how to trim the response-shaped batch keys {sorted(unknown)} "
             "(distillation and other extensions are not supported in a collection run)"
         )
-
-    from verl_consistency.patches.hooks import next_token
 
     next_token.stash_next_token(batch)
     import numpy as np
@@ -230,8 +224,6 @@ def trim_sample(field: dict[str, Any], *, validate: bool = False) -> dict[str, A
             f"PROMPTS_ONLY: does not know how to trim the response-shaped fields {unknown} "
             "(distillation and other extensions are not supported in a collection run)"
         )
-
-    from verl_consistency.patches.hooks import next_token
 
     next_token.stash_next_token_sample(field)
     field[PREFILL_ROWS] = prompt_len

@@ -13,7 +13,7 @@ Each row's prompt length is read the way verl reads it itself
 ``prompts`` (verl 0.9's V1 TransferQueue path) gives ``offsets().diff()``; a left-padded one
 (``RayPPOTrainer``'s batch) gives ``attention_mask[:, :prompts.shape[1]].sum(-1)``.
 
-A PROMPTS_ONLY batch marks its rows (``prompts_only.PREFILL_ROWS``): its forward covers the
+A PROMPTS_ONLY batch marks its rows (``batch_fields.PREFILL_ROWS``): its forward covers the
 original prompt exactly, re-split into the trimmed ``prompts`` and a one-token response, so read
 from ``prompts`` its last token would look like a response token. The mark wins; there the lanes
 come out as before ride-along: the whole row.
@@ -28,8 +28,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from verl_consistency.patches.hooks import msprobe_lanes
-from verl_consistency.patches.hooks.prompts_only import PREFILL_ROWS
+from verl_consistency.contracts.batch_fields import PREFILL_ROWS
+from verl_consistency.patches.hooks.lanes import msprobe_lanes
 
 
 class PromptRowsError(RuntimeError):

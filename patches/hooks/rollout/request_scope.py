@@ -42,7 +42,7 @@ dispatch log writes a record for every step: a dumped one carries that N in ``st
 one has ``dumped: false``, the N the next dumped step will take, and ``runner_step`` (every
 model-runner step). Pair on dumped records only.
 
-What the dispatch hook (``hooks/dispatch.py``) does at vllm-ascend's ``debugger.start`` site
+What the dispatch hook (``hooks/rollout/dispatch.py``) does at vllm-ascend's ``debugger.start`` site
 (``execute_model``): every captured request of the step gets a lane of its own::
 
     order = self.input_batch.req_ids[: self.input_batch.num_reqs]
@@ -65,7 +65,7 @@ from typing import Any, Literal
 
 from verl_consistency.contracts.capture import CaptureRule
 from verl_consistency.contracts.records import ScheduledRequest, base_request_id
-from verl_consistency.patches.hooks import msprobe_lanes
+from verl_consistency.patches.hooks.lanes import msprobe_lanes
 
 CAPTURED_SENTINEL = "verl-consistency-captured"
 """The ``request_id`` that the msprobe config carries; the captured request is renamed to it."""

@@ -35,7 +35,7 @@ from typing import Any
 from verl_consistency.contracts import capture
 from verl_consistency.contracts import token_records as tr
 from verl_consistency.contracts.env import CAPTURE
-from verl_consistency.patches.hooks import weight_sync
+from verl_consistency.contracts.weight_labels import label
 
 REQUEST_ID = "request_id"
 REQUEST_IDS_ALL = "request_ids_all"
@@ -48,7 +48,7 @@ def tag_output(extra_fields: dict[str, Any], vllm_request_id: str) -> None:
     call runs one version."""
     extra_fields[REQUEST_ID] = vllm_request_id
     extra_fields[REQUEST_IDS_ALL] = [vllm_request_id]
-    extra_fields[tr.CALL_VERSIONS] = [weight_sync.label(extra_fields.get("global_steps"))]
+    extra_fields[tr.CALL_VERSIONS] = [label(extra_fields.get("global_steps"))]
     extra_fields[tr.CALL_OFFSETS] = [0]
 
 

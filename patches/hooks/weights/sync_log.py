@@ -1,0 +1,50 @@
+"""Where each process of a weight sync writes its record, and whether the check is on (issue 42).
+
+One line per sync in ``<run>/weights/{export,held}-<pid>.jsonl`` (``contracts/weight_records.py``):
+on when ``$VERL_CONSISTENCY_RUN_DIR`` names a run folder (every ``verl-consistency run``) and
+``$VERL_CONSISTENCY_WEIGHT_CHECK`` is not ``0``. A sync is rare, so each record opens, appends and
+closes its file: a killed process loses nothing it wrote before.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from verl_consistency.contracts import env
+from verl_consistency.contracts.records import JsonlWriter
+from verl_consistency.contracts.weight_records import WEIGHTS_DIR, WeightSyncRecord, log_name
+
+
+def weights_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """``<run>/weights`` when the check is on in this process, else None."""
+    e = os.environ if environ is None else environ
+    run_dir = e.get(env.RUN_DIR, "").strip()
+    if not run_dir or e.get(env.WEIGHT_CHECK, "1").strip() == "0":
+        return None
+    return Path(run_dir) / WEIGHTS_DIR
+
+
+def process_rank() -> int:
+    """This process's rank in torch.distributed, else ``$RANK``, else 0."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except ImportError:
+        pass
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def write(folder: Path, record: WeightSyncRecord) -> None:
+    """One line in this process's log (opened, appended, closed: a sync is rare)."""
+    writer = JsonlWriter(folder / log_name(record.side, record.pid))
+    try:
+        writer.write(record)
+    finally:
+        writer.close()
