@@ -120,3 +120,50 @@ def test_the_label_reaches_the_vllm_workers_through_one_keyword(root: Path) -> N
         if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
     ]
     assert body_calls[:1] == ["weight_sync.weights_loaded"], "labelled before any bucket loads"
+
+
+def _assigned_before(fn: ast.AST, target: str, value_call: str, call: str) -> None:
+    """``target = value_call(...)`` comes before every ``call(...)`` that passes ``target``."""
+    assigns = [
+        n.lineno
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Assign)
+        and ast.unparse(n.targets[0]) == target
+        and isinstance(n.value, ast.Call)
+        and ast.unparse(n.value.func) == value_call
+    ]
+    calls = [
+        n.lineno
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == call and target in ast.unparse(n.args[:1])
+    ]
+    assert calls, f"no {call}({target}, ...)"
+    for line in calls:
+        assert any(a < line for a in assigns), f"{call} at line {line} sends {target} unfingerprinted"
+
+
+def test_the_weight_check_wraps_what_either_backend_sends(root: Path) -> None:
+    """Issue 42: the exported stream is fingerprinted on its way to the checkpoint engine (separate
+    pools) and to the colocated rollout (naive), after the engine's HF conversion."""
+    tree = ast.parse((root / "verl/workers/engine_workers.py").read_text())
+    fn = _function(tree, "ActorRolloutRefWorker", "update_weights")
+    _assigned_before(fn, "per_tensor_param", "weight_export.exporting", "self.checkpoint_engine.send_weights")
+    _assigned_before(fn, "per_tensor_param", "weight_export.exporting", "self.rollout.update_weights")
+
+
+def test_the_vllm_worker_checks_what_arrived_and_what_it_holds_after_loading(root: Path) -> None:
+    worker = ast.parse((root / "verl/workers/rollout/vllm_rollout/utils.py").read_text())
+    ipc = _function(worker, "vLLMColocateWorkerExtension", "update_weights_from_ipc")
+    receiving = _first_line(ipc, "held_check.receiving")
+    assert receiving < _first_line(ipc, "receiver.receive_weights")
+    finish = _first_line(ipc, "held_check.finish")
+    loads = [
+        n.lineno
+        for n in ast.walk(ipc)
+        if isinstance(n, ast.Call) and "process_weights_after_loading" in ast.unparse(n.func)
+    ]
+    assert loads, "vLLM's process_weights_after_loading is not called here any more"
+    assert all(line < finish for line in loads), "the held check must see the weights as vLLM serves them"
+    assert ast.unparse(ipc.body[-1]).startswith("if held_check is not None"), (
+        "the check is the last thing it does"
+    )
