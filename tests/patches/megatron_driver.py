@@ -110,7 +110,7 @@ MODELS: dict[str, dict[str, Any]] = {
 
 def _tiny_qwen2(work: Path) -> Path:
     """A random Qwen2 of ``VC_TEST_MODEL``'s shape, plus a word-level tokenizer with a pad token."""
-    from bench.support.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
+    from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2, tiny_qwen2_config
 
     name = os.environ.get("VC_TEST_MODEL", "tiny")
     model_dir = work / f"{name}-qwen2-mcore"
