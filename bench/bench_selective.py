@@ -118,14 +118,12 @@ def _child(kind: str, out: Path) -> None:
     """Make real msprobe dumps in this process and write ``out/sizes.json``."""
     import torch
     from msprobe.pytorch import PrecisionDebugger
-    from transformers import Qwen2Config
-    from transformers import Qwen2ForCausalLM as HFQwen2
 
     from bench.support.vllm_qwen2 import Qwen2ForCausalLM, run_step
+    from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2, tiny_qwen2_config
 
-    torch.manual_seed(0)
     if kind == "stats":
-        cfg = Qwen2Config(
+        cfg = tiny_qwen2_config(
             vocab_size=512,
             hidden_size=64,
             intermediate_size=128,
@@ -137,7 +135,7 @@ def _child(kind: str, out: Path) -> None:
         section: dict[str, object] = {"scope": [], "list": [], "data_mode": ["all"]}
         task = "statistics"
     else:
-        cfg = Qwen2Config(
+        cfg = tiny_qwen2_config(
             vocab_size=SMALL_VOCAB,
             hidden_size=896,
             intermediate_size=4864,
@@ -158,7 +156,7 @@ def _child(kind: str, out: Path) -> None:
         task: section,
     }
     (out / "msprobe.json").write_text(json.dumps(scoped_msprobe_config(conf)))
-    model = Qwen2ForCausalLM.from_hf(HFQwen2(cfg).to(dtype).eval()).eval()
+    model = Qwen2ForCausalLM.from_hf(tiny_qwen2(cfg, seed=0).to(dtype)).eval()
     debugger = PrecisionDebugger(config_path=str(out / "msprobe.json"))
     gen = torch.Generator().manual_seed(1)
 

@@ -16,17 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 from bench.support.hardware import hardware
-from bench.support.verl_support import patched_verl
-
-REPO = Path(__file__).resolve().parents[1]
+from bench.support.verl_support import patched_verl, run_patched
 
 STEP_SCRIPT = r"""
 import json, os, statistics, sys, time
@@ -114,24 +108,9 @@ print("VC_BENCH " + json.dumps(out))
 
 
 def _run(root: Path, script: str, env: dict[str, str], timeout: int = 1800) -> object:
-    full = {
-        k: v for k, v in os.environ.items() if not k.startswith(("DUMP_", "PROMPTS_", "VERL_CONSISTENCY_"))
-    }
-    # the repository first: the verl wheel (root) ships a top-level ``tests`` package of its own
-    full.update(
-        PYTHONPATH=os.pathsep.join([str(REPO), str(root)]), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"
-    )
-    full.update(env)
-    res = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        capture_output=True,
-        text=True,
-        env=full,
-        timeout=timeout,
-    )
-    if res.returncode != 0:
-        raise SystemExit(f"bench subprocess failed:\n{res.stderr[-4000:]}")
-    line = next(x for x in res.stdout.splitlines() if x.startswith("VC_BENCH "))
+    """``script`` under the patched verl (``run_patched``); its ``VC_BENCH`` line, parsed."""
+    out = run_patched(root, script, env=env, timeout=timeout)
+    line = next(x for x in out.splitlines() if x.startswith("VC_BENCH "))
     return json.loads(line.removeprefix("VC_BENCH "))
 
 

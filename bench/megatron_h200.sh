@@ -32,7 +32,7 @@ if [ "${1:-}" = prepare ]; then
   else B=$REPO/build/dev16; PY=${PY:-$REPO/.venv/bin/python}; fi
   export VERL_CONSISTENCY_PIN_SET=$SET
   rm -rf "$B"
-  mkdir -p "$B/whl" "$B/wt/tests/patches" "$B/wt/tests/fixtures"
+  mkdir -p "$B/whl" "$B/wt/tests/patches" "$B/wt/bench/support"
   P="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any"
   pin() { "$PY" -c "from verl_consistency.patches import pins; print(pins.get('$1'))"; }
@@ -64,10 +64,10 @@ from bench.support.verl_support import patched_verl
 print(patched_verl(Path(tempfile.mkdtemp())))") > "$B/.verl-root" || exit 1
   tar -cJf "$B/verl.tar.xz" -C "$(cat "$B/.verl-root")" verl
   cp "$REPO/tests/__init__.py" "$B/wt/tests/"
-  cp "$REPO/tests/fixtures/__init__.py" "$REPO/bench/support/tiny_qwen2.py" "$B/wt/tests/fixtures/"
   echo "$SET" > "$B/.pin-set"
-  cp "$REPO/tests/patches/__init__.py" "$REPO/bench/support/fsdp_driver.py" \
-    "$REPO/tests/patches/megatron_driver.py" "$B/wt/tests/patches/"
+  cp "$REPO/tests/patches/__init__.py" "$REPO/tests/patches/megatron_driver.py" "$B/wt/tests/patches/"
+  # the driver imports bench.support.fsdp_driver from the folder above tests/ (wt/)
+  cp "$REPO/bench/support/__init__.py" "$REPO/bench/support/fsdp_driver.py" "$B/wt/bench/support/"
   for t in statistics tensor; do
     "$PY" -c "import json,sys;t=sys.argv[1];s={'scope':[],'list':[],'data_mode':['all']}
 if t=='statistics': s['summary_mode']='statistics'

@@ -17,9 +17,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import orjson
-
-from verl_consistency.contracts import check_run, layout, token_records
+from verl_consistency.contracts import check_run, layout, run_manifest, token_records
 from verl_consistency.contracts.weight_records import WEIGHTS_DIR
 from verl_consistency.postprocess.output import bundle as bundle_mod
 from verl_consistency.postprocess.output.bundle_manifest import (
@@ -86,17 +84,16 @@ def backend_of(run_json: dict[str, Any] | None) -> Literal["fsdp", "megatron"]:
 
 
 def read_run_json(path: Path, warnings: list[str]) -> dict[str, Any] | None:
+    """``run.json`` through the contract's reader (``run_manifest.read_object``), unvalidated: the
+    postprocess reads its fields one by one and pairs without it. None, with a warning, when it is
+    unreadable or no JSON object; None when the run has none."""
     if not path.is_file():
         return None
     try:
-        obj = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        warnings.append(f"{path}: unreadable run manifest ({exc}); continuing without it")
+        return run_manifest.read_object(path)
+    except ValueError as exc:
+        warnings.append(f"{exc}; continuing without it")
         return None
-    if not isinstance(obj, dict):
-        warnings.append(f"{path}: run manifest is not a JSON object; continuing without it")
-        return None
-    return obj
 
 
 @dataclass(frozen=True)

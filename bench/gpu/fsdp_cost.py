@@ -102,15 +102,15 @@ def stage(name: str, hint: str = "") -> Iterator[None]:
 def build_model(model_dir: Path, shape: str, device: str) -> None:
     """A random Qwen2 of ``shape`` saved in bf16 with ``save_pretrained`` (no download, no tokenizer)."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2, tiny_qwen2_config
 
     kwargs = SHAPES[shape] | {
         "head_dim": SHAPES[shape]["hidden_size"] // SHAPES[shape]["num_attention_heads"]
     }
-    cfg = Qwen2Config(**kwargs)
-    torch.manual_seed(0)
+    cfg = tiny_qwen2_config(**kwargs)
     with torch.device(device):  # initialising 0.5B parameters is much faster on the GPU
-        model: Any = Qwen2ForCausalLM(cfg)
+        model: Any = tiny_qwen2(cfg, seed=0)
     model.to(torch.bfloat16).save_pretrained(model_dir)
     del model
     if device == "cuda":

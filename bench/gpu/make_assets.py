@@ -19,7 +19,7 @@ import time
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+from transformers import AutoTokenizer, GenerationConfig, Qwen2Tokenizer
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -93,7 +93,9 @@ def main(out: str) -> None:
     tok.save_pretrained(mdir)
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
     # The shape: hidden >= 512, >= 4 layers, head_dim 64 (FlashAttention 3 in vLLM).
-    cfg = Qwen2Config(
+    from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2, tiny_qwen2_config
+
+    cfg = tiny_qwen2_config(
         vocab_size=len(tok),
         hidden_size=512,
         intermediate_size=1408,
@@ -107,8 +109,7 @@ def main(out: str) -> None:
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
     )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    model = tiny_qwen2(cfg, seed=0).to(torch.bfloat16)
     model.generation_config = GenerationConfig(
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"]
     )

@@ -73,7 +73,7 @@ def _serve_pure_torch_attention_helpers(cpu_platform: bool = True) -> None:
 
 
 def _tiny_qwen2(work: Path) -> Path:
-    from bench.support.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
+    from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2, tiny_qwen2_config
 
     init_range = os.environ.get("VC_TEST_INIT_RANGE")
     model_dir = work / ("tiny-qwen2" if init_range is None else f"tiny-qwen2-init{init_range}")

@@ -189,7 +189,7 @@ def msprobe_config(task: str, request_id: str | None = None) -> dict[str, Any]:
 
 
 def _tiny_hf() -> Any:
-    from bench.support.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
+    from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2, tiny_qwen2_config
 
     cfg = tiny_qwen2_config(
         vocab_size=VOCAB,

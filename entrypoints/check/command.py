@@ -36,6 +36,13 @@ from verl_consistency.contracts import check_run, layout
 from verl_consistency.contracts.atomic import write_json_atomic
 from verl_consistency.contracts.env import ACTOR_CONFIG, CAPTURE, DUMP_ON, RUN_DIR, TOKEN_LEVEL
 from verl_consistency.entrypoints.check import stages as check_stages
+from verl_consistency.entrypoints.cmdoptions import (
+    MAX_PROMPTS,
+    DumpRoot,
+    EmbeddedPrompts,
+    MaxNumBatchedTokens,
+    MicroBatch,
+)
 from verl_consistency.entrypoints.engines import tiny_model
 from verl_consistency.entrypoints.engines.cpu_runtime import runtime_env
 from verl_consistency.entrypoints.engines.outcome import RunOutcome, run_outcome
@@ -46,8 +53,6 @@ from verl_consistency.entrypoints.options import options_from
 CHECK_DIR = "check"
 """Per-run folder for the check's own stage inputs, outputs and logs."""
 CHECK_STAGES = "verl_consistency.entrypoints.check.stages"
-MAX_PROMPTS = 512
-"""More prompts than this in one check is a collection run's job, not a check's."""
 
 
 class Device(StrEnum):
@@ -397,18 +402,12 @@ def check_cmd(
             help='one prompt per line, or a .jsonl of {"prompt": ...} (default: the embedded set)',
         ),
     ] = None,
-    num_prompts: Annotated[
-        int, typer.Option(min=1, max=MAX_PROMPTS, help="prompts from the embedded set")
-    ] = 16,
-    micro_batch: Annotated[
-        int, typer.Option(min=1, help="prompts per training forward (each in a lane of its own)")
-    ] = 1,
+    num_prompts: EmbeddedPrompts = 16,
+    micro_batch: MicroBatch = 1,
     top_k: Annotated[
         int, typer.Option(min=0, help="vLLM log-probs at the last prompt position (the head comparison)")
     ] = check_run.DEFAULT_TOP_K,
-    dump_root: Annotated[Path, typer.Option(help="where the run folder, the models and bundles/ go")] = Path(
-        "out/check"
-    ),
+    dump_root: DumpRoot = Path("out/check"),
     run_id: Annotated[
         str | None, typer.Option(help="the run folder's name (default: check-<time>-<hex>)")
     ] = None,
@@ -419,9 +418,7 @@ def check_cmd(
     gpu_memory_utilization: Annotated[
         float, typer.Option(min=0.05, max=0.95, help="vLLM's share of the accelerator")
     ] = 0.5,
-    max_num_batched_tokens: Annotated[
-        int | None, typer.Option(help="vLLM scheduler token budget per step (default: vLLM's)")
-    ] = None,
+    max_num_batched_tokens: MaxNumBatchedTokens = None,
     request_timeout: Annotated[
         float,
         typer.Option(

@@ -42,6 +42,7 @@ from verl_consistency.contracts import capture as capture_mod
 from verl_consistency.contracts import layout
 from verl_consistency.contracts.atomic import write_json_atomic
 from verl_consistency.contracts.env import ACTOR_CONFIG, CAPTURE, DUMP_ON, RUN_DIR, TOKEN_LEVEL
+from verl_consistency.entrypoints.cmdoptions import DumpRoot, EmbeddedPrompts, MaxNumBatchedTokens, MicroBatch
 from verl_consistency.entrypoints.engines import tiny_model
 from verl_consistency.entrypoints.engines.cpu_runtime import runtime_env
 from verl_consistency.entrypoints.engines.outcome import RunOutcome, run_outcome
@@ -260,10 +261,8 @@ def check_outcomes(outcomes: list[RunOutcome], min_pairs: int = 4) -> list[str]:
 
 
 def demo_cmd(
-    dump_root: Annotated[Path, typer.Option("--dump-root", help="where runs, models and bundles go")] = Path(
-        "out/demo"
-    ),
-    prompts: Annotated[int, typer.Option(min=1, help="prompts from the embedded set")] = 16,
+    dump_root: DumpRoot = Path("out/demo"),
+    prompts: EmbeddedPrompts = 16,
     max_tokens: Annotated[int, typer.Option(min=1, help="tokens generated per request")] = 8,
     capture: Annotated[
         str, typer.Option(help="'all' (the recipe: dump every step) or 'fraction:F' (request-scoped)")
@@ -287,17 +286,8 @@ def demo_cmd(
             "--n", min=1, help="samples per prompt, as verl's rollout.n (later copies hit the prefix cache)"
         ),
     ] = 2,
-    max_num_batched_tokens: Annotated[
-        int | None, typer.Option(help="vLLM scheduler token budget per step (default: vLLM's)")
-    ] = None,
-    micro_batch: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            help="requests per training forward, as verl's log_prob_micro_batch_size_per_gpu; each "
-            "captured request of a micro batch is dumped in a lane of its own",
-        ),
-    ] = 8,
+    max_num_batched_tokens: MaxNumBatchedTokens = None,
+    micro_batch: MicroBatch = 8,
 ) -> None:
     """A real collection run on CPU: vLLM + verl FSDP + msprobe of the pin set -> verified bundle.
 

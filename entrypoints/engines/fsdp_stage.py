@@ -103,30 +103,39 @@ FP32 = (
 """Same precision as the vLLM side (dtype=float32): verl's default is bf16 compute."""
 
 
-def actor_config(model_dir: str, micro_batches: int, *extra: str, micro_batch: int = 1) -> Any:
-    """verl's own Hydra defaults for the actor, as its worker builds them (fsdp2 on CPU).
-
-    ``micro_batches`` is the mini batch (every request of the demo), ``micro_batch`` the rows
-    per forward: several rows are dumped one lane per request (``hooks/lanes/msprobe_lanes.py``)."""
+def compose_actor_config(config_name: str, overrides: list[str]) -> Any:
+    """The actor config verl's worker builds: Hydra's compose of verl's own trainer config
+    (``config_name``: ``ppo_trainer`` or ``ppo_megatron_trainer``) with ``overrides``, as verl's
+    ``ActorConfig`` dataclass. The one compose of verl's config in this repository (the FSDP stage
+    and the Megatron test driver both build their engines from it), so both read verl's defaults
+    of the imported verl, not a copy of them."""
     import verl
     from hydra import compose, initialize_config_dir
     from verl.utils.config import omega_conf_to_dataclass
 
     config_dir = Path(verl.__file__).parent / "trainer" / "config"
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-        cfg = compose(
-            config_name="ppo_trainer",
-            overrides=[
-                f"actor_rollout_ref.model.path={model_dir}",
-                "actor_rollout_ref.actor.strategy=fsdp2",
-                f"actor_rollout_ref.actor.ppo_mini_batch_size={micro_batches}",
-                f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_batch}",
-                "actor_rollout_ref.actor.use_dynamic_bsz=False",
-                "actor_rollout_ref.actor.use_torch_compile=False",
-                *extra,
-            ],
-        )
+        cfg = compose(config_name=config_name, overrides=overrides)
     return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+def actor_config(model_dir: str, micro_batches: int, *extra: str, micro_batch: int = 1) -> Any:
+    """verl's own Hydra defaults for the actor, as its worker builds them (fsdp2 on CPU).
+
+    ``micro_batches`` is the mini batch (every request of the demo), ``micro_batch`` the rows
+    per forward: several rows are dumped one lane per request (``hooks/lanes/msprobe_lanes.py``)."""
+    return compose_actor_config(
+        "ppo_trainer",
+        [
+            f"actor_rollout_ref.model.path={model_dir}",
+            "actor_rollout_ref.actor.strategy=fsdp2",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={micro_batches}",
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_batch}",
+            "actor_rollout_ref.actor.use_dynamic_bsz=False",
+            "actor_rollout_ref.actor.use_torch_compile=False",
+            *extra,
+        ],
+    )
 
 
 def rollout_batch(requests: list[dict[str, Any]]) -> Any:

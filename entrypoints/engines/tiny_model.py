@@ -10,6 +10,11 @@ and hook the real ones do. It is:
 * its perturbed copy (:func:`perturbed_copy`): one weight (:data:`PERTURBED_MODULE`) changed, for
   the training side of the demo's second run and the check's test, whose first divergence must be
   that module.
+
+It is also the one home of the random Qwen2 itself (:func:`tiny_qwen2_config`, :func:`tiny_qwen2`):
+the tests, the benches, the Docker sample run and the GPU machine's ``bench/gpu/make_assets.py``
+build theirs here, each at its own widths, so that one seed and one construction order give every
+caller the same weights for the same config.
 """
 
 from __future__ import annotations
@@ -17,13 +22,53 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from verl_consistency.entrypoints.engines.stage_runner import StageError
 from verl_consistency.entrypoints.run import dataset
 
+if TYPE_CHECKING:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
 PERTURBED_MODULE = "model.layers.1.mlp.down_proj"
 """The training copy's weight that ``--perturb`` changes: ``W·1.2 + 0.2·std(W)·noise``."""
 PERTURBATION = 0.2
+
+
+def tiny_qwen2_config(
+    *,
+    vocab_size: int,
+    hidden_size: int,
+    intermediate_size: int,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    **extra: Any,
+) -> Qwen2Config:
+    """A small ``Qwen2Config``: 2 layers and 4 query heads over 2 KV heads unless told (so grouped-query
+    attention is exercised); ``extra`` passes any other field through (e.g. ``tie_word_embeddings``)."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        **extra,
+    )
+
+
+def tiny_qwen2(config: Qwen2Config, seed: int = 0) -> Qwen2ForCausalLM:
+    """The transformers model of ``config`` with weights from ``torch.manual_seed(seed)``, in eval mode.
+
+    Built on the current default device (a caller may wrap it in ``with torch.device(...)``)."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config).eval()
 
 
 def prompt_texts(size: int) -> list[str]:
@@ -36,9 +81,8 @@ def build_model(model_dir: Path, texts: list[str], layers: int = 2) -> None:
 
     ``layers``: 2 for the demo and ``check``; the weight-sync test's planted fault sits in layer 2
     (``engines/weight_sync``), so it builds 3."""
-    import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -48,7 +92,7 @@ def build_model(model_dir: Path, texts: list[str], layers: int = 2) -> None:
     vocab = 256
     if tok.get_vocab_size() > vocab:
         raise StageError(f"the prompt set needs {tok.get_vocab_size()} tokens; raise the demo's vocab")
-    config = Qwen2Config(
+    config = tiny_qwen2_config(
         vocab_size=vocab,
         hidden_size=128,
         intermediate_size=256,
@@ -61,10 +105,9 @@ def build_model(model_dir: Path, texts: list[str], layers: int = 2) -> None:
         eos_token_id=2,
         pad_token_id=1,
     )
-    torch.manual_seed(0)
     tmp = model_dir.with_name(model_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    Qwen2ForCausalLM(config).save_pretrained(tmp)
+    tiny_qwen2(config, seed=0).save_pretrained(tmp)
     PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>"
     ).save_pretrained(tmp)

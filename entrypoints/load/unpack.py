@@ -4,8 +4,8 @@ What the archive is comes from its bytes, not its name: a URL that ends in ``.ta
 answer with an HTML login page. A gzip or zstd file that holds no tar is a single compressed file
 (a ``.jsonl.gz`` dataset) and is loaded as it is.
 
-Extraction trusts nothing in the archive. Each member's name is checked by the bundle reader's
-:func:`~verl_consistency.postprocess.output.bundle.safe_member_name` (only files and folders; no
+Extraction trusts nothing in the archive. Each member's name is checked by the contract the bundle
+reader follows too, :func:`~verl_consistency.contracts.safe_tar.safe_member_name` (only files and folders; no
 absolute name, no ``..``; links, devices and fifos refused), and each file is created with
 ``O_EXCL | O_NOFOLLOW`` inside the target, so a member named twice or a folder replaced by a
 link cannot redirect a write.
@@ -24,8 +24,8 @@ from typing import IO, cast
 
 import zstandard
 
+from verl_consistency.contracts.safe_tar import UnsafeMember, make_dirs_below, safe_member_name
 from verl_consistency.entrypoints.load.fetch import CHUNK, LoadError
-from verl_consistency.postprocess.output.bundle import BundleError, make_dirs_below, safe_member_name
 
 _ZSTD = b"\x28\xb5\x2f\xfd"
 _GZIP = b"\x1f\x8b"
@@ -107,7 +107,7 @@ def unpack(path: Path, compression: Compression, into: Path, name: str) -> tuple
                 assert src is not None
                 size += _write_new(target, src, member_name, name)
                 files += 1
-    except BundleError as exc:
+    except UnsafeMember as exc:
         raise LoadError(f"{name}: refused, {exc}") from None
     except (tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
         raise LoadError(f"{name}: not a readable tar archive ({exc})") from None

@@ -12,6 +12,7 @@
 | ``batch_fields`` | the fields one hook adds to verl's batch and another reads | hooks | hooks |
 | ``weight_labels`` | a weight sync's label and the keyword that carries it | hooks | hooks |
 | ``atomic`` | how every file is written (temp file, then rename) | every stage | |
+| ``safe_tar`` | which members of an untrusted tar are written | | bundle reader, model loader |
 
 The version pins are the one contract kept outside, in ``patches/pins.toml`` beside their
 reader ``patches/contracts/pins.py``: the Makefile and the image build read them before this package is

@@ -142,13 +142,27 @@ class RunManifest(BaseModel):
 
     @classmethod
     def read(cls, path: Path) -> RunManifest:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path}: cannot read the run manifest: {exc}") from exc
-        version = data.get("schema_version") if isinstance(data, dict) else None
+        """The manifest at ``path``, validated; ValueError naming the file and what is wrong."""
+        data = read_object(path)
+        version = data.get("schema_version")
         if version != SCHEMA_VERSION:
             raise ValueError(
                 f"{path}: run manifest schema_version {version!r}; this tool reads {SCHEMA_VERSION}"
             )
         return cls.model_validate(data)
+
+
+def read_object(path: Path) -> dict[str, Any]:
+    """``run.json`` as the JSON object it holds, before any schema check: the one read of the file.
+
+    :meth:`RunManifest.read` validates what it returns; the postprocess takes it as it is, field by
+    field, because a run folder made by hand or by an older version may carry only some fields
+    (``run_id``, ``overrides``, ``kind``, ``steps``) and pairing needs none of them. ValueError
+    naming the file when it cannot be read or holds no JSON object."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{path}: unreadable run manifest ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: run manifest is not a JSON object")
+    return data

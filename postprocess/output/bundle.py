@@ -8,7 +8,8 @@ folder, fsynced, and renamed onto ``bundle-<run>.tar.zst``: a killed writer leav
 final name, and a rerun replaces the old bundle in one step.
 
 Reading (``verify``, ``extract``) trusts nothing in the archive: a member must be a regular file
-or a folder with a relative, ``..``-free name; links, devices and fifos are refused. Extraction
+or a folder with a relative, ``..``-free name; links, devices and fifos are refused (the rule of
+``contracts/safe_tar.py``, which the model loader follows too). Extraction
 never calls ``tarfile.extract``: it writes each file itself with ``O_EXCL | O_NOFOLLOW`` into a
 scratch folder inside the target, and moves the result into place only once every checksum
 matched.
@@ -32,6 +33,7 @@ import zstandard
 from pydantic import ValidationError
 
 from verl_consistency.contracts import layout
+from verl_consistency.contracts.safe_tar import UnsafeMember, make_dirs_below, safe_member_name
 from verl_consistency.contracts.weight_records import WEIGHTS_DIR
 from verl_consistency.postprocess.output.bundle_manifest import (
     MANIFEST_NAME,
@@ -276,26 +278,6 @@ class CheckResult:
         return not self.errors
 
 
-def safe_member_name(member: tarfile.TarInfo) -> str:
-    """The member's name if it may be written under a target folder; BundleError otherwise."""
-    name = member.name
-    if not (member.isreg() or member.isdir()):
-        kinds = (
-            (member.issym, "symlink"),
-            (member.islnk, "hardlink"),
-            (member.isfifo, "fifo"),
-            (member.isdev, "device"),
-        )
-        kind = next((k for test, k in kinds if test()), "special file")
-        raise BundleError(f"member {name!r} is a {kind}; bundles hold only files and folders")
-    if not name or "\x00" in name or "\\" in name:
-        raise BundleError(f"member {name!r} has an unsafe name")
-    path = PurePosixPath(name)
-    if path.is_absolute() or ".." in path.parts or not path.parts:
-        raise BundleError(f"member {name!r} would be written outside the target folder")
-    return path.as_posix()
-
-
 Sink = Callable[[str, tarfile.TarInfo, IO[bytes] | None], tuple[int, str] | None]
 
 
@@ -336,6 +318,8 @@ def _scan(bundle: Path, sink: Sink | None, result: CheckResult) -> None:
                 seen[name] = got
                 result.files += 1
                 result.bytes += got[0]
+    except UnsafeMember as exc:  # the contract's rule (contracts/safe_tar.py), the bundle's error
+        raise BundleError(str(exc)) from None
     except (zstandard.ZstdError, tarfile.TarError, EOFError, OSError) as exc:
         raise BundleError(f"{bundle}: not a readable tar.zst bundle ({exc}); download it again") from exc
     if manifest_raw is None:
@@ -426,17 +410,3 @@ def extract(bundle: Path, dest: Path) -> CheckResult:
     if not result.ok and created:
         shutil.rmtree(dest, ignore_errors=True)
     return result
-
-
-def make_dirs_below(root: Path, path: Path) -> None:
-    """Create ``path``'s folders below ``root`` one by one, refusing anything that is not a plain
-    folder (a link planted where a folder goes). The bundle reader's, and the model loader's
-    (``entrypoints/load/unpack.py``)."""
-    cur = root
-    for part in path.relative_to(root).parts:
-        cur = cur / part
-        try:
-            os.mkdir(cur)
-        except FileExistsError:
-            if not stat.S_ISDIR(os.lstat(cur).st_mode):
-                raise BundleError(f"{cur.relative_to(root)}: a file and a folder of the same name") from None

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 from msprobe.pytorch import PrecisionDebugger
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from verl_consistency.contracts import layout, records
+from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2, tiny_qwen2_config
 
 REQUEST_ID = "0123456789abcdef0123456789abcdef"
 VLLM_SUFFIX = "1a2b3c4d"
@@ -46,18 +46,14 @@ def main(run_dir: Path, side: str) -> None:
             }
         )
     )
-    torch.manual_seed(0)
-    config = Qwen2Config(
+    config = tiny_qwen2_config(
         vocab_size=64,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=64,
         attn_implementation="eager",
     )
-    model = Qwen2ForCausalLM(config).eval()
+    model = tiny_qwen2(config, seed=0)
     debugger = PrecisionDebugger(config_path=str(cfg), dump_path=str(dump_path))
     step = debugger.service.current_iter
     debugger.start(model=model)

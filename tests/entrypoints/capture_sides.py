@@ -25,10 +25,10 @@ from types import SimpleNamespace
 import torch
 from transformers import Qwen2ForCausalLM as HFQwen2
 
-from bench.support.tiny_qwen2 import tiny_qwen2
 from bench.support.vllm_qwen2 import Qwen2ForCausalLM, run_step
 from tests.selective.scenario import tiny_config
 from verl_consistency.contracts.layout import RunLayout
+from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2
 
 LENGTHS = (7, 11, 5)
 """Prompt lengths of OTHER, CAPTURED, OTHER2, packed in this order."""

@@ -110,7 +110,7 @@ MODELS: dict[str, dict[str, Any]] = {
 
 def _tiny_qwen2(work: Path) -> Path:
     """A random Qwen2 of ``VC_TEST_MODEL``'s shape, plus a word-level tokenizer with a pad token."""
-    from bench.support.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
+    from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2, tiny_qwen2_config
 
     name = os.environ.get("VC_TEST_MODEL", "tiny")
     model_dir = work / f"{name}-qwen2-mcore"
@@ -236,33 +236,28 @@ def _bshd_padding_overrides() -> list[str]:
 
 def _actor_config(model_dir: Path, tp: int) -> Any:
     """verl's own Hydra defaults for the Megatron actor, as the worker builds them."""
-    import verl
-    from hydra import compose, initialize_config_dir
-    from verl.utils.config import omega_conf_to_dataclass
+    from verl_consistency.entrypoints.engines.fsdp_stage import compose_actor_config
 
-    config_dir = Path(verl.__file__).parent / "trainer" / "config"
-    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-        cfg = compose(
-            config_name="ppo_megatron_trainer",
-            overrides=[
-                f"actor_rollout_ref.model.path={model_dir}",
-                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-                "actor_rollout_ref.actor.use_dynamic_bsz=False",
-                f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}",
-                "actor_rollout_ref.actor.megatron.use_remove_padding=False",
-                # megatron-core's torch RMSNorm (no TE, no Apex) refuses sequence parallelism
-                "actor_rollout_ref.actor.megatron.sequence_parallel=False",
-                "+actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel=False",
-                # the trainer fills this in from the data set's length; the LR scheduler needs it
-                "actor_rollout_ref.actor.optim.total_training_steps=10",
-                "actor_rollout_ref.actor.megatron.seed=0",
-                # mbridge (0.8.0's default; 0.9.1's default Megatron-Bridge needs Transformer Engine)
-                "actor_rollout_ref.actor.megatron.vanilla_mbridge=True",
-                *_bshd_padding_overrides(),
-            ],
-        )
-    return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    return compose_actor_config(
+        "ppo_megatron_trainer",
+        [
+            f"actor_rollout_ref.model.path={model_dir}",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            "actor_rollout_ref.actor.use_dynamic_bsz=False",
+            f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}",
+            "actor_rollout_ref.actor.megatron.use_remove_padding=False",
+            # megatron-core's torch RMSNorm (no TE, no Apex) refuses sequence parallelism
+            "actor_rollout_ref.actor.megatron.sequence_parallel=False",
+            "+actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel=False",
+            # the trainer fills this in from the data set's length; the LR scheduler needs it
+            "actor_rollout_ref.actor.optim.total_training_steps=10",
+            "actor_rollout_ref.actor.megatron.seed=0",
+            # mbridge (0.8.0's default; 0.9.1's default Megatron-Bridge needs Transformer Engine)
+            "actor_rollout_ref.actor.megatron.vanilla_mbridge=True",
+            *_bshd_padding_overrides(),
+        ],
+    )
 
 
 def _engine_keys(td: Any, **extra: Any) -> None:

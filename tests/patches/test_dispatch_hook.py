@@ -37,6 +37,14 @@ def test_run_dir_gives_rollout_pid_folder(tmp_path):
     assert got == tmp_path / "run" / "rollout" / "42"
 
 
+def test_a_run_dir_whose_name_is_no_run_id_is_refused_naming_the_variable(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"dump_path": "/elsewhere"}))
+    with pytest.raises(dispatch.ConfigError, match=rf"\${RUN_DIR}=.*My Run.*must match"):
+        dispatch.rollout_dump_path(cfg, pid=42, environ={RUN_DIR: str(tmp_path / "My Run")})
+    assert not (tmp_path / "My Run").exists()
+
+
 def test_without_run_dir_the_configs_dump_path_is_the_root(tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"dump_path": str(tmp_path / "d")}))

@@ -51,9 +51,9 @@ def _rollout(run_dir: Path, perturb: bool, fixture: Path) -> None:
     from msprobe.pytorch import PrecisionDebugger
     from safetensors.torch import load_file
 
-    from bench.support.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
     from bench.support.vllm_qwen2 import Qwen2ForCausalLM, run_step
     from verl_consistency.contracts import layout, records
+    from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2, tiny_qwen2_config
 
     torch.set_num_threads(1)
     info = meta(fixture)

@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from bench.support.tiny_qwen2 import tiny_qwen2
 from bench.support.vllm_qwen2 import Qwen2ForCausalLM, run_step
 from tests.selective.scenario import LENGTHS, PACKING, SCHEDULER_DICT, base_config, tiny_config
+from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2
 from verl_consistency.patches.hooks.lanes import msprobe_lanes
 from verl_consistency.patches.hooks.rollout.request_scope import scoped_msprobe_config, start_lanes
 from verl_consistency.patches.hooks.training.micro_batch_dump import PackedLayout

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from transformers import Qwen2Config
 
-from bench.support.tiny_qwen2 import tiny_qwen2, tiny_qwen2_config
 from bench.support.vllm_qwen2 import Qwen2ForCausalLM, run_step
+from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2, tiny_qwen2_config
 from verl_consistency.patches.hooks.rollout.request_scope import scoped_msprobe_config, start_step
 
 LENGTHS = {"a": 7, "b": 11, "c": 5}

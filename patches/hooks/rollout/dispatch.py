@@ -101,7 +101,11 @@ def rollout_dump_path(
     env = os.environ if environ is None else environ
     run_dir = env.get(RUN_DIR)
     if run_dir:
-        return layout.process_dump_dir(Path(run_dir) / layout.ROLLOUT_DIR, pid)
+        try:  # the run folder's layout, as the training side's dump session reads it
+            side = layout.RunLayout.from_run_dir(run_dir).rollout_dir
+        except ValueError as exc:  # a folder name that is no run id: the postprocess would refuse it too
+            raise ConfigError(f"${RUN_DIR}={run_dir}: {exc}") from None
+        return layout.process_dump_dir(side, pid)
     path = Path(config_path)
     root = _read_config(path).get("dump_path")
     if not isinstance(root, str) or not root:
