@@ -46,13 +46,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lanes", type=int, default=8, help="requests in the step, each captured")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--profile", type=Path, help="cProfile the dumped steps into this text file")
+    ap.add_argument(
+        "--keep-gc",
+        action="store_true",
+        help="leave the automatic collector on in the dumped steps (the training side pauses it)",
+    )
     args = ap.parse_args(argv)
 
     import torch
     from msprobe.pytorch import PrecisionDebugger
 
     from bench.support.vllm_qwen2 import forward_step
-    from verl_consistency.patches.hooks import msprobe_lanes
+    from verl_consistency.patches.hooks import gc_pause, msprobe_lanes
     from verl_consistency.patches.hooks.request_scope import start_lanes
 
     torch.set_num_threads(1)
@@ -67,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     walls: dict[str, list[float]] = {"off": [], "off-after": [], "dumped": []}
     cpus: dict[str, list[float]] = {"off": [], "off-after": [], "dumped": []}
     debugger: Any = None
+    pause, resume = (_nothing, _nothing) if args.keep_gc else (gc_pause.pause, gc_pause.resume)
 
     def step(label: str, prof: cProfile.Profile | None = None) -> None:
         dump = label == "dumped"
@@ -75,12 +81,15 @@ def main(argv: list[str] | None = None) -> None:
         if prof:
             prof.enable()
         if dump:
+            # the collector off, as the training side's BatchDumper.start does (gc_pause.py)
+            pause(debugger.service.hook_manager)
             start_lanes(debugger, model, lanes)
         with torch.no_grad():
             forward_step(model, ids, positions, lens)
         if dump:
             debugger.stop()
             debugger.step()
+            resume()  # and its stop, after msprobe's write
         if prof:
             prof.disable()
         clock.on = False
@@ -126,6 +135,10 @@ def main(argv: list[str] | None = None) -> None:
             stats = pstats.Stats(prof, stream=out)
             stats.sort_stats("tottime").print_stats(45)
             stats.sort_stats("cumulative").print_stats(80)
+
+
+def _nothing(*_args: Any) -> None:
+    return None
 
 
 def _report(

@@ -51,6 +51,7 @@ from typing import Any, Literal
 
 from verl_consistency.contracts import env, records
 from verl_consistency.patches.hooks import (
+    gc_pause,
     msprobe_lanes,
     next_token,
     older_weights,
@@ -316,12 +317,18 @@ class BatchDumper:
         if elsewhere and not lanes:  # a whole dump would mix in the requests dumped elsewhere
             self._active = None
             return
-        self.session.enter()
-        if lanes:
-            msprobe_lanes.install(self.session.service, lanes)
-        else:
-            msprobe_lanes.uninstall(self.session.service)
-        self.session.debugger.start(model=model)
+        # no automatic collections until stop() (gc_pause.py: issue 43), msprobe's hooks' included
+        gc_pause.pause(getattr(self.session.service, "hook_manager", None))
+        try:
+            self.session.enter()
+            if lanes:
+                msprobe_lanes.install(self.session.service, lanes)
+            else:
+                msprobe_lanes.uninstall(self.session.service)
+            self.session.debugger.start(model=model)
+        except BaseException:
+            gc_pause.resume()
+            raise
         step = int(self.session.service.current_iter)
         lane_ids = [lane.request_id for lane in lanes] if lanes else None
         self._active = _Active(step, ids, ids_all, lane_ids, version, elsewhere)
@@ -350,6 +357,7 @@ class BatchDumper:
             self.session.leave()
             if probe is not None:
                 probe.detach()
+            gc_pause.resume()  # after msprobe's write: the step's young garbage, once
         # msprobe decides on its own whether a step is written (config step/rank lists, its
         # end of service, dump_enable); log exactly the steps that exist on disk.
         if not (self.session.dump_dir / f"step{active.step}").is_dir():
@@ -432,6 +440,7 @@ def batch_dumper(engine: Any, *, backend: Backend, forward_only: bool) -> BatchD
     weights from before that step, and every later forward runs weights of no sync until the
     next one.
     """
+    gc_pause.resume()  # a dumped step of an earlier call that never reached its stop (it raised)
     if not env.flag(env.DUMP_ON) or not is_actor_engine(engine):
         return NO_DUMP
     version = weight_sync.trainer_version()
