@@ -96,7 +96,7 @@ def _arguments() -> tuple[Any, ...]:
 
 
 @pytest.fixture
-def msprobes_setup(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+def msprobes_setup(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """torch's ``BackwardHook`` methods wrapped by msprobe's ``wrap_setup_backward_hook`` (as its
     ``ModuleProcessor`` does), then by :func:`lean_walk.quick_setup_hooks`; put back after."""
     from msprobe.pytorch.dump.module_dump.hook_wrapper import wrap_setup_backward_hook
@@ -107,7 +107,7 @@ def msprobes_setup(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         found[method] = wrap_setup_backward_hook(torchs)
         monkeypatch.setattr(BackwardHook, method, found[method])
     lean_walk.quick_setup_hooks()
-    yield found
+    return found
 
 
 def _hook() -> BackwardHook:
@@ -147,7 +147,8 @@ def test_with_gradients_msprobes_wrapper_does_the_work(msprobes_setup: dict) -> 
     with torch.enable_grad():
         (hooked,) = _hook().setup_input_hook((y,))
     assert hooked is not y
-    assert hooked.grad_fn is not None and hooked.grad_fn.name() == "BackwardHookFunctionBackward"
+    assert hooked.grad_fn is not None
+    assert hooked.grad_fn.name() == "BackwardHookFunctionBackward"
 
 
 def test_only_msprobes_wrapper_is_wrapped(monkeypatch: pytest.MonkeyPatch) -> None:
