@@ -16,7 +16,12 @@ undumped (after msprobe's hooks are registered: ``off-after``) and dumped throug
 Python's garbage collector during the dumped steps, and where the lanes' own time goes
 (``_analyze_tensor``, ``LaneStatQueue.add``, ``write_json``).
 
-Run: ``OMP_NUM_THREADS=1 python -m bench.bench_lane_host [--lanes 8] [--reps 7] [--profile FILE]``.
+A dumped step runs with the automatic collector off from its start to the end of msprobe's write,
+as the training side's ``BatchDumper`` holds it (``patches/hooks/gc_pause.py``, issue 43), and
+its one young collection after the step counts with the collections; ``--keep-gc`` leaves the
+collector on (the step as before issue 43).
+
+Run: ``OMP_NUM_THREADS=1 python -m bench.bench_lane_host [--lanes 8] [--reps 7] [--profile F] [--keep-gc]``.
 To compare two checkouts, run it in each, alternately, in one session.
 """
 
