@@ -30,6 +30,8 @@ Everything else lives here, where it is tested:
   of one row whose forward covers the prompt only (PROMPTS_ONLY) is dumped whole, as before;
 * Megatron dumps each micro batch whole, so it refuses a forward that covers more than the
   prompt (:func:`check_megatron_prompt_only`): use ``--prompts-only`` there.
+* a dumped micro batch runs with Python's automatic garbage collector off, from ``start`` to the
+  end of msprobe's write in ``stop``, and one young collection after it (``gc_pause``, issue 43).
 
 msprobe's ``PrecisionDebugger`` is one instance per process. In verl 0.8.0 the vLLM workers run in
 their own processes (vLLM's ``mp`` executor under the ``vLLMHttpServer`` actor), so the actor's
