@@ -9,7 +9,6 @@ give it back when msprobe fails to start, and after a step whose forward raised.
 from __future__ import annotations
 
 import gc
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.patches.test_training_fsdp import _msprobe_config
 from verl_consistency.patches.hooks import gc_pause, training
 
 
@@ -142,27 +142,13 @@ def test_msprobes_hooks_keep_the_collector_off_while_paused_and_their_own_way_ot
 # -- the training dumper ------------------------------------------------------------------------
 
 
-def _config(path: Path, dump_path: Path) -> Path:
-    config = {
-        "task": "statistics",
-        "dump_path": str(dump_path),
-        "rank": [],
-        "step": [],
-        "level": "L0",
-        "async_dump": False,
-        "statistics": {"scope": [], "list": [], "tensor_list": [], "data_mode": ["all"]},
-    }
-    path.write_text(json.dumps(config))
-    return path
-
-
 @pytest.fixture
 def dumper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The actor's real ``BatchDumper`` (a real msprobe debugger, a whole-micro-batch dump)."""
     pytest.importorskip("verl")
     monkeypatch.setenv("DUMP_ON", "1")
     monkeypatch.setenv(
-        "VERL_CONSISTENCY_ACTOR_CONFIG", str(_config(tmp_path / "msprobe.json", tmp_path / "d"))
+        "VERL_CONSISTENCY_ACTOR_CONFIG", str(_msprobe_config(tmp_path / "msprobe.json", tmp_path / "d"))
     )
     monkeypatch.delenv("VERL_CONSISTENCY_RUN_DIR", raising=False)
     monkeypatch.delenv("VERL_CONSISTENCY_CAPTURE", raising=False)
