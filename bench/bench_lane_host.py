@@ -156,6 +156,9 @@ def _report(
 ) -> None:
     import torch
 
+    from bench.support.hardware import hardware
+
+    print(f"hardware: {hardware()}")
     wall = {k: statistics.median(v) for k, v in walls.items()}
     cpu = {k: statistics.median(v) for k, v in cpus.items()}
     print(
