@@ -16,7 +16,12 @@ undumped (after msprobe's hooks are registered: ``off-after``) and dumped throug
 Python's garbage collector during the dumped steps, and where the lanes' own time goes
 (``_analyze_tensor``, ``LaneStatQueue.add``, ``write_json``).
 
-Run: ``OMP_NUM_THREADS=1 python -m bench.bench_lane_host [--lanes 8] [--reps 7] [--profile FILE]``.
+A dumped step runs with the automatic collector off from its start to the end of msprobe's write,
+as the training side's ``BatchDumper`` holds it (``patches/hooks/training/gc_pause.py``, issue 43), and
+its one young collection after the step counts with the collections; ``--keep-gc`` leaves the
+collector on (the step as before issue 43).
+
+Run: ``OMP_NUM_THREADS=1 python -m bench.bench_lane_host [--lanes 8] [--reps 7] [--profile F] [--keep-gc]``.
 To compare two checkouts, run it in each, alternately, in one session.
 """
 
@@ -46,6 +51,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lanes", type=int, default=8, help="requests in the step, each captured")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--profile", type=Path, help="cProfile the dumped steps into this text file")
+    ap.add_argument(
+        "--keep-gc",
+        action="store_true",
+        help="leave the automatic collector on in the dumped steps (the training side pauses it)",
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -54,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     from bench.support.vllm_qwen2 import forward_step
     from verl_consistency.patches.hooks.lanes import msprobe_lanes
     from verl_consistency.patches.hooks.rollout.request_scope import start_lanes
+    from verl_consistency.patches.hooks.training import gc_pause
 
     torch.set_num_threads(1)
     SIZES["deep"] = SHAPE
@@ -67,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     walls: dict[str, list[float]] = {"off": [], "off-after": [], "dumped": []}
     cpus: dict[str, list[float]] = {"off": [], "off-after": [], "dumped": []}
     debugger: Any = None
+    pause, resume = (_nothing, _nothing) if args.keep_gc else (gc_pause.pause, gc_pause.resume)
 
     def step(label: str, prof: cProfile.Profile | None = None) -> None:
         dump = label == "dumped"
@@ -75,12 +87,15 @@ def main(argv: list[str] | None = None) -> None:
         if prof:
             prof.enable()
         if dump:
+            # the collector off, as the training side's BatchDumper.start does (gc_pause.py)
+            pause(debugger.service.hook_manager)
             start_lanes(debugger, model, lanes)
         with torch.no_grad():
             forward_step(model, ids, positions, lens)
         if dump:
             debugger.stop()
             debugger.step()
+            resume()  # and its stop, after msprobe's write
         if prof:
             prof.disable()
         clock.on = False
@@ -128,6 +143,10 @@ def main(argv: list[str] | None = None) -> None:
             stats.sort_stats("cumulative").print_stats(80)
 
 
+def _nothing(*_args: Any) -> None:
+    return None
+
+
 def _report(
     args: argparse.Namespace,
     calls: int,
@@ -138,6 +157,9 @@ def _report(
 ) -> None:
     import torch
 
+    from bench.support.hardware import hardware
+
+    print(f"hardware: {hardware()}")
     wall = {k: statistics.median(v) for k, v in walls.items()}
     cpu = {k: statistics.median(v) for k, v in cpus.items()}
     print(

@@ -23,12 +23,17 @@ from collections.abc import Callable
 from typing import Any
 
 TIMED = (
-    ("lane_collector", "LaneStats", "_analyze_tensor"),
-    ("lane_stats", "LaneStatQueue", "add"),
-    ("lane_stats", "LaneStatQueue", "add_per_lane"),
-    ("lane_collector", "LaneStats", "write_json"),
+    ("lanes.lane_collector", "LaneStats", "_analyze_tensor"),
+    ("lanes.lane_stats", "LaneStatQueue", "add"),
+    ("lanes.lane_stats", "LaneStatQueue", "add_per_lane"),
+    ("lanes.lane_collector", "LaneStats", "write_json"),
+    ("training.gc_pause", "GcPause", "resume"),
 )
-"""(module under ``verl_consistency.patches.hooks``, class, method): the lanes' host work per dumped step."""
+"""(module under ``verl_consistency.patches.hooks``, class, method): the lanes' host work per dumped step.
+
+``GcPause.resume`` ends a dumped step with one young collection (``training/gc_pause.py``): its
+``gc.collect(0)``
+is the step's cost, so it counts with the automatic collections (``gc``), not with the asked-for ones."""
 
 
 class HostClock:
@@ -88,7 +93,7 @@ class HostClock:
         clock = self
 
         def timed_collect(*args: Any, **kwargs: Any) -> int:
-            if not clock.on or clock._called:
+            if not clock.on or clock._called or "resume" in clock._inside:
                 return collect(*args, **kwargs)
             clock._called = True
             start = time.perf_counter()
@@ -153,7 +158,7 @@ def split_line(split: dict[str, float], extra_s: float | None, steps: int) -> st
     if extra_s is not None and extra_s <= 0:  # the pass was no slower than the undumped median: noise
         extra_s = None
     parts = [("_analyze_tensor", "lanes' per-tensor step (add included)"), ("write_json", "lanes' write")]
-    parts.append(("gc", "automatic collections"))
+    parts.append(("gc", "collections (automatic, and the one after a step)"))
     words = []
     for key, what in parts:
         seconds = split.get(key, 0.0)

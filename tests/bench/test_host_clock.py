@@ -95,3 +95,23 @@ def test_the_per_lane_line_names_the_most_frequent_kinds_per_pass() -> None:
         "Tensor torch.int8 [2] x1)"
     )
     assert "none" in per_lane_line(Counter(), 1)
+
+
+def test_the_collection_after_a_dumped_step_counts_with_the_collections(clock: HostClock) -> None:
+    from verl_consistency.patches.hooks.training import gc_pause
+
+    was_enabled = gc.isenabled()
+    gc.enable()
+    try:
+        gc_pause.pause()
+        clock.on = True
+        gc_pause.resume()  # its gc.collect(0) is the dumped step's, not an asked-for one
+        clock.on = False
+    finally:
+        if not was_enabled:
+            gc.disable()
+    split = clock.split()
+    assert clock.gc_count[0] == 1
+    assert split["gc"] > 0
+    assert split["gc.collect()"] == 0
+    assert "resume" in split

@@ -192,41 +192,47 @@ class LaneStatQueue:
         ``full``: floating point (not float64) under msprobe's default precision: all four
         statistics; otherwise max and min only. The same tensor met again in the step, unchanged
         (one module's output is the next one's input; q, k and v read the same hidden states), is
-        not reduced again: its index is returned (:meth:`seen`)."""
-        import torch
+        not reduced again: its index is returned (:meth:`seen`).
 
-        again = self.seen(tensor, full)
-        if again is not None:
-            return again
-        route = (tensor.shape, tensor.dtype, full, tensor.device)
+        Everything fixed by the tensor's shape, dtype, kind and device (the cut, the group, the
+        row width, the reductions) is looked up once per route: a step meets few routes, and
+        this runs for every tensor of every module call (issue 43: the lanes' per-tensor step was
+        a quarter of a dumped pass's added host time on an H100)."""
+        version = _version(tensor)
+        again = self._seen.get(id(tensor))
+        if again is not None and version is not None:
+            ref, was, was_full, index = again
+            if was == version and was_full == full and ref() is tensor:
+                return index
+        shape = tensor.shape
+        route = (shape, tensor.dtype, full, tensor.device)
         found = self._routes.get(route)
         if found is None:
-            cut = self.cut(tensor.shape)
-            key = (cut.dims, cut.sizes, tensor.dtype, full, tensor.device)
-            group = self._groups.get(key)
-            if group is None:
-                group = self._groups[key] = _Group(cut, tensor.dtype, full, tensor.device)
-            found = self._routes[route] = (cut, group)
-        cut, group = found
+            found = self._routes[route] = self._route(tensor, full)
+        cut, group, inner, reduce = found
         if cut.leading:  # [P, ...] or [1, P, ...]: a view, nothing to move
-            flat = tensor.reshape(cut.rows, -1)
+            flat = tensor.reshape(cut.rows, inner)
         else:
-            flat = tensor.movedim(cut.dims, tuple(range(len(cut.dims)))).reshape(cut.rows, -1)
-        low, high = _row_min_max(flat)
-        if full:
-            total = flat.sum(1, dtype=torch.float32)
-            group.take((low, high, total, torch.linalg.vector_norm(flat, dim=1, dtype=torch.float32)))
-        else:
-            group.take((low, high))
+            flat = tensor.movedim(cut.dims, tuple(range(len(cut.dims)))).reshape(cut.rows, inner)
+        group.take(reduce(flat))
         index = len(self._shapes)
         group.records.append(index)
-        group.inner.append(flat.shape[1])
+        group.inner.append(inner)
         self._shapes.append(cut.lane_shapes)
         self._shared.append(not cut.dims)
-        version = _version(tensor)
         if version is not None:
             self._seen[id(tensor)] = (weakref.ref(tensor), version, full, index)
         return index
+
+    def _route(self, tensor: torch.Tensor, full: bool) -> tuple[ShapeCut, _Group, int, Reduce]:
+        """The cut, group, row width and row reductions of tensors of this one's shape, dtype,
+        kind and device."""
+        cut = self.cut(tensor.shape)
+        key = (cut.dims, cut.sizes, tensor.dtype, full, tensor.device)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = _Group(cut, tensor.dtype, full, tensor.device)
+        return cut, group, tensor.numel() // cut.rows, _row_reductions(tensor.dtype, tensor.device, full)
 
     def seen(self, tensor: torch.Tensor, full: bool) -> int | None:
         """The index of this very tensor object queued earlier in the step, if it is still alive
@@ -290,6 +296,39 @@ class LaneStatQueue:
         self._groups.clear()
         self._routes.clear()
         return entries
+
+
+Reduce = Callable[["torch.Tensor"], tuple[Any, ...]]
+"""A ``[P, inner]`` tensor's row statistics: (min, max) or (min, max, float32 sum, float32 norm)."""
+
+
+def _row_reductions(dtype: Any, device: Any, full: bool) -> Reduce:
+    """The row reductions for tensors of this dtype, device and kind, chosen once per route: min
+    and max as :func:`_row_min_max` takes them, then for ``full`` the float32 sum and L2 norm."""
+    import torch
+
+    if dtype == torch.bool:  # never full: msprobe's any and all only
+        return _row_min_max
+    if device.type == "cuda":
+        aminmax = torch.aminmax
+
+        def low_high(flat: torch.Tensor) -> tuple[Any, ...]:
+            return tuple(aminmax(flat, dim=1))
+
+    else:
+
+        def low_high(flat: torch.Tensor) -> tuple[Any, ...]:
+            return flat.amin(1), flat.amax(1)
+
+    if not full:
+        return low_high
+    float32, norm = torch.float32, torch.linalg.vector_norm
+
+    def all_four(flat: torch.Tensor) -> tuple[Any, ...]:
+        low, high = low_high(flat)
+        return low, high, flat.sum(1, dtype=float32), norm(flat, dim=1, dtype=float32)
+
+    return all_four
 
 
 def _row_min_max(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

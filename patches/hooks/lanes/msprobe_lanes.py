@@ -52,6 +52,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from verl_consistency.contracts.records import lane_folder
+from verl_consistency.patches.hooks.lanes import lean_walk
 from verl_consistency.patches.hooks.lanes.cuts import Cut, Lane
 from verl_consistency.patches.hooks.lanes.lane_collector import LaneStats, lane_paths
 from verl_consistency.patches.hooks.lanes.msprobe_shortcuts import modes_context
@@ -252,6 +253,8 @@ def install(service: Any, lanes: Sequence[Lane], path: Path | None = None) -> La
     service.data_collector = front
     service.hook_manager.data_collector = front
     _lean_modes(service.hook_manager)
+    lean_walk.remembered_hook_sets(service.hook_manager)
+    lean_walk.quick_setup_hooks()
     return front
 
 
@@ -273,3 +276,4 @@ def uninstall(service: Any) -> None:
     manager = getattr(service, "hook_manager", None)
     if manager is not None and hasattr(manager, "__dict__"):
         manager.__dict__.pop("_no_grad_context", None)  # msprobe's own static method again
+        lean_walk.forget_hook_sets(manager)

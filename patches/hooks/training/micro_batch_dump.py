@@ -30,6 +30,8 @@ Everything else lives here, where it is tested:
   of one row whose forward covers the prompt only (PROMPTS_ONLY) is dumped whole, as before;
 * Megatron dumps each micro batch whole, so it refuses a forward that covers more than the
   prompt (:func:`check_megatron_prompt_only`): use ``--prompts-only`` there.
+* a dumped micro batch runs with Python's automatic garbage collector off, from ``start`` to the
+  end of msprobe's write in ``stop``, and one young collection after it (``gc_pause``, issue 43).
 
 msprobe's ``PrecisionDebugger`` is one instance per process. In verl 0.8.0 the vLLM workers run in
 their own processes (vLLM's ``mp`` executor under the ``vLLMHttpServer`` actor), so the actor's
@@ -52,7 +54,13 @@ from typing import Any, Literal
 from verl_consistency.contracts import env, records, weight_labels
 from verl_consistency.contracts.batch_fields import PREFILL_ROWS
 from verl_consistency.patches.hooks.lanes import msprobe_lanes
-from verl_consistency.patches.hooks.training import dump_session, next_token, older_weights, weight_sync
+from verl_consistency.patches.hooks.training import (
+    dump_session,
+    gc_pause,
+    next_token,
+    older_weights,
+    weight_sync,
+)
 from verl_consistency.patches.hooks.training.dump_session import TrainingDumpError
 from verl_consistency.patches.hooks.training.prompt_rows import PackedLayout, PromptRowsError
 
@@ -311,12 +319,18 @@ class BatchDumper:
         if elsewhere and not lanes:  # a whole dump would mix in the requests dumped elsewhere
             self._active = None
             return
-        self.session.enter()
-        if lanes:
-            msprobe_lanes.install(self.session.service, lanes)
-        else:
-            msprobe_lanes.uninstall(self.session.service)
-        self.session.debugger.start(model=model)
+        # no automatic collections until stop() (gc_pause.py: issue 43), msprobe's hooks' included
+        gc_pause.pause(getattr(self.session.service, "hook_manager", None))
+        try:
+            self.session.enter()
+            if lanes:
+                msprobe_lanes.install(self.session.service, lanes)
+            else:
+                msprobe_lanes.uninstall(self.session.service)
+            self.session.debugger.start(model=model)
+        except BaseException:
+            gc_pause.resume()
+            raise
         step = int(self.session.service.current_iter)
         lane_ids = [lane.request_id for lane in lanes] if lanes else None
         self._active = _Active(step, ids, ids_all, lane_ids, version, elsewhere)
@@ -345,6 +359,7 @@ class BatchDumper:
             self.session.leave()
             if probe is not None:
                 probe.detach()
+            gc_pause.resume()  # after msprobe's write: the step's young garbage, once
         # msprobe decides on its own whether a step is written (config step/rank lists, its
         # end of service, dump_enable); log exactly the steps that exist on disk.
         if not (self.session.dump_dir / f"step{active.step}").is_dir():
@@ -427,6 +442,7 @@ def batch_dumper(engine: Any, *, backend: Backend, forward_only: bool) -> BatchD
     weights from before that step, and every later forward runs weights of no sync until the
     next one.
     """
+    gc_pause.resume()  # a dumped step of an earlier call that never reached its stop (it raised)
     if not env.flag(env.DUMP_ON) or not is_actor_engine(engine):
         return NO_DUMP
     version = weight_sync.trainer_version()
