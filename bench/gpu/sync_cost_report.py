@@ -2,7 +2,9 @@
 
 ``python bench/gpu/sync_cost_report.py A.log B.log WEIGHTS_DIR [--model NAME]``: A and B are the
 driver outputs of two otherwise identical runs, A with ``VERL_CONSISTENCY_WEIGHT_CHECK=0`` and B with
-the check on; WEIGHTS_DIR holds B's weight records. verl times each step's sync itself
+the check on; WEIGHTS_DIR holds B's weight records. ``A.log`` may be ``-``: then only B's own figures
+(the check's seconds against the sync that contains them), e.g. from a ride-along's ``run.log``.
+verl times each step's sync itself
 (``timing_s/update_weights``, read with the same parser ``run`` uses for ``run.json``'s steps); the
 check's own seconds per sync are in B's records (the slowest trainer rank plus the slowest vLLM
 worker, the two run one after the other within the sync). Prints the medians, the ratio B / A and
@@ -75,22 +77,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("weights", type=Path)
     ap.add_argument("--model", default="?")
     args = ap.parse_args(argv)
-    a, b = sync_seconds(args.a_log), sync_seconds(args.b_log)
+    a = {} if str(args.a_log) == "-" else sync_seconds(args.a_log)
+    b = sync_seconds(args.b_log)
     check, tensors, size = check_seconds(args.weights)
     mib = size / 2**20
     print(f"weight check cost per sync: {gpu_name()}, model {args.model} ({tensors} tensors, {mib:.0f} MiB)")
     print(f"A (check off) timing_s/update_weights per step: {[round(a[s], 3) for s in sorted(a)]}")
     print(f"B (check on)  timing_s/update_weights per step: {[round(b[s], 3) for s in sorted(b)]}")
     print(f"B check's own seconds per sync version: {[round(check[v], 4) for v in sorted(check, key=str)]}")
-    if not a or not b or not check:
-        print("incomplete: a run logged no update_weights timing or wrote no weight records")
+    if not b or not check:
+        print("incomplete: B logged no update_weights timing or wrote no weight records")
         return 1
     # the first step's sync includes warm-up (allocator, kernels' first launch): reported, left out; the
     # check's version 0 is the sync before step 1, which no step timing holds
-    med_a = statistics.median([a[s] for s in sorted(a)[1:]] or list(a.values()))
     med_b = statistics.median([b[s] for s in sorted(b)[1:]] or list(b.values()))
     med_check = statistics.median([check[v] for v in check if v not in (None, 0)] or list(check.values()))
-    print(f"median sync (steps 2+): A {med_a:.3f} s, B {med_b:.3f} s, B / A = {med_b / med_a:.3f}x")
+    if a:
+        med_a = statistics.median([a[s] for s in sorted(a)[1:]] or list(a.values()))
+        print(f"median sync (steps 2+): A {med_a:.3f} s, B {med_b:.3f} s, B / A = {med_b / med_a:.3f}x")
+    else:
+        print(f"median sync (steps 2+): {med_b:.3f} s (no run without the check to compare)")
     print(f"median check seconds per sync {med_check:.4f} s = {100 * med_check / med_b:.2f} % of B's sync")
     return 0
 
