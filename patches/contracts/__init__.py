@@ -12,6 +12,8 @@
 | ``batch_fields`` | the fields one hook adds to verl's batch and another reads | hooks | hooks |
 | ``weight_labels`` | a weight sync's label and the keyword that carries it | hooks | hooks |
 | ``atomic`` | how every file is written (temp file, then rename) | every stage | |
+| ``process_local`` | a hook's per-process state (a forked child starts fresh) | hooks | hooks |
+| ``weight_records`` | ``weights/{export,held}-<pid>.jsonl``: the weight check's records | hooks | postprocess |
 | ``safe_tar`` | which members of an untrusted tar are written | | bundle reader, model loader |
 
 The version pins are the one contract kept outside, in ``patches/pins.toml`` beside their

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verl_consistency.contracts.process_local import ProcessLocal
 from verl_consistency.contracts.records import now
 from verl_consistency.contracts.weight_labels import label
 from verl_consistency.contracts.weight_records import WeightSyncRecord
@@ -46,18 +47,14 @@ from verl_consistency.patches.hooks.weights.fingerprint import Collector
 class _Seen:
     """Per worker process: each tensor name received so far, with its shape and dtype."""
 
-    pid: int
     tensors: dict[str, tuple[tuple[int, ...], Any]] = field(default_factory=dict)
 
 
-_SEEN = _Seen(os.getpid())
+_SEEN = ProcessLocal(_Seen)
 
 
 def _seen() -> _Seen:
-    global _SEEN
-    if _SEEN.pid != os.getpid():
-        _SEEN = _Seen(os.getpid())
-    return _SEEN
+    return _SEEN.get()
 
 
 def tensor_parallel_size() -> int:
@@ -184,5 +181,4 @@ def begin(global_steps: object, *, adapter_only: bool = False) -> HeldCheck | No
 
 
 def reset_for_tests() -> None:
-    global _SEEN
-    _SEEN = _Seen(os.getpid())
+    _SEEN.reset()

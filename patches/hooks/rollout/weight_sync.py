@@ -16,27 +16,23 @@ Nothing here imports torch, verl or vLLM.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from verl_consistency.contracts.process_local import ProcessLocal
 from verl_consistency.contracts.weight_labels import KWARG, label
 
 
 @dataclass
 class _State:
-    pid: int
     loaded: int | None = None
 
 
-_STATE = _State(os.getpid())
+_STATE = ProcessLocal(_State)
+"""This process's state; a forked child starts with none (its parent's syncs are not its own)."""
 
 
 def _state() -> _State:
-    """This process's state; a forked child starts with none (its parent's syncs are not its own)."""
-    global _STATE
-    if _STATE.pid != os.getpid():
-        _STATE = _State(os.getpid())
-    return _STATE
+    return _STATE.get()
 
 
 def sync_kwargs(global_steps: object) -> dict[str, int | None]:
@@ -59,5 +55,4 @@ def loaded_version() -> int | None:
 
 
 def reset_for_tests() -> None:
-    global _STATE
-    _STATE = _State(os.getpid())
+    _STATE.reset()

@@ -36,28 +36,24 @@ Nothing here imports torch, verl or vLLM.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from verl_consistency.contracts.process_local import ProcessLocal
 from verl_consistency.contracts.weight_labels import label
 
 
 @dataclass
 class _State:
-    pid: int
     sent: int | None = None
     unsynced: int = 0
 
 
-_STATE = _State(os.getpid())
+_STATE = ProcessLocal(_State)
+"""This process's state; a forked child starts with none (its parent's syncs are not its own)."""
 
 
 def _state() -> _State:
-    """This process's state; a forked child starts with none (its parent's syncs are not its own)."""
-    global _STATE
-    if _STATE.pid != os.getpid():
-        _STATE = _State(os.getpid())
-    return _STATE
+    return _STATE.get()
 
 
 def weights_sent(global_steps: object) -> None:
@@ -79,5 +75,4 @@ def trainer_version() -> tuple[int | None, int]:
 
 
 def reset_for_tests() -> None:
-    global _STATE
-    _STATE = _State(os.getpid())
+    _STATE.reset()
