@@ -445,7 +445,7 @@ if [ "$cmd" = synccost ]; then
   [ "${SYNC_MODEL:-0.5b}" = 0.5b ] && { model_05b; m=$G/assets/model-0.5b; }
   M8=(actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8)
   for ab in A B; do
-    id=h100-next-synccost-$ab; rm -rf "${G:?}/dump/$id"; s=$(date +%s)
+    id=h100-next-synccost-${ab,,}; rm -rf "${G:?}/dump/$id"; s=$(date +%s)
     left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
     if [ $ab = A ]; then wc=0; lim=$(( left / 2 - 20 )); else wc=1; lim=$(( left - 20 )); fi
     (cd "$REPO" && VERL_CONSISTENCY_WEIGHT_CHECK=$wc timeout -k 10 "$lim" \
@@ -453,7 +453,7 @@ if [ "$cmd" = synccost ]; then
       "${GPU_OVERRIDES[@]}" "${M8[@]}") >"$OUT/synccost-$ab.log" 2>&1
     echo "SYNCCOST $ab rc=$? wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
   done
-  mkdir -p "$OUT/weights-B" && cp "$G/dump/h100-next-synccost-B/weights/"*.jsonl "$OUT/weights-B/" 2>/dev/null
+  mkdir -p "$OUT/weights-B" && cp "$G/dump/h100-next-synccost-b/weights/"*.jsonl "$OUT/weights-B/" 2>/dev/null
   python3 "$REPO/bench/gpu/sync_cost_report.py" "$OUT/synccost-A.log" "$OUT/synccost-B.log" "$OUT/weights-B" \
     --model "${SYNC_MODEL:-0.5b}" | tee "$OUT/synccost.txt"
   exit 0
