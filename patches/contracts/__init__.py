@@ -13,7 +13,7 @@
 | ``weight_labels`` | a weight sync's label and the keyword that carries it | hooks | hooks |
 | ``atomic`` | how every file is written (temp file, then rename) | every stage | |
 | ``process_local`` | a hook's per-process state (a forked child starts fresh) | hooks | hooks |
-| ``weight_records`` | ``weights/{export,held}-<pid>.jsonl``: the weight check's records | hooks | postprocess |
+| ``weight_records`` | ``weights/*.jsonl``: the weight check's records | hooks | postprocess |
 | ``safe_tar`` | which members of an untrusted tar are written | | bundle reader, model loader |
 
 The version pins are the one contract kept outside, in ``patches/pins.toml`` beside their

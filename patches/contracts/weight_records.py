@@ -68,6 +68,10 @@ class WeightSyncRecord(RecordHeader):
     received: dict[str, TensorPrint] | None = Field(
         default=None, description="held only: each tensor of this sync as it arrived, before loading"
     )
+    expected: dict[str, TensorPrint] | None = Field(
+        default=None,
+        description="held only: each arrival cast to its parameter's dtype, where the two differ",
+    )
     unmapped: dict[str, str] = Field(
         default_factory=dict, description="held only: tensor -> why its region in vLLM's model was not found"
     )

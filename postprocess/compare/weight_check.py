@@ -5,8 +5,8 @@ and each vLLM worker's ``held`` record per sync version) and names, per version 
 tensor whose held fingerprint is not the exported one. What kind of difference it is decides
 where to look next:
 
-* ``stale``: vLLM holds what the trainer exported at an *earlier* version (a sync that left the
-  tensor out, or a load that did not take it): the sync path;
+* ``stale``: vLLM holds what it loaded at an *earlier* version (a sync that left the tensor out
+  while the trainer's copy moved, or a load that did not take it): the sync path;
 * ``wrong_values``: vLLM holds values no version had. If what *arrived* already differs from what
   was sent, the transport changed it; if it arrived intact, vLLM's loading did (a fused shard
   written to the wrong rows, a cast);
@@ -14,7 +14,10 @@ where to look next:
 * ``wrong_shape`` / ``wrong_dtype``: it arrived in another shape or dtype than it left.
 
 Tensors vLLM's worker could not map to its parameters are counted as not checked, with the
-worker's reason, never compared by guess. The first version at which each tensor differs is kept,
+worker's reason, never compared by guess. Every comparison is exact and in one dtype: the arrival
+against what was sent, the model against the arrival cast as vLLM's loader casts it (verl's FSDP
+engine sends its fp32 master weights; vLLM holds bf16), a tensor a sync left out against that
+worker's last load of it. The first version at which each tensor differs is kept,
 so a fault that starts at one sync and stays is named once with its start.
 """
 
@@ -114,17 +117,18 @@ def _compare_ranks(a: WeightSyncRecord, b: WeightSyncRecord, warnings: list[str]
         )
 
 
-def _stale_since(
-    name: str, held: TensorPrint, version: int | None, exports: dict[int | None, WeightSyncRecord]
-) -> int | None:
-    """The latest earlier version whose export of ``name`` is exactly what vLLM holds."""
-    if version is None:
-        return None
-    earlier = sorted((v for v in exports if v is not None and v < version), reverse=True)
-    for v in earlier:
-        old = exports[v].tensors.get(name)
-        if old is not None and old.same_values(held):
-            return v
+def _want(rec: WeightSyncRecord, name: str) -> TensorPrint | None:
+    """What a worker's model must hold after loading ``name`` in that sync: the arrival as the
+    loader casts it (``expected``), or the arrival itself when the dtypes agree; None if it did not
+    arrive in that sync."""
+    return (rec.expected or {}).get(name) or (rec.received or {}).get(name)
+
+
+def _last_load(name: str, history: list[WeightSyncRecord]) -> WeightSyncRecord | None:
+    """The latest earlier sync of this worker in which ``name`` arrived."""
+    for rec in reversed(history):
+        if _want(rec, name) is not None:
+            return rec
     return None
 
 
@@ -132,9 +136,15 @@ def judge(
     name: str,
     sent: TensorPrint,
     held_rec: WeightSyncRecord,
+    history: list[WeightSyncRecord],
     exports: dict[int | None, WeightSyncRecord],
 ) -> tuple[Kind, str] | None:
-    """How vLLM's worker holds one exported tensor at the record's version; None when exactly."""
+    """How one vLLM worker holds one exported tensor at the record's version; None when exactly.
+
+    ``history``: the same worker's earlier records, oldest first. Every comparison is exact: the
+    arrival against what was sent (in the sent dtype), the model against the arrival as the loader
+    casts it (in the held dtype), and a tensor a sync left out against that worker's last load of it.
+    """
     arrived = (held_rec.received or {}).get(name)
     if arrived is not None and arrived.shape != sent.shape:
         return "wrong_shape", f"sent {sent.shape}, arrived {arrived.shape}"
@@ -143,36 +153,49 @@ def judge(
     held = held_rec.tensors.get(name)
     if held is None:
         return "missing", "never arrived at this vLLM worker, which has no copy of it"
-    if held.same_values(sent):
+    if arrived is not None:
+        if not arrived.same_values(sent):
+            return "wrong_values", "changed on the way: what arrived is not what was sent"
+        want = _want(held_rec, name)
+        if want is not None and held.same_values(want):
+            return None
+        earlier = next((r for r in reversed(history) if (w := _want(r, name)) and held.same_values(w)), None)
+        if earlier is not None:
+            return (
+                "stale",
+                f"holds version {earlier.version}'s values; it arrived, but the load did not take it",
+            )
+        return "wrong_values", "arrived intact, but vLLM's parameter holds other values after loading"
+    last = _last_load(name, history)
+    last_want = _want(last, name) if last is not None else None
+    if last is not None and last_want is not None and held.same_values(last_want):
+        before = exports.get(last.version)
+        old = before.tensors.get(name) if before is not None else None
+        if old is not None and old.same_values(sent):
+            return None  # not sent again, and the trainer's copy has not changed since
+        return "stale", f"holds version {last.version}'s values; it was not in this sync"
+    if held.dtype == sent.dtype and held.same_values(sent):
         return None
-    since = _stale_since(name, held, held_rec.version, exports)
-    if since is not None:
-        how = "it was not in this sync" if arrived is None else "it arrived, but the load did not take it"
-        return "stale", f"holds version {since}'s values; {how}"
-    if arrived is None:
-        return "wrong_values", "not in this sync, and held values match no version the trainer sent"
-    if not arrived.same_values(sent):
-        return "wrong_values", "changed on the way: what arrived is not what was sent"
-    return "wrong_values", "arrived intact, but vLLM's parameter holds other values after loading"
+    return "wrong_values", "not in this sync, and held values match no version this worker loaded"
 
 
 def _check_version(
     version: int | None,
     export: WeightSyncRecord,
-    held: list[WeightSyncRecord],
+    held: list[tuple[WeightSyncRecord, list[WeightSyncRecord]]],
     exports: dict[int | None, WeightSyncRecord],
 ) -> VersionCheck:
-    row = VersionCheck(version, exported=len(export.tensors), workers=sorted(h.pid for h in held))
-    for h in sorted(held, key=lambda r: r.pid):
+    row = VersionCheck(version, exported=len(export.tensors), workers=sorted(h.pid for h, _ in held))
+    for h, history in sorted(held, key=lambda x: x[0].pid):
         for name, sent in export.tensors.items():
             if name in h.unmapped:
                 row.not_checked[name] = h.unmapped[name]
                 continue
             row.compared += 1
-            found = judge(name, sent, h, exports)
+            found = judge(name, sent, h, history, exports)
             if found is not None:
                 row.diffs.append(TensorDiff(version, name, found[0], found[1], h.pid))
-    row.fingerprint_s = round(export.seconds + max((h.seconds for h in held), default=0.0), 4)
+    row.fingerprint_s = round(export.seconds + max((h.seconds for h, _ in held), default=0.0), 4)
     return row
 
 
@@ -183,21 +206,22 @@ def check(run_dir: Path) -> WeightCheck:
     if not folder.is_dir():
         return result
     exports = _exports(folder, result.warnings)
-    held: dict[int | None, list[WeightSyncRecord]] = {}
+    workers: dict[int, list[WeightSyncRecord]] = {}
     for rec in _records(folder, HELD_PREFIX, result.warnings):
-        held.setdefault(rec.version, []).append(rec)
+        workers.setdefault(rec.pid, []).append(rec)
+    held: dict[int | None, list[tuple[WeightSyncRecord, list[WeightSyncRecord]]]] = {}
+    for recs in workers.values():
+        recs.sort(key=lambda r: (r.version is None, r.version if r.version is not None else 0))
+        for i, rec in enumerate(recs):
+            held.setdefault(rec.version, []).append((rec, recs[:i]))
     result.present = bool(exports or held)
     order = sorted(set(exports) | set(held), key=lambda v: (v is None, v if v is not None else 0))
     for version in order:
         if version not in exports:
-            result.warnings.append(
-                f"weight check: vLLM loaded version {version}, but no trainer export of it was recorded"
-            )
+            result.warnings.append(f"weight check: vLLM loaded version {version}; no trainer export of it")
             continue
         if version not in held:
-            result.warnings.append(
-                f"weight check: the trainer exported version {version}, but no vLLM worker recorded it"
-            )
+            result.warnings.append(f"weight check: the trainer exported version {version}; no vLLM record")
         row = _check_version(version, exports[version], held.get(version, []), exports)
         for d in row.diffs:
             result.first_version.setdefault(d.tensor, d.version)

@@ -31,7 +31,7 @@ def _model() -> torch.nn.Module:
 
 def _sync(trainer: torch.nn.Module, vllm: torch.nn.Module, version: int, plant: Plant | None = None) -> None:
     """One sync: export through the hook, plant, receive and load, then fingerprint what is held."""
-    check = weight_held.begin(version)
+    check = weight_held.begin(version, vllm)
     assert check is not None
 
     def load(weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -64,8 +64,10 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def _story(plant_at_2: Plant | None) -> None:
-    trainer, vllm = _model(), _model()
+def _story(plant_at_2: Plant | None, held: torch.dtype = torch.float32) -> None:
+    """Three syncs with a step before each later one; ``held``: the dtype "vLLM" serves in (the
+    trainer always exports its fp32 weights, as verl's FSDP engine does)."""
+    trainer, vllm = _model(), _model().to(held)
     with torch.no_grad():
         for p in vllm.parameters():
             p.zero_()  # vLLM starts on dummy weights, as verl's does
@@ -140,3 +142,27 @@ def test_an_unreadable_record_is_named_and_skipped(run: Path) -> None:
     checked = weight_check.check(run)
     assert [w.split(": ")[0] for w in checked.warnings] == [f"{log}:4"]
     assert log.read_bytes() == before + b"{not json\n"  # the input is left as it was
+
+
+def test_fp32_sent_and_bf16_held_compare_after_the_loaders_rounding(run: Path) -> None:
+    """verl's FSDP engine sends fp32 master weights and vLLM holds bf16: after a step the two differ
+    in every tensor by the rounding alone. Each is compared in the dtype vLLM holds it in."""
+    _story(None, held=torch.bfloat16)
+    assert _named(run) == {0: [], 1: [], 2: []}
+    held = next((run / WEIGHTS_DIR).glob("held-*.jsonl")).read_text()
+    assert '"expected"' in held  # the arrivals printed again in bf16
+
+
+def test_a_tensor_left_out_is_stale_in_bf16_too(run: Path) -> None:
+    _story(lambda n, t: None if n == "0.weight" else t, held=torch.bfloat16)
+    named = _named(run)
+    assert named[2] == [("0.weight", "stale")]
+    assert named[0] == named[1] == []
+
+
+def test_a_tensor_not_resent_and_unchanged_is_not_a_difference(run: Path) -> None:
+    """A sync that leaves out a tensor the trainer has not changed since (delta syncs do) is exact."""
+    trainer, vllm = _model(), _model()
+    _sync(trainer, vllm, 0)
+    _sync(trainer, vllm, 1, lambda n, t: None if n == "1.bias" else t)
+    assert _named(run) == {0: [], 1: []}

@@ -14,14 +14,17 @@ vLLM's ``process_weights_after_loading``: the tensors as vLLM now serves them.
 that table, never a list of names written here: the region of ``k_proj`` is the rows of
 ``qkv_proj`` after ``q_proj``'s. A tensor that is a parameter by its own name (``get_parameter``,
 which also follows a tied ``lm_head`` to the embedding) is its parameter's leading rows: vLLM
-pads the vocabulary of an embedding, never the front. Each region is fingerprinted in the dtype
-the tensor arrived in.
+pads the vocabulary of an embedding, never the front.
 
 **What is not mapped, and says so** (``unmapped`` in the record; the postprocess lists them as not
 checked): a tensor no parameter of the model holds, a fused tensor whose parts have not all been
 seen, a parameter whose shape cannot hold the tensor, and every tensor of a worker with tensor
 parallelism (each rank holds a slice of each part, which this check does not cut yet), and MoE
 experts fused by their own loaders. Nothing is compared by guess.
+
+**Dtypes.** Each region is fingerprinted in the dtype vLLM holds it in, and each arrival also in
+that dtype (:class:`HeldCheck`), so a tensor sent as fp32 and held as bf16 is compared after the
+same rounding the loader did, exactly.
 
 The names the worker has received are remembered across syncs: a tensor a sync leaves out is
 still fingerprinted where vLLM holds it, which is how a stale tensor shows.
@@ -118,13 +121,29 @@ def locate(model: Any, name: str, seen: dict[str, tuple[tuple[int, ...], Any]]) 
     return held.narrow(0, start, rows).reshape(shape)
 
 
-class HeldCheck:
-    """One sync's check in one vLLM worker: :meth:`receiving` while it loads, :meth:`finish` after."""
+def held_dtype(model: Any, name: str) -> Any | None:
+    """The dtype of the vLLM parameter that will hold HF tensor ``name`` (None: no such parameter)."""
+    param = _param(model, name)
+    if param is None:
+        fused = _fused_parts(model, name)
+        param = _param(model, fused[0]) if fused is not None else None
+    return None if param is None else param.dtype
 
-    def __init__(self, folder: Path, global_steps: object) -> None:
+
+class HeldCheck:
+    """One sync's check in one vLLM worker: :meth:`receiving` while it loads, :meth:`finish` after.
+
+    A tensor may arrive in another dtype than vLLM holds it in (verl's FSDP engine exports its fp32
+    master weights; vLLM serves bf16, and its loader's ``copy_`` rounds). So each arrival is printed
+    twice: as it arrived (compared with what the trainer sent) and cast to the parameter's dtype, as
+    the loader casts it (``expected``: compared with what the model then holds). Both are exact."""
+
+    def __init__(self, folder: Path, global_steps: object, model: Any | None) -> None:
         self.folder = folder
         self.version = label(global_steps)
+        self.model = model
         self.received = Collector()
+        self.expected = Collector()
 
     def receiving(self, on_bucket: Callable[..., Any]) -> Callable[..., Any]:
         """verl's bucket callback, with each tensor fingerprinted before it is loaded."""
@@ -133,29 +152,32 @@ class HeldCheck:
         def fingerprinted(weights: list[tuple[str, Any]], *args: Any, **kwargs: Any) -> Any:
             for name, tensor in weights:
                 self.received.add(name, tensor)
+                target = held_dtype(self.model, name) if self.model is not None else None
+                if target is not None and target != tensor.dtype:
+                    self.expected.add(name, tensor, target)
                 seen[name] = (tuple(tensor.shape), tensor.dtype)
             return on_bucket(weights, *args, **kwargs)
 
         return fingerprinted
 
     def finish(self, model: Any) -> WeightSyncRecord:
-        """Fingerprint what ``model`` holds for every tensor received so far, and write the record."""
+        """Fingerprint what ``model`` holds for every tensor received so far, in the dtype it holds
+        it in, and write the record."""
         received = self.received.finish()
+        expected = self.expected.finish()
         held = Collector()
         seen = _seen().tensors
         tp = tensor_parallel_size()
         unmapped: dict[str, str] = {}
-        for name, (_shape, dtype) in seen.items():
+        for name in seen:
             if tp > 1:
-                unmapped[name] = (
-                    f"vLLM tensor parallel size {tp}: each worker holds a slice (not checked yet)"
-                )
+                unmapped[name] = f"vLLM tensor parallel size {tp}: each worker holds a slice (not cut yet)"
                 continue
             region = locate(model, name, seen)
             if isinstance(region, str):
                 unmapped[name] = region
             else:
-                held.add(name, region, dtype)
+                held.add(name, region)
         record = WeightSyncRecord(
             timestamp=now(),
             pid=os.getpid(),
@@ -164,20 +186,21 @@ class HeldCheck:
             version=self.version,
             tensors=held.finish(),
             received=received,
+            expected=expected or None,
             unmapped=unmapped,
-            seconds=round(self.received.seconds + held.seconds, 4),
+            seconds=round(self.received.seconds + self.expected.seconds + held.seconds, 4),
         )
         sync_log.write(self.folder, record)
         return record
 
 
-def begin(global_steps: object, *, adapter_only: bool = False) -> HeldCheck | None:
-    """The check of the sync starting now, or None when it is off (or the sync carries a LoRA
-    adapter, whose tensors are not the model's)."""
+def begin(global_steps: object, model: Any | None = None, *, adapter_only: bool = False) -> HeldCheck | None:
+    """The check of the sync starting now into ``model``, or None when it is off (or the sync
+    carries a LoRA adapter, whose tensors are not the model's)."""
     folder = sync_log.weights_dir()
     if folder is None or adapter_only:
         return None
-    return HeldCheck(folder, global_steps)
+    return HeldCheck(folder, global_steps, model)
 
 
 def reset_for_tests() -> None:

@@ -12,6 +12,10 @@ both one pass over memory the sync reads anyway:
 * ``rows``: each row's sum of bit patterns, weighted by the row's position;
 * ``cols``: each column's sum, weighted by the column's position.
 
+Per tensor that is two reductions; the weighting and the final sums of every tensor of a sync are
+done together at the end (:class:`Collector`), so a sync of a few hundred tensors costs about two
+kernel launches a tensor, not ten.
+
 Any change of one element changes both sums (its bit pattern changes by a nonzero amount); a
 value moved to another row changes ``rows``, one moved within its row changes ``cols``. A scaled
 or stale tensor differs in nearly every element. The position weights are small (position mod a
@@ -52,32 +56,36 @@ def _as_matrix(t: Any) -> Any:
     return x.reshape(x.shape[0], -1)
 
 
-def _weights(n: int, offset: int, device: Any) -> Any:
-    import torch
-
-    return (torch.arange(n, device=device, dtype=torch.int64) + offset) % _PRIME + 1
-
-
-def device_sums(t: Any, dtype: Any | None = None) -> Any:
-    """The two sums as a length-2 int64 tensor on ``t``'s device (no host sync).
-
-    ``dtype``: read the values in this dtype first (the exported one) when ``t`` holds another.
-    """
+def _reduce(t: Any, dtype: Any | None) -> tuple[Any, Any]:
+    """The row sums and column sums of ``t``'s bit patterns (read in ``dtype``), int64 on its device:
+    the only per-tensor kernels; the position weights are applied to all tensors at once later."""
     import torch
 
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     m = _as_matrix(t)
-    if m.numel() == 0:
-        return torch.zeros(2, dtype=torch.int64, device=m.device)
-    rows = m.sum(dim=1, dtype=torch.int64)
-    cols = m.sum(dim=0, dtype=torch.int64)
-    return torch.stack(
-        [
-            (rows * _weights(rows.numel(), 0, m.device)).sum(),
-            (cols * _weights(cols.numel(), 7, m.device)).sum(),
-        ]
-    )
+    return m.sum(dim=1, dtype=torch.int64), m.sum(dim=0, dtype=torch.int64)
+
+
+def _weighted_sums(vectors: list[Any], offset: int) -> list[int]:
+    """For each vector v: sum_i v[i] * ((i + offset) mod P + 1), all vectors in a few kernels.
+
+    The vectors are concatenated, each element is weighted by its position within its own vector,
+    and the per-vector sums are read off a running sum (int64 arithmetic wraps mod 2^64, so a
+    difference of running sums is the exact segment sum even past a wrap)."""
+    import torch
+
+    lengths = [int(v.numel()) for v in vectors]
+    device = vectors[0].device
+    flat = torch.cat([v.reshape(-1) for v in vectors])
+    lens = torch.tensor(lengths, dtype=torch.int64)
+    starts = torch.cumsum(lens, 0) - lens
+    pos = torch.arange(flat.numel(), dtype=torch.int64) - torch.repeat_interleave(starts, lens)
+    weights = ((pos + offset) % _PRIME + 1).to(device)
+    running = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), (flat * weights).cumsum(0)])
+    ends = (starts + lens).to(device)
+    sums = running[ends] - running[starts.to(device)]
+    return [int(x) for x in sums.cpu().tolist()]
 
 
 def dtype_name(dtype: Any) -> str:
@@ -94,46 +102,44 @@ def fingerprint(t: Any, dtype: Any | None = None) -> TensorPrint:
 class Collector:
     """Fingerprints of many tensors, leaving the device together at :meth:`finish`.
 
-    The sums of each tensor are computed when it is added (on the device's stream, before the
-    sync's sender or loader can reuse the buffer), kept as two int64s on the device, and copied
-    to the host once. ``seconds`` is the time spent here, on the host's clock, synchronised at
-    :meth:`finish` so that it includes the device work.
+    Each tensor costs two reductions when it is added (on the device's stream, before the sync's
+    sender or loader can reuse its buffer); the position weights and the final sums of all tensors
+    are a handful of kernels at :meth:`finish`, and one copy to the host. ``seconds`` is the time
+    spent here on the host's clock, synchronised at :meth:`finish` so that it includes the device's.
     """
 
     def __init__(self) -> None:
         self._names: list[str] = []
         self._meta: list[tuple[list[int], str]] = []
-        self._sums: list[Any] = []
+        self._rows: list[Any] = []
+        self._cols: list[Any] = []
         self.seconds = 0.0
 
     def add(self, name: str, t: Any, dtype: Any | None = None) -> None:
         t0 = time.perf_counter()
+        rows, cols = _reduce(t, dtype)
         self._names.append(name)
         self._meta.append((list(t.shape), dtype_name(dtype if dtype is not None else t.dtype)))
-        self._sums.append(device_sums(t, dtype))
+        self._rows.append(rows)
+        self._cols.append(cols)
         self.seconds += time.perf_counter() - t0
 
     def __len__(self) -> int:
         return len(self._names)
 
     def finish(self) -> dict[str, TensorPrint]:
-        import torch
-
         t0 = time.perf_counter()
-        if not self._sums:
-            return {}
+        found: dict[int, TensorPrint] = {}
         by_device: dict[Any, list[int]] = {}
-        for i, s in enumerate(self._sums):
-            by_device.setdefault(s.device, []).append(i)
-        values: list[tuple[int, int]] = [(0, 0)] * len(self._sums)
+        for i, r in enumerate(self._rows):
+            by_device.setdefault(r.device, []).append(i)
         for idxs in by_device.values():
-            host = torch.stack([self._sums[i] for i in idxs]).cpu().tolist()
-            for i, (r, c) in zip(idxs, host, strict=True):
-                values[i] = (int(r), int(c))
-        out = {
-            name: TensorPrint(shape=shape, dtype=dtype, rows=r, cols=c)
-            for name, (shape, dtype), (r, c) in zip(self._names, self._meta, values, strict=True)
-        }
-        self._sums.clear()
+            rows = _weighted_sums([self._rows[i] for i in idxs], 0)
+            cols = _weighted_sums([self._cols[i] for i in idxs], 7)
+            for i, r, c in zip(idxs, rows, cols, strict=True):
+                shape, dtype = self._meta[i]
+                found[i] = TensorPrint(shape=shape, dtype=dtype, rows=r, cols=c)
+        self._rows.clear()
+        self._cols.clear()
         self.seconds += time.perf_counter() - t0
-        return out
+        return {self._names[i]: found[i] for i in sorted(found)}
