@@ -1,0 +1,92 @@
+"""What the per-tensor weight check adds to a weight sync, on this machine (issue 42).
+
+``python -m bench.bench_weight_check [--layers 4 --hidden 512 --vocab 8192 --reps 5]``: a random
+Qwen2's ``state_dict`` stands for verl's export. The baseline is the least a sync does with each
+tensor: one copy into a buffer of vLLM's dtype (bf16; verl's FSDP engine sends fp32). Against it,
+per tensor, the check's three sides as the hooks run them: the trainer's export print
+(``weights/fingerprint.Collector``, sent dtype), vLLM's arrival print plus its print cast to the held
+dtype, and the held print (``rollout/weight_held``). Prints the medians, each ratio to the copy, the
+sizes and the hardware. Never asserted in a test; the GPU form is ``bench/gpu/verl_gpu.sh synccost``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.support.hardware import hardware
+
+
+def _model_tensors(layers: int, hidden: int, vocab: int) -> dict[str, Any]:
+    import torch
+
+    from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2, tiny_qwen2_config
+
+    config = tiny_qwen2_config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,
+        num_hidden_layers=layers,
+        num_attention_heads=max(hidden // 64, 1),
+        num_key_value_heads=max(hidden // 256, 1),
+        tie_word_embeddings=True,
+    )
+    with torch.no_grad():
+        return {n: t.detach().float().contiguous() for n, t in tiny_qwen2(config).state_dict().items()}
+
+
+def _timed(fn: Callable[[], object], reps: int) -> float:
+    walls = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - t0)
+    return statistics.median(walls)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from verl_consistency.patches.hooks.weights.fingerprint import Collector
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args(argv)
+    tensors = _model_tensors(args.layers, args.hidden, args.vocab)
+    held = {n: torch.empty_like(t, dtype=torch.bfloat16) for n, t in tensors.items()}
+
+    def sync() -> None:
+        for n, t in tensors.items():
+            held[n].copy_(t)
+
+    def side(dtype: Any | None = None, source: dict[str, Any] | None = None) -> Callable[[], object]:
+        def run() -> object:
+            c = Collector()
+            for n, t in (source or tensors).items():
+                c.add(n, t, dtype)
+            return c.finish()
+
+        return run
+
+    base = _timed(sync, args.reps)
+    export = _timed(side(), args.reps)
+    arrival = _timed(side(), args.reps) + _timed(side(torch.bfloat16), args.reps)
+    kept = _timed(side(source=held), args.reps)
+    mib = sum(t.numel() * t.element_size() for t in tensors.values()) / 2**20
+    print(f"weight check per sync: {len(tensors)} tensors, {mib:.0f} MiB fp32 sent, bf16 held; {hardware()}")
+    print(f"baseline (one copy of each tensor into bf16): {base * 1e3:.1f} ms")
+    for label, secs in (("export print", export), ("arrival + cast print", arrival), ("held print", kept)):
+        print(f"{label:<22} {secs * 1e3:8.1f} ms  = {secs / base:.2f}x the copy")
+    total = export + arrival + kept
+    print(f"all three sides          {total * 1e3:8.1f} ms  = {total / base:.2f}x the copy")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
