@@ -99,6 +99,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         f"{PKG}.patches.hooks.training.token_mismatch",
         f"{PKG}.patches.hooks.training.token_figures",
         f"{PKG}.patches.hooks.training.next_token",
+        # the msprobe config's scope and module lists: contracts/msprobe_scope (issue 45)
+        f"{PKG}.patches.hooks.rollout.request_scope",
     ),
 }
 """Modules a group may not import although ``ALLOWED`` covers them."""

@@ -7,7 +7,7 @@ that a bad ``--steps`` fails before a cluster is started and not inside a vLLM w
 
 Both sides get the same ``list`` and ``data_mode``, so the two dumps hold the same modules and
 ``msprobe compare`` finds a counterpart for each. When the run captures a fraction of requests,
-the rollout config is written through ``request_scope.scoped_msprobe_config``: it carries the
+the rollout config is written through ``msprobe_scope.scoped_msprobe_config``: it carries the
 sentinel ``request_id`` that the vLLM dispatch hook requires at start-up (and that survives
 msprobe's config hot-reload). The training side is not scoped: each of its micro batches holds
 one sample already.
@@ -22,9 +22,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from verl_consistency.contracts import msprobe_scope
 from verl_consistency.contracts.atomic import write_json_atomic
 from verl_consistency.contracts.layout import RunLayout
-from verl_consistency.patches.hooks.rollout import request_scope
 
 STEP_RANK_MAX = 1_000_000
 """msprobe's ``Const.STEP_RANK_MAXIMUM_VALUE``."""
@@ -135,20 +135,20 @@ def parse_data_mode(text: str | None) -> list[DataMode] | None:
 def default_modules(task: Task, level: Level) -> list[str]:
     """msprobe ``list`` when ``--modules`` is not given.
 
-    Tensor mode at L0: attention and MLP blocks (``request_scope.BLOCK_TENSOR_LIST``); the full
+    Tensor mode at L0: attention and MLP blocks (``msprobe_scope.BLOCK_TENSOR_LIST``); the full
     module tree would save every leaf module's weights on every dumped step (about 1 GB for a
     0.5B model, ``bench/README-selective.md``). L1/mix ``list`` entries name APIs, so there is no
     module default there. Statistics mode: everything (its cost is per call, not per token).
     """
     if task is Task.TENSOR and level is Level.L0:
-        return list(request_scope.BLOCK_TENSOR_LIST)
+        return list(msprobe_scope.BLOCK_TENSOR_LIST)
     return []
 
 
 def default_data_mode(task: Task) -> list[DataMode]:
     """msprobe ``data_mode`` when ``--data-mode`` is not given: forward outputs for tensor mode."""
     if task is Task.TENSOR:
-        return list(request_scope.TENSOR_DATA_MODE)
+        return list(msprobe_scope.TENSOR_DATA_MODE)
     return ["all"]
 
 
@@ -200,12 +200,12 @@ def build(layout: RunLayout, options: DumpOptions) -> RunConfigs:
     """The inference side dumps under ``rollout/``, the training side under ``actor/``.
 
     The patched upstream appends ``<pid>`` to each (see ``verl_consistency.contracts.layout``). With
-    ``request_scoped`` the rollout config goes through ``request_scope.scoped_msprobe_config``,
+    ``request_scoped`` the rollout config goes through ``msprobe_scope.scoped_msprobe_config``,
     which raises ``ValueError`` for a task/level msprobe cannot scope.
     """
     rollout = options.config(layout.rollout_dir)
     if options.request_scoped:
-        rollout = MsprobeConfig.model_validate(request_scope.scoped_msprobe_config(rollout.to_json()))
+        rollout = MsprobeConfig.model_validate(msprobe_scope.scoped_msprobe_config(rollout.to_json()))
     return RunConfigs(rollout=rollout, actor=options.config(layout.actor_dir))
 
 

@@ -12,6 +12,7 @@
 | ``batch_fields`` | the fields one hook adds to verl's batch and another reads | hooks | hooks |
 | ``weight_labels`` | a weight sync's label and the keyword that carries it | hooks | hooks |
 | ``atomic`` | how every file is written (temp file, then rename) | every stage | |
+| ``msprobe_scope`` | a request-scoped msprobe config: sentinel, module lists | entrypoints | hooks |
 | ``process_local`` | a hook's per-process state (a forked child starts fresh) | hooks | hooks |
 | ``weight_records`` | ``weights/*.jsonl``: the weight check's records | hooks | postprocess |
 | ``safe_tar`` | which members of an untrusted tar are written | | bundle reader, model loader |
