@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from verl_consistency.contracts.records import RecordHeader
 
 WEIGHTS_DIR = "weights"
-"""Run-relative folder of the weight check's logs (``layout.RunLayout.weights_dir``)."""
+"""Run-relative folder of the weight check's logs (``hooks/weights/sync_log.weights_dir``)."""
 EXPORT_PREFIX = "export-"
 HELD_PREFIX = "held-"
 

@@ -23,6 +23,7 @@ import math
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -62,14 +63,19 @@ TOP_N = 20
 CAPTURE_N = 8
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
 class BadLine(BaseModel):
     file: str
     line: int
     error: str
 
 
-def _read(path: Path, model: type[BaseModel], bad: list[BadLine]) -> list[BaseModel]:
-    out: list[BaseModel] = []
+def read_models(path: Path, model: type[M], bad: list[BadLine]) -> list[M]:
+    """Each line of the JSONL file ``path`` as a ``model``; a line that does not validate goes to
+    ``bad`` (file, line, the error's first line) and is skipped; an unreadable file reads as empty."""
+    out: list[M] = []
     try:
         raw = path.read_bytes()
     except OSError:
@@ -88,7 +94,7 @@ def next_token_records(run_dir: Path, bad: list[BadLine] | None = None) -> list[
     bad = [] if bad is None else bad
     recs: list[tm.NextTokenRecord] = []
     for path in sorted((run_dir / "actor").glob(f"*/{tm.NEXT_TOKEN_LOG}")):
-        recs += [r for r in _read(path, tm.NextTokenRecord, bad) if isinstance(r, tm.NextTokenRecord)]
+        recs += read_models(path, tm.NextTokenRecord, bad)
     return recs
 
 
@@ -242,8 +248,8 @@ def build_section(
     """Read the token files of ``run_dir``; with ``results``, copy them there and write the capture
     file and ``token/responses.csv``."""
     bad: list[BadLine] = []
-    recs = [r for r in _read(run_dir / tm.TOKEN_LOG, tm.TokenRecord, bad) if isinstance(r, tm.TokenRecord)]
-    steps = [r for r in _read(run_dir / tm.STEP_LOG, tm.StepRecord, bad) if isinstance(r, tm.StepRecord)]
+    recs = read_models(run_dir / tm.TOKEN_LOG, tm.TokenRecord, bad)
+    steps = read_models(run_dir / tm.STEP_LOG, tm.StepRecord, bad)
     nexts = next_token_records(run_dir, bad)
     section = TokenSection(responses=len(recs), steps=steps, next_tokens=nexts, bad_lines=bad)
     rows = [tm.read_side(run_dir, r) for r in recs]

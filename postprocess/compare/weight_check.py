@@ -23,13 +23,9 @@ so a fault that starts at one sync and stays is named once with its start.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
-
-import orjson
-from pydantic import ValidationError
 
 from verl_consistency.contracts.weight_records import (
     EXPORT_PREFIX,
@@ -38,6 +34,7 @@ from verl_consistency.contracts.weight_records import (
     TensorPrint,
     WeightSyncRecord,
 )
+from verl_consistency.postprocess.compare.token_level import BadLine, read_models
 
 Kind = Literal["stale", "wrong_values", "missing", "wrong_shape", "wrong_dtype"]
 
@@ -81,17 +78,12 @@ class WeightCheck:
         return [d for v in self.versions for d in v.diffs]
 
 
-def _records(folder: Path, prefix: str, warnings: list[str]) -> Iterator[WeightSyncRecord]:
-    for path in sorted(folder.glob(f"{prefix}*.jsonl")):
-        with path.open("rb") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield WeightSyncRecord.model_validate(orjson.loads(line))
-                except (orjson.JSONDecodeError, ValidationError) as exc:
-                    first = str(exc).splitlines()[0]
-                    warnings.append(f"{path}:{n}: unreadable weight record, skipped ({first})")
+def _records(folder: Path, prefix: str, warnings: list[str]) -> list[WeightSyncRecord]:
+    bad: list[BadLine] = []
+    paths = sorted(folder.glob(f"{prefix}*.jsonl"))
+    found = [r for path in paths for r in read_models(path, WeightSyncRecord, bad)]
+    warnings.extend(f"{b.file}:{b.line}: unreadable weight record, skipped ({b.error})" for b in bad)
+    return found
 
 
 def _exports(folder: Path, warnings: list[str]) -> dict[int | None, WeightSyncRecord]:
@@ -99,12 +91,11 @@ def _exports(folder: Path, warnings: list[str]) -> dict[int | None, WeightSyncRe
     by_version: dict[int | None, WeightSyncRecord] = {}
     for rec in _records(folder, EXPORT_PREFIX, warnings):
         kept = by_version.get(rec.version)
-        if kept is None or rec.rank < kept.rank:
-            if kept is not None:
-                _compare_ranks(rec, kept, warnings)
-            by_version[rec.version] = rec
-        else:
-            _compare_ranks(kept, rec, warnings)
+        if kept is not None:
+            low, high = sorted((kept, rec), key=lambda r: r.rank)
+            _compare_ranks(low, high, warnings)
+            rec = low
+        by_version[rec.version] = rec
     return by_version
 
 
@@ -124,11 +115,12 @@ def _want(rec: WeightSyncRecord, name: str) -> TensorPrint | None:
     return (rec.expected or {}).get(name) or (rec.received or {}).get(name)
 
 
-def _last_load(name: str, history: list[WeightSyncRecord]) -> WeightSyncRecord | None:
-    """The latest earlier sync of this worker in which ``name`` arrived."""
+def _last_load(name: str, history: list[WeightSyncRecord]) -> tuple[WeightSyncRecord, TensorPrint] | None:
+    """The latest earlier sync of this worker in which ``name`` arrived, and what it loaded then."""
     for rec in reversed(history):
-        if _want(rec, name) is not None:
-            return rec
+        want = _want(rec, name)
+        if want is not None:
+            return rec, want
     return None
 
 
@@ -167,13 +159,12 @@ def judge(
             )
         return "wrong_values", "arrived intact, but vLLM's parameter holds other values after loading"
     last = _last_load(name, history)
-    last_want = _want(last, name) if last is not None else None
-    if last is not None and last_want is not None and held.same_values(last_want):
-        before = exports.get(last.version)
+    if last is not None and held.same_values(last[1]):
+        before = exports.get(last[0].version)
         old = before.tensors.get(name) if before is not None else None
         if old is not None and old.same_values(sent):
             return None  # not sent again, and the trainer's copy has not changed since
-        return "stale", f"holds version {last.version}'s values; it was not in this sync"
+        return "stale", f"holds version {last[0].version}'s values; it was not in this sync"
     if held.dtype == sent.dtype and held.same_values(sent):
         return None
     return "wrong_values", "not in this sync, and held values match no version this worker loaded"
@@ -199,6 +190,11 @@ def _check_version(
     return row
 
 
+def _version_order(version: int | None) -> tuple[bool, int]:
+    """Labelled versions in order, an unlabelled sync last."""
+    return version is None, version if version is not None else 0
+
+
 def check(run_dir: Path) -> WeightCheck:
     """Compare every sync in ``run_dir``; an empty check (``present`` False) without records."""
     folder = Path(run_dir) / WEIGHTS_DIR
@@ -211,11 +207,11 @@ def check(run_dir: Path) -> WeightCheck:
         workers.setdefault(rec.pid, []).append(rec)
     held: dict[int | None, list[tuple[WeightSyncRecord, list[WeightSyncRecord]]]] = {}
     for recs in workers.values():
-        recs.sort(key=lambda r: (r.version is None, r.version if r.version is not None else 0))
+        recs.sort(key=lambda r: _version_order(r.version))
         for i, rec in enumerate(recs):
             held.setdefault(rec.version, []).append((rec, recs[:i]))
     result.present = bool(exports or held)
-    order = sorted(set(exports) | set(held), key=lambda v: (v is None, v if v is not None else 0))
+    order = sorted(set(exports) | set(held), key=_version_order)
     for version in order:
         if version not in exports:
             result.warnings.append(f"weight check: vLLM loaded version {version}; no trainer export of it")

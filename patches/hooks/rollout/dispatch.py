@@ -45,13 +45,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from verl_consistency.contracts import capture, layout, records
 from verl_consistency.contracts.env import CAPTURE, RUN_DIR
+from verl_consistency.contracts.process_local import dist_rank
 from verl_consistency.patches.hooks.lanes import msprobe_lanes
 from verl_consistency.patches.hooks.rollout import request_scope, weight_sync
 
@@ -208,15 +208,6 @@ def in_batch_order(
     return sorted(reqs, key=lambda r: rank.get(r.request_id, len(rank)))
 
 
-def _dist_rank() -> int:
-    """The global rank when torch.distributed is up; never imports torch itself."""
-    torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None) if torch is not None else None
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    return 0
-
-
 def _dumped_now(service: Any) -> bool:
     """Did msprobe open ``step{current_iter}`` in this ``start()``?
 
@@ -347,7 +338,7 @@ class DispatchLogger:
             records.DispatchRecord(
                 timestamp=records.now(),
                 pid=self.pid,
-                rank=_dist_rank(),
+                rank=dist_rank() or 0,
                 step=step,
                 dump_path=(
                     layout.relative_to_run(service.config.dump_path, self.run_dir) if dumped else None

@@ -93,20 +93,32 @@ def _fused_parts(model: Any, name: str) -> tuple[str, int, list[str]] | None:
     return None
 
 
+def _holder(model: Any, name: str) -> tuple[Any, tuple[str, int, list[str]] | None] | str:
+    """The vLLM parameter that holds HF tensor ``name``, with its fused part (name, index, sibling
+    parts) when it is one; or why there is none."""
+    param = _param(model, name)
+    if param is not None:
+        return param, None
+    fused = _fused_parts(model, name)
+    if fused is None:
+        return "no parameter of vLLM's model holds it (not in packed_modules_mapping either)"
+    param = _param(model, fused[0])
+    if param is None:
+        return f"vLLM's model has no {fused[0]}"
+    return param, fused
+
+
 def locate(model: Any, name: str, seen: dict[str, tuple[tuple[int, ...], Any]]) -> Any | str:
     """The region of vLLM's parameter that holds HF tensor ``name`` (a tensor view), or why not."""
+    found = _holder(model, name)
+    if isinstance(found, str):
+        return found
+    param, fused = found
     shape = seen[name][0]
     rows = shape[0] if shape else 1
     start = 0
-    param = _param(model, name)
-    if param is None:
-        fused = _fused_parts(model, name)
-        if fused is None:
-            return "no parameter of vLLM's model holds it (not in packed_modules_mapping either)"
+    if fused is not None:
         target, index, siblings = fused
-        param = _param(model, target)
-        if param is None:
-            return f"vLLM's model has no {target}"
         missing = [s for s in siblings[:index] if s not in seen]
         if missing:
             return f"fused into {target} after {', '.join(missing)}, which never arrived"
@@ -123,11 +135,8 @@ def locate(model: Any, name: str, seen: dict[str, tuple[tuple[int, ...], Any]]) 
 
 def held_dtype(model: Any, name: str) -> Any | None:
     """The dtype of the vLLM parameter that will hold HF tensor ``name`` (None: no such parameter)."""
-    param = _param(model, name)
-    if param is None:
-        fused = _fused_parts(model, name)
-        param = _param(model, fused[0]) if fused is not None else None
-    return None if param is None else param.dtype
+    found = _holder(model, name)
+    return None if isinstance(found, str) else found[0].dtype
 
 
 class HeldCheck:
@@ -169,15 +178,17 @@ class HeldCheck:
         seen = _seen().tensors
         tp = tensor_parallel_size()
         unmapped: dict[str, str] = {}
-        for name in seen:
-            if tp > 1:
-                unmapped[name] = f"vLLM tensor parallel size {tp}: each worker holds a slice (not cut yet)"
-                continue
-            region = locate(model, name, seen)
-            if isinstance(region, str):
-                unmapped[name] = region
-            else:
-                held.add(name, region)
+        if tp > 1:
+            unmapped = dict.fromkeys(
+                seen, f"vLLM tensor parallel size {tp}: each worker holds a slice (not cut yet)"
+            )
+        else:
+            for name in seen:
+                region = locate(model, name, seen)
+                if isinstance(region, str):
+                    unmapped[name] = region
+                else:
+                    held.add(name, region)
         record = WeightSyncRecord(
             timestamp=now(),
             pid=os.getpid(),

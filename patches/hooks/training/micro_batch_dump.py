@@ -53,6 +53,7 @@ from typing import Any, Literal
 
 from verl_consistency.contracts import env, records, weight_labels
 from verl_consistency.contracts.batch_fields import PREFILL_ROWS
+from verl_consistency.contracts.process_local import dist_rank
 from verl_consistency.patches.hooks.lanes import msprobe_lanes
 from verl_consistency.patches.hooks.training import (
     dump_session,
@@ -156,14 +157,8 @@ def reset_for_tests() -> None:
 
 
 def _rank(engine: Any) -> int:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
-    except ImportError:
-        pass
-    return int(getattr(engine, "rank", 0) or 0)
+    rank = dist_rank()
+    return rank if rank is not None else int(getattr(engine, "rank", 0) or 0)
 
 
 def check_megatron_prompt_only(micro_batch: Any, packed: PackedLayout | None) -> None:

@@ -19,12 +19,10 @@ kernel launches a tensor, not ten.
 Any change of one element changes both sums (its bit pattern changes by a nonzero amount); a
 value moved to another row changes ``rows``, one moved within its row changes ``cols``. A scaled
 or stale tensor differs in nearly every element. The position weights are small (position mod a
-prime, plus one), and the two numbers leave the device once per sync (:class:`Collector`),
-not once per tensor.
+prime, plus one).
 
-A tensor of another dtype is compared in the dtype it was exported in: vLLM may hold fp32 what
-the trainer sent as bf16 (the cast up and back is exact), and :func:`fingerprint` takes the dtype
-to read it as.
+``dtype`` (:meth:`Collector.add`, :func:`fingerprint`) reads a tensor cast to another dtype first:
+vLLM's side prints each arrival as its loader will cast it (``rollout/weight_held.py``).
 """
 
 from __future__ import annotations
@@ -123,9 +121,6 @@ class Collector:
         self._rows.append(rows)
         self._cols.append(cols)
         self.seconds += time.perf_counter() - t0
-
-    def __len__(self) -> int:
-        return len(self._names)
 
     def finish(self) -> dict[str, TensorPrint]:
         t0 = time.perf_counter()

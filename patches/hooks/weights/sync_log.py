@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from verl_consistency.contracts import env
+from verl_consistency.contracts.process_local import dist_rank
 from verl_consistency.contracts.records import JsonlWriter
 from verl_consistency.contracts.weight_records import WEIGHTS_DIR, WeightSyncRecord, log_name
 
@@ -28,13 +29,9 @@ def weights_dir(environ: Mapping[str, str] | None = None) -> Path | None:
 
 def process_rank() -> int:
     """This process's rank in torch.distributed, else ``$RANK``, else 0."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
-    except ImportError:
-        pass
+    rank = dist_rank()
+    if rank is not None:
+        return rank
     try:
         return int(os.environ.get("RANK", "0"))
     except ValueError:
