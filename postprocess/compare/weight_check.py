@@ -23,6 +23,7 @@ so a fault that starts at one sync and stays is named once with its start.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -80,8 +81,13 @@ class WeightCheck:
 
 def _records(folder: Path, prefix: str, warnings: list[str]) -> list[WeightSyncRecord]:
     bad: list[BadLine] = []
-    paths = sorted(folder.glob(f"{prefix}*.jsonl"))
-    found = [r for path in paths for r in read_models(path, WeightSyncRecord, bad)]
+    readable = []
+    for path in sorted(folder.glob(f"{prefix}*.jsonl")):
+        if path.is_file() and os.access(path, os.R_OK):
+            readable.append(path)
+        else:
+            warnings.append(f"{path}: not a readable file; its weight records are not checked")
+    found = [r for path in readable for r in read_models(path, WeightSyncRecord, bad)]
     warnings.extend(f"{b.file}:{b.line}: unreadable weight record, skipped ({b.error})" for b in bad)
     return found
 

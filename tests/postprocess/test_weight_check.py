@@ -166,3 +166,14 @@ def test_a_tensor_not_resent_and_unchanged_is_not_a_difference(run: Path) -> Non
     _sync(trainer, vllm, 0)
     _sync(trainer, vllm, 1, lambda n, t: None if n == "1.bias" else t)
     assert _named(run) == {0: [], 1: []}
+
+
+def test_a_log_that_is_no_readable_file_is_named_not_read(run: Path) -> None:
+    """A folder (or a fifo, which would block a read) under the export name is named and passed by."""
+    _story(None)
+    (run / WEIGHTS_DIR / "export-99.jsonl").mkdir()
+    checked = weight_check.check(run)
+    assert checked.warnings == [
+        f"{run / WEIGHTS_DIR / 'export-99.jsonl'}: not a readable file; its weight records are not checked"
+    ]
+    assert [v.version for v in checked.versions] == [0, 1, 2]
