@@ -1,6 +1,7 @@
 """What the per-tensor weight check adds to a weight sync, on this machine (issue 42).
 
-``python -m bench.bench_weight_check [--layers 4 --hidden 512 --vocab 8192 --reps 5]``: a random
+``python -m bench.bench_weight_check [--layers 4 --hidden 512 --vocab 8192 --reps 5] [--shape 0.5b]
+[--device cuda]``: a random
 Qwen2's ``state_dict`` stands for verl's export. The baseline is the least a sync does with each
 tensor: one copy into a buffer of vLLM's dtype (bf16; verl's FSDP engine sends fp32). Against it,
 per tensor, the check's three sides as the hooks run them: the trainer's export print
@@ -19,8 +20,11 @@ from typing import Any
 
 from bench.support.hardware import hardware
 
+SHAPES = {"0.5b": {"layers": 24, "hidden": 896, "vocab": 151936, "intermediate": 4864}}
+"""``--shape``: Qwen2-0.5B's (the GPU runs' model: ``verl_gpu.sh synccost``'s SYNC_MODEL=0.5b)."""
 
-def _model_tensors(layers: int, hidden: int, vocab: int) -> dict[str, Any]:
+
+def _model_tensors(layers: int, hidden: int, vocab: int, intermediate: int | None = None) -> dict[str, Any]:
     import torch
 
     from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2, tiny_qwen2_config
@@ -28,10 +32,10 @@ def _model_tensors(layers: int, hidden: int, vocab: int) -> dict[str, Any]:
     config = tiny_qwen2_config(
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=hidden * 3,
+        intermediate_size=intermediate or hidden * 3,
         num_hidden_layers=layers,
         num_attention_heads=max(hidden // 64, 1),
-        num_key_value_heads=max(hidden // 256, 1),
+        num_key_value_heads=max(hidden // 448, 1) if hidden % 448 == 0 else max(hidden // 256, 1),
         tie_word_embeddings=True,
     )
     with torch.no_grad():
@@ -57,13 +61,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--shape", choices=sorted(SHAPES), help="a named model shape instead of the sizes")
+    ap.add_argument("--device", default="cpu", help="where the tensors live (cuda: the GPU form)")
     args = ap.parse_args(argv)
-    tensors = _model_tensors(args.layers, args.hidden, args.vocab)
+    sizes = SHAPES[args.shape] if args.shape else {"layers": args.layers, "hidden": args.hidden}
+    sizes.setdefault("vocab", args.vocab)
+    tensors = {n: t.to(args.device) for n, t in _model_tensors(**sizes).items()}
     held = {n: torch.empty_like(t, dtype=torch.bfloat16) for n, t in tensors.items()}
 
     def sync() -> None:
         for n, t in tensors.items():
             held[n].copy_(t)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
 
     def side(dtype: Any | None = None, source: dict[str, Any] | None = None) -> Callable[[], object]:
         def run() -> object:
@@ -74,12 +84,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return run
 
+    for fn in (sync, side()):  # warm up: allocator, kernels
+        fn()
     base = _timed(sync, args.reps)
     export = _timed(side(), args.reps)
     arrival = _timed(side(), args.reps) + _timed(side(torch.bfloat16), args.reps)
     kept = _timed(side(source=held), args.reps)
     mib = sum(t.numel() * t.element_size() for t in tensors.values()) / 2**20
-    print(f"weight check per sync: {len(tensors)} tensors, {mib:.0f} MiB fp32 sent, bf16 held; {hardware()}")
+    gpu = f"{torch.cuda.get_device_name()}, " if args.device.startswith("cuda") else ""
+    where = f"{gpu}{hardware()}"
+    print(f"weight check per sync: {len(tensors)} tensors, {mib:.0f} MiB fp32 sent, bf16 held; {where}")
     print(f"baseline (one copy of each tensor into bf16): {base * 1e3:.1f} ms")
     for label, secs in (("export print", export), ("arrival + cast print", arrival), ("held print", kept)):
         print(f"{label:<22} {secs * 1e3:8.1f} ms  = {secs / base:.2f}x the copy")

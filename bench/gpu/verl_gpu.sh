@@ -381,6 +381,16 @@ if [ "$cmd" = lanes ]; then
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
   exit $rc
 fi
+if [ "$cmd" = weightbench ]; then
+  # Issue 42's fingerprint alone: bench/bench_weight_check.py of THIS checkout on the GPU, Qwen2-0.5B's
+  # 291 tensors (fp32 as verl's FSDP engine exports them, bf16 as vLLM holds them): each side of the
+  # check per sync against one bf16 copy of every tensor. Needs only torch; ~1 min. The check against a
+  # real sync's own time is `synccost`. Writes $OUT/weight-check-gpu.txt.
+  from_checkout weightbench
+  (cd "$REPO" && python3 -m bench.bench_weight_check --shape 0.5b --device cuda --reps "${REPS:-5}") \
+    2>&1 | tee "$OUT/weight-check-gpu.txt"
+  rc=$?; stamp weightbench; exit $rc
+fi
 if [ "$cmd" = check ]; then
   # Issue 22: `verl-consistency check --device cuda` of THIS checkout on the unpacked next set (vLLM
   # 0.23.0 with FlashAttention 3, verl 0.9.1's FSDP engine with sdpa, bf16), on a random bf16 Qwen2 of
@@ -579,4 +589,4 @@ if [ "$cmd" = fullyasync ]; then
   tail -25 "$log/postprocess.log" | tee -a "$OUT/fullyasync.log"
   exit $rc
 fi
-echo "usage: $0 prepare [STAGE] | pack [STAGE] | stage p1|p2|p3|packed/cN | run [MODE:PHASE ...] | cost | lanes | check | token | setup | ride | fullyasync" >&2; exit 2
+echo "usage: $0 prepare [STAGE] | pack [STAGE] | stage p1|p2|p3|packed/cN | run [MODE:PHASE ...] | cost | lanes | check | token | setup | ride | fullyasync | weightbench | synccost" >&2; exit 2

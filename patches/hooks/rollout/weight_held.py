@@ -70,11 +70,34 @@ def tensor_parallel_size() -> int:
         return 1
 
 
-def _param(model: Any, name: str) -> Any | None:
-    try:
-        return model.get_parameter(name)
-    except (AttributeError, KeyError, TypeError):
-        return None
+class _Params:
+    """The model's parameters by name, read once per phase of a sync (one walk of the modules, then
+    a dict lookup per tensor instead of ``get_parameter``'s walk: the host's time per tensor is
+    most of the check's cost). Tied names (``lm_head.weight`` = the embedding) are kept; a name the
+    walk does not list still goes through ``get_parameter``. Built again after
+    ``process_weights_after_loading``, which may replace a parameter."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        try:
+            self.by_name = dict(model.named_parameters(remove_duplicate=False))
+        except (AttributeError, TypeError):  # no torch module: only get_parameter (tests' stand-ins)
+            self.by_name = {}
+        self.fused: dict[str, tuple[str, int, list[str]] | None] = {}
+
+    def get(self, name: str) -> Any | None:
+        param = self.by_name.get(name)
+        if param is not None:
+            return param
+        try:
+            return self.model.get_parameter(name)
+        except (AttributeError, KeyError, TypeError):
+            return None
+
+    def fused_parts(self, name: str) -> tuple[str, int, list[str]] | None:
+        if name not in self.fused:
+            self.fused[name] = _fused_parts(self.model, name)
+        return self.fused[name]
 
 
 def _fused_parts(model: Any, name: str) -> tuple[str, int, list[str]] | None:
@@ -93,24 +116,26 @@ def _fused_parts(model: Any, name: str) -> tuple[str, int, list[str]] | None:
     return None
 
 
-def _holder(model: Any, name: str) -> tuple[Any, tuple[str, int, list[str]] | None] | str:
+def _holder(params: _Params, name: str) -> tuple[Any, tuple[str, int, list[str]] | None] | str:
     """The vLLM parameter that holds HF tensor ``name``, with its fused part (name, index, sibling
     parts) when it is one; or why there is none."""
-    param = _param(model, name)
+    param = params.get(name)
     if param is not None:
         return param, None
-    fused = _fused_parts(model, name)
+    fused = params.fused_parts(name)
     if fused is None:
         return "no parameter of vLLM's model holds it (not in packed_modules_mapping either)"
-    param = _param(model, fused[0])
+    param = params.get(fused[0])
     if param is None:
         return f"vLLM's model has no {fused[0]}"
     return param, fused
 
 
-def locate(model: Any, name: str, seen: dict[str, tuple[tuple[int, ...], Any]]) -> Any | str:
+def locate(
+    model: Any, name: str, seen: dict[str, tuple[tuple[int, ...], Any]], params: _Params | None = None
+) -> Any | str:
     """The region of vLLM's parameter that holds HF tensor ``name`` (a tensor view), or why not."""
-    found = _holder(model, name)
+    found = _holder(params or _Params(model), name)
     if isinstance(found, str):
         return found
     param, fused = found
@@ -133,9 +158,9 @@ def locate(model: Any, name: str, seen: dict[str, tuple[tuple[int, ...], Any]]) 
     return held.narrow(0, start, rows).reshape(shape)
 
 
-def held_dtype(model: Any, name: str) -> Any | None:
+def held_dtype(model: Any, name: str, params: _Params | None = None) -> Any | None:
     """The dtype of the vLLM parameter that will hold HF tensor ``name`` (None: no such parameter)."""
-    found = _holder(model, name)
+    found = _holder(params or _Params(model), name)
     return None if isinstance(found, str) else found[0].dtype
 
 
@@ -157,11 +182,18 @@ class HeldCheck:
     def receiving(self, on_bucket: Callable[..., Any]) -> Callable[..., Any]:
         """verl's bucket callback, with each tensor fingerprinted before it is loaded."""
         seen = _seen().tensors
+        params = _Params(self.model) if self.model is not None else None
+        targets: dict[str, Any] = {}
 
         def fingerprinted(weights: list[tuple[str, Any]], *args: Any, **kwargs: Any) -> Any:
             for name, tensor in weights:
                 self.received.add(name, tensor)
-                target = held_dtype(self.model, name) if self.model is not None else None
+                if params is None:
+                    target = None
+                elif name in targets:
+                    target = targets[name]
+                else:
+                    target = targets[name] = held_dtype(self.model, name, params)
                 if target is not None and target != tensor.dtype:
                     self.expected.add(name, tensor, target)
                 seen[name] = (tuple(tensor.shape), tensor.dtype)
@@ -183,8 +215,9 @@ class HeldCheck:
                 seen, f"vLLM tensor parallel size {tp}: each worker holds a slice (not cut yet)"
             )
         else:
+            params = _Params(model)
             for name in seen:
-                region = locate(model, name, seen)
+                region = locate(model, name, seen, params)
                 if isinstance(region, str):
                     unmapped[name] = region
                 else:

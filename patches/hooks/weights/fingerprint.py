@@ -38,35 +38,48 @@ products and sums stay far below 2^63; were one to wrap, int64 arithmetic wraps 
 torch device, and a sum mod 2^64 is as exact and order-free as one that does not."""
 
 
+_INT_VIEWS: dict[int, Any] = {}
+"""Element size -> the integer dtype of that width (filled on first use: torch is imported late)."""
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _int_view(size: int) -> Any:
+    if not _INT_VIEWS:
+        import torch
+
+        _INT_VIEWS.update({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64})
+    return _INT_VIEWS[size]
+
+
 def _as_matrix(t: Any) -> Any:
     """The tensor's bit patterns as an integer matrix (rows: the first dim; a vector is a column)."""
-    import torch
-
-    views = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    x = t.detach()
-    if x.dtype == torch.bool:
-        x = x.to(torch.int8)
-    x = x.contiguous().view(views[x.element_size()])
-    if x.dim() == 0:
-        return x.reshape(1, 1)
-    if x.dim() == 1:
+    x = t.detach().contiguous()
+    x = x.view(_int_view(x.element_size()))  # a bool is one byte: it views as int8 too
+    dims = x.dim()
+    if dims == 2:
+        return x
+    if dims == 1:
         return x.reshape(-1, 1)
+    if dims == 0:
+        return x.reshape(1, 1)
     return x.reshape(x.shape[0], -1)
 
 
 def _reduce(t: Any, dtype: Any | None) -> tuple[Any, Any]:
     """The row sums and column sums of ``t``'s bit patterns (read in ``dtype``), int64 on its device:
-    the only per-tensor kernels; the position weights are applied to all tensors at once later."""
-    import torch
-
+    the only per-tensor kernels; the position weights are applied to all tensors at once later.
+    On a GPU the host's time per tensor is most of the check's cost (a sync is a few hundred
+    tensors, each reduced in microseconds), so this makes as few calls into torch as it can."""
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     m = _as_matrix(t)
-    return m.sum(dim=1, dtype=torch.int64), m.sum(dim=0, dtype=torch.int64)
+    i64 = _int_view(8)
+    return m.sum(dim=1, dtype=i64), m.sum(dim=0, dtype=i64)
 
 
-def _weighted_sums(vectors: list[Any], offset: int) -> list[int]:
-    """For each vector v: sum_i v[i] * ((i + offset) mod P + 1), all vectors in a few kernels.
+def _weighted_sums(vectors: list[Any], offsets: list[int]) -> list[int]:
+    """For each vector v with its offset o: sum_i v[i] * ((i + o) mod P + 1), all in a few kernels
+    and one copy to the host.
 
     The vectors are concatenated, each element is weighted by its position within its own vector,
     and the per-vector sums are read off a running sum (int64 arithmetic wraps mod 2^64, so a
@@ -75,19 +88,22 @@ def _weighted_sums(vectors: list[Any], offset: int) -> list[int]:
 
     lengths = [int(v.numel()) for v in vectors]
     device = vectors[0].device
-    flat = torch.cat([v.reshape(-1) for v in vectors])
+    flat = torch.cat(vectors)  # each a 1-D sum vector
     lens = torch.tensor(lengths, dtype=torch.int64)
     starts = torch.cumsum(lens, 0) - lens
-    pos = torch.arange(flat.numel(), dtype=torch.int64) - torch.repeat_interleave(starts, lens)
-    weights = ((pos + offset) % _PRIME + 1).to(device)
+    shift = torch.repeat_interleave(torch.tensor(offsets, dtype=torch.int64) - starts, lens)
+    weights = ((torch.arange(flat.numel(), dtype=torch.int64) + shift) % _PRIME + 1).to(device)
     running = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), (flat * weights).cumsum(0)])
     ends = (starts + lens).to(device)
     sums = running[ends] - running[starts.to(device)]
-    return [int(x) for x in sums.cpu().tolist()]
+    return sums.cpu().tolist()
 
 
 def dtype_name(dtype: Any) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 def fingerprint(t: Any, dtype: Any | None = None) -> TensorPrint:
@@ -129,11 +145,14 @@ class Collector:
         for i, r in enumerate(self._rows):
             by_device.setdefault(r.device, []).append(i)
         for idxs in by_device.values():
-            rows = _weighted_sums([self._rows[i] for i in idxs], 0)
-            cols = _weighted_sums([self._cols[i] for i in idxs], 7)
-            for i, r, c in zip(idxs, rows, cols, strict=True):
+            n = len(idxs)
+            sums = _weighted_sums(
+                [self._rows[i] for i in idxs] + [self._cols[i] for i in idxs], [0] * n + [7] * n
+            )
+            for i, r, c in zip(idxs, sums[:n], sums[n:], strict=True):
                 shape, dtype = self._meta[i]
-                found[i] = TensorPrint(shape=shape, dtype=dtype, rows=r, cols=c)
+                # built without validation: the fields are ints and strings made just above
+                found[i] = TensorPrint.model_construct(shape=shape, dtype=dtype, rows=r, cols=c)
         self._rows.clear()
         self._cols.clear()
         self.seconds += time.perf_counter() - t0
