@@ -12,7 +12,7 @@ sync, dumped or not:
   holds it once loaded (``qkv_proj`` holds ``q_proj``, ``k_proj`` and ``v_proj`` one after the other,
   as vLLM's ``packed_modules_mapping`` of the model says), and the tensors it could not map.
 
-A fingerprint is two exact integer sums over the tensor's bit patterns (row sums and column sums,
+A fingerprint is two exact integer sums over the tensor's bytes as words (row sums and column sums,
 each weighted by position; ``patches/hooks/weights/fingerprint.py`` says why), so an exact copy gives the same
 two numbers on any device and in any reduction order, and nothing else is compared approximately.
 ``postprocess/compare/weight_check.py`` reads both and names each tensor that differs.
@@ -46,7 +46,9 @@ class TensorPrint(BaseModel):
 
     shape: list[int]
     dtype: str = Field(description="torch's name without 'torch.', e.g. bfloat16")
-    rows: int = Field(description="sum over rows of (row's bit-pattern sum x position weight), mod 2^64")
+    rows: int = Field(
+        description="sum over rows of (row's sum of 32-bit words mod 2^32, x position weight), mod 2^64"
+    )
     cols: int = Field(description="the same over columns")
 
     def same_values(self, other: TensorPrint) -> bool:

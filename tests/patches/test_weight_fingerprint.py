@@ -65,6 +65,68 @@ def test_an_fp32_copy_of_bf16_values_reads_back_exactly() -> None:
     assert fingerprint(held).dtype == "float32"
 
 
+def _reference(t: torch.Tensor) -> tuple[int, int]:
+    """The fingerprint's definition in plain Python, from the tensor's bytes: 32-bit little-endian
+    words per row, row and column sums mod 2^32 (read signed), weighted by position mod 65521 plus
+    one (columns offset by 7), summed mod 2^64 (read signed)."""
+    rows_n = t.shape[0] if t.dim() else 1
+    raw = t.contiguous().view(-1).view(torch.uint8).tolist()
+    per_row = len(raw) // rows_n
+    words = [
+        [
+            int.from_bytes(bytes(raw[r * per_row + i : r * per_row + i + 4]), "little")
+            for i in range(0, per_row, 4)
+        ]
+        for r in range(rows_n)
+    ]
+
+    def signed(v: int, bits: int) -> int:
+        v %= 1 << bits
+        return v - (1 << bits) if v >= 1 << (bits - 1) else v
+
+    row_sums = [signed(sum(w), 32) for w in words]
+    col_sums = [signed(sum(w[c] for w in words), 32) for c in range(len(words[0]))]
+    rows = sum(v * (i % 65521 + 1) for i, v in enumerate(row_sums))
+    cols = sum(v * ((i + 7) % 65521 + 1) for i, v in enumerate(col_sums))
+    return signed(rows, 64), signed(cols, 64)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [((16, 8), torch.bfloat16), ((5, 3), torch.float32), ((4, 6), torch.float16), ((6, 12), torch.int8)],
+)
+def test_the_print_is_its_definition_over_the_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    t = (_t(*shape) * 50).to(dtype) if dtype == torch.int8 else _t(*shape, dtype=dtype)
+    p = fingerprint(t)
+    assert (p.rows, p.cols) == _reference(t)
+
+
+def test_sums_past_32_bits_wrap_the_same_in_any_order() -> None:
+    # every word near 2^31: a row's sum wraps mod 2^32 many times over
+    t = torch.full((64, 256), 2**31 - 3, dtype=torch.int32)
+    t[7, 9] = -(2**31)
+    p = fingerprint(t)
+    assert (p.rows, p.cols) == _reference(t)
+    assert fingerprint(t.flip(0).contiguous().flip(0)) == p  # same values, computed from another buffer
+
+
+def test_two_halves_of_one_word_swapped_and_odd_shapes_are_seen() -> None:
+    t = _t(6, 8)
+    swapped = t.clone()
+    swapped[3, 4], swapped[3, 5] = t[3, 5], t[3, 4]  # one word's two bf16 trade places
+    assert t[3, 4] != t[3, 5]
+    assert not fingerprint(swapped).same_values(fingerprint(t))
+    odd = _t(5, 7)  # rows of 14 bytes: widened, not viewed
+    bumped = odd.clone()
+    bumped.view(torch.int16)[4, 6] += 1
+    assert not fingerprint(bumped).same_values(fingerprint(odd))
+    vec = _t(9)  # an odd bf16 vector
+    assert fingerprint(vec) == fingerprint(vec.clone())
+    assert not fingerprint(vec.flip(0)).same_values(fingerprint(vec))
+    big = torch.arange(12, dtype=torch.float64).reshape(3, 4)  # 8-byte elements: int64 words
+    assert not fingerprint(big.flip(1).contiguous()).same_values(fingerprint(big))
+
+
 def test_the_collector_matches_one_at_a_time_and_counts_its_time() -> None:
     c = Collector()
     tensors = {f"w{i}": _t(8, 4 + i, seed=i) for i in range(5)}

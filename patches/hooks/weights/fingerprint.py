@@ -4,22 +4,26 @@ Both ends of a weight sync fingerprint the same tensor: the trainer as it export
 holds it. An exact copy must give the same fingerprint on any device, whatever order a reduction
 adds in; anything else must almost surely differ. Floating-point sums fail the first (their
 rounding depends on the order), hashing the bytes on the host costs a device-to-host copy of the
-whole model at every sync. So the fingerprint sums **integers**: the tensor's bit patterns (a
-bf16 read as int16, an fp32 as int32), accumulated in int64, where addition is exact and
-associative (mod 2^64 if it ever wraps, which is still exact). Two sums, both on the device and
-both one pass over memory the sync reads anyway:
+whole model at every sync. So the fingerprint sums **integers**: the tensor's bytes read as 32-bit
+words (an fp32 element is one word, two bf16 elements side by side are one), summed mod 2^32 in
+int32, where addition is exact and associative whatever the order and the device. Two sums, both
+on the device and both one pass over memory the sync reads anyway:
 
-* ``rows``: each row's sum of bit patterns, weighted by the row's position;
-* ``cols``: each column's sum, weighted by the column's position.
+* ``rows``: each row's sum of words, weighted by the row's position;
+* ``cols``: each column's sum of words, weighted by the column's position.
 
-Per tensor that is two reductions; the weighting and the final sums of every tensor of a sync are
-done together at the end (:class:`Collector`), so a sync of a few hundred tensors costs about two
-kernel launches a tensor, not ten.
+Per tensor that is two reductions, read in place: the words are a view of the tensor's own memory
+and each sum stays in int32 (a sum in a wider type than its input makes torch copy the whole
+tensor into that type first: measured on an H100, that copy made the check 8x a bf16 copy of the
+model). The weighting and the final sums of every tensor of a sync are done together at the end
+(:class:`Collector`), so a sync of a few hundred tensors costs two kernel launches a tensor.
 
-Any change of one element changes both sums (its bit pattern changes by a nonzero amount); a
-value moved to another row changes ``rows``, one moved within its row changes ``cols``. A scaled
-or stale tensor differs in nearly every element. The position weights are small (position mod a
-prime, plus one).
+Any change of one element changes both sums (its word changes by a nonzero amount below 2^32, so
+mod 2^32 too); a value moved to another row changes ``rows``, one moved to another word of its row
+changes ``cols`` (two bf16 swapped within one word change the word). A scaled or stale tensor
+differs in nearly every element. The position weights are small (position mod a prime, plus one).
+8-byte elements are read as int64 words; a tensor whose rows are not a whole number of words (an
+odd-length bf16 row) is widened to int32 first, a copy only such rare tensors pay.
 
 ``dtype`` (:meth:`Collector.add`, :func:`fingerprint`) reads a tensor cast to another dtype first:
 vLLM's side prints each arrival as its loader will cast it (``rollout/weight_held.py``).
@@ -51,10 +55,8 @@ def _int_view(size: int) -> Any:
     return _INT_VIEWS[size]
 
 
-def _as_matrix(t: Any) -> Any:
-    """The tensor's bit patterns as an integer matrix (rows: the first dim; a vector is a column)."""
-    x = t.detach().contiguous()
-    x = x.view(_int_view(x.element_size()))  # a bool is one byte: it views as int8 too
+def _as_matrix(x: Any) -> Any:
+    """An integer tensor as a matrix (rows: the first dim; a vector is a column)."""
     dims = x.dim()
     if dims == 2:
         return x
@@ -65,30 +67,44 @@ def _as_matrix(t: Any) -> Any:
     return x.reshape(x.shape[0], -1)
 
 
+def _as_words(t: Any) -> Any:
+    """The tensor's bytes as a matrix of words, a view of its memory wherever the bytes allow."""
+    x = t.detach().contiguous()
+    size = x.element_size()
+    m = _as_matrix(x.view(_int_view(size)))  # a bool is one byte: it views as int8 too
+    if size >= 4:
+        return m
+    if m.shape[1] * size % 4 == 0:  # whole words per row
+        return m.view(_int_view(4))
+    if m.shape[1] == 1 and m.shape[0] * size % 4 == 0:  # a vector: a column of words
+        return m.reshape(-1).view(_int_view(4)).reshape(-1, 1)
+    return m.to(_int_view(4))
+
+
 def _reduce(t: Any, dtype: Any | None) -> tuple[Any, Any]:
-    """The row sums and column sums of ``t``'s bit patterns (read in ``dtype``), int64 on its device:
-    the only per-tensor kernels; the position weights are applied to all tensors at once later.
-    On a GPU the host's time per tensor is most of the check's cost (a sync is a few hundred
-    tensors, each reduced in microseconds), so this makes as few calls into torch as it can."""
+    """The row sums and column sums of ``t``'s words (``t`` read in ``dtype``), in the words' own
+    integer type on its device: the only per-tensor kernels; the position weights are applied to
+    all tensors at once later. On a GPU the host's time per tensor is a large part of the check's
+    cost (a sync is a few hundred tensors), so this makes as few calls into torch as it can."""
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
-    m = _as_matrix(t)
-    i64 = _int_view(8)
-    return m.sum(dim=1, dtype=i64), m.sum(dim=0, dtype=i64)
+    m = _as_words(t)
+    return m.sum(dim=1, dtype=m.dtype), m.sum(dim=0, dtype=m.dtype)
 
 
 def _weighted_sums(vectors: list[Any], offsets: list[int]) -> list[int]:
     """For each vector v with its offset o: sum_i v[i] * ((i + o) mod P + 1), all in a few kernels
     and one copy to the host.
 
-    The vectors are concatenated, each element is weighted by its position within its own vector,
+    The vectors (int32 or int64 sums, widened to int64 here: a few thousand numbers a tensor) are
+    concatenated, each element is weighted by its position within its own vector,
     and the per-vector sums are read off a running sum (int64 arithmetic wraps mod 2^64, so a
     difference of running sums is the exact segment sum even past a wrap)."""
     import torch
 
     lengths = [int(v.numel()) for v in vectors]
     device = vectors[0].device
-    flat = torch.cat(vectors)  # each a 1-D sum vector
+    flat = torch.cat([v.to(torch.int64) for v in vectors])  # each a 1-D sum vector
     lens = torch.tensor(lengths, dtype=torch.int64)
     starts = torch.cumsum(lens, 0) - lens
     shift = torch.repeat_interleave(torch.tensor(offsets, dtype=torch.int64) - starts, lens)
