@@ -36,6 +36,8 @@ class Repaired:
     """A fixture's run folder and what the CLI made of it."""
 
     run_dir: Path
+    results: Path
+    """The bundle's ``results/``, extracted."""
     run: dict[str, Any]
     manifest: dict[str, Any]
     summary: dict[str, Any]
@@ -50,6 +52,7 @@ def repair(archive: str, run_id: str, tmp: pytest.TempPathFactory) -> Repaired:
     results = out.extracted / "results"
     return Repaired(
         run_dir=run_dir,
+        results=results,
         run=json.loads((run_dir / "run.json").read_text()),
         manifest=out.manifest(),
         summary=json.loads((results / "summary.json").read_text()),
