@@ -127,6 +127,17 @@ def test_two_halves_of_one_word_swapped_and_odd_shapes_are_seen() -> None:
     assert not fingerprint(big.flip(1).contiguous()).same_values(fingerprint(big))
 
 
+def test_a_rows_only_print_checks_a_transport_not_a_layout() -> None:
+    t = _t(8, 8)
+    full, rows_only = fingerprint(t), fingerprint(t, cols=False)
+    assert (rows_only.rows, rows_only.cols) == (full.rows, None)
+    swapped = t.clone()
+    swapped[2, 1], swapped[2, 5] = t[2, 5], t[2, 1]
+    assert fingerprint(swapped, cols=False).same_values(full), "a swap within a row: rows alone cannot tell"
+    assert not fingerprint(swapped).same_values(full)
+    assert not fingerprint(t * 2, cols=False).same_values(full), "a changed value: they can"
+
+
 def test_the_collector_matches_one_at_a_time_and_counts_its_time() -> None:
     c = Collector()
     tensors = {f"w{i}": _t(8, 4 + i, seed=i) for i in range(5)}

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from verl_consistency.contracts import env
-from verl_consistency.contracts.weight_records import WEIGHTS_DIR
+from verl_consistency.contracts.weight_records import WEIGHTS_DIR, WeightSyncRecord
 from verl_consistency.patches.hooks.rollout import weight_held
 from verl_consistency.patches.hooks.training import weight_export
 from verl_consistency.postprocess.compare import weight_check
@@ -177,3 +177,44 @@ def test_a_log_that_is_no_readable_file_is_named_not_read(run: Path) -> None:
         f"{run / WEIGHTS_DIR / 'export-99.jsonl'}: not a readable file; its weight records are not checked"
     ]
     assert [v.version for v in checked.versions] == [0, 1, 2]
+
+
+def test_a_cast_arrival_is_printed_for_its_transport_and_its_cast_copy_for_the_model(run: Path) -> None:
+    """fp32 sent, bf16 held: the export and the arrival carry row sums alone (a transport check,
+    one reduction each), the arrival cast as the loader casts it carries both sums, and so does the
+    held print; an arrival held in its own dtype is the model's expected print and carries both."""
+    _story(None, held=torch.bfloat16)
+    records = [
+        WeightSyncRecord.model_validate_json(line)
+        for log in sorted((run / WEIGHTS_DIR).glob("*.jsonl"))
+        for line in log.read_text().splitlines()
+    ]
+    export = next(r for r in records if r.side == "export")
+    held = next(r for r in records if r.side == "held")
+    assert all(p.cols is None for p in export.tensors.values())
+    assert held.received is not None
+    assert held.expected is not None
+    assert all(p.cols is None for p in held.received.values())
+    assert all(p.cols is not None and p.dtype == "bfloat16" for p in held.expected.values())
+    assert all(p.cols is not None for p in held.tensors.values())
+
+
+def test_a_row_swapped_within_itself_on_loading_is_named_by_the_column_sums(run: Path) -> None:
+    """Two values of one row traded places between arrival and model: the row sums cannot see it,
+    the column sums of the model against its expected print do."""
+    trainer, vllm = _model(), _model()
+
+    def swap_on_load(weights: list[tuple[str, torch.Tensor]]) -> None:
+        for name, t in weights:
+            data = t.clone()
+            if name == "0.weight":
+                data[3, 1], data[3, 6] = t[3, 6], t[3, 1]
+            vllm.get_parameter(name).data.copy_(data)
+
+    check = weight_held.begin(0, vllm)
+    assert check is not None
+    check.receiving(swap_on_load)(
+        list(weight_export.exporting(((n, p.detach().clone()) for n, p in trainer.named_parameters()), 0))
+    )
+    check.finish(vllm)
+    assert _named(run) == {0: [("0.weight", "wrong_values")]}

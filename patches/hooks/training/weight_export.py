@@ -5,7 +5,9 @@ takes the engine's ``get_per_tensor_param()`` stream (full HF-named tensors: FSD
 Megatron converted, cast as verl syncs them) and hands it to the colocated rollout
 (``ServerAdapter.update_weights``) or to the checkpoint engine of the separate pools. Patch 0007
 wraps that stream with :func:`exporting` at the one place both paths share, so what is
-fingerprinted is exactly what verl sends, before any transport can lose or change it. Each
+fingerprinted is exactly what verl sends, before any transport can lose or change it (row sums
+alone: this print is compared with each arrival, and a transport that changes, truncates or
+shifts a tensor moves them; the layout checks are vLLM's, against what it should hold). Each
 tensor's sums are taken as it passes (it may be freed right after), and the record is written
 when the stream ends: ``<run>/weights/export-<pid>.jsonl``, one line per sync
 (``contracts/weight_records.py``).
@@ -36,7 +38,7 @@ def exporting(params: Iterable[tuple[str, Any]], global_steps: object) -> Iterat
         return
     collector = Collector()
     for name, tensor in params:
-        collector.add(name, tensor)
+        collector.add(name, tensor, cols=False)  # compared with what arrives: the row sums tell
         yield name, tensor
     tensors = collector.finish()
     write(

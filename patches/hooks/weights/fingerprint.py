@@ -81,7 +81,7 @@ def _as_words(t: Any) -> Any:
     return m.to(_int_view(4))
 
 
-def _reduce(t: Any, dtype: Any | None) -> tuple[Any, Any]:
+def _reduce(t: Any, dtype: Any | None, cols: bool = True) -> tuple[Any, Any | None]:
     """The row sums and column sums of ``t``'s words (``t`` read in ``dtype``), in the words' own
     integer type on its device: the only per-tensor kernels; the position weights are applied to
     all tensors at once later. On a GPU the host's time per tensor is a large part of the check's
@@ -89,7 +89,7 @@ def _reduce(t: Any, dtype: Any | None) -> tuple[Any, Any]:
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     m = _as_words(t)
-    return m.sum(dim=1, dtype=m.dtype), m.sum(dim=0, dtype=m.dtype)
+    return m.sum(dim=1, dtype=m.dtype), (m.sum(dim=0, dtype=m.dtype) if cols else None)
 
 
 def _weighted_sums(vectors: list[Any], offsets: list[int]) -> list[int]:
@@ -122,10 +122,10 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
-def fingerprint(t: Any, dtype: Any | None = None) -> TensorPrint:
+def fingerprint(t: Any, dtype: Any | None = None, *, cols: bool = True) -> TensorPrint:
     """One tensor's :class:`TensorPrint` at once (tests, and callers with a handful of tensors)."""
     collector = Collector()
-    collector.add("t", t, dtype)
+    collector.add("t", t, dtype, cols=cols)
     return collector.finish()["t"]
 
 
@@ -136,6 +136,11 @@ class Collector:
     sender or loader can reuse its buffer); the position weights and the final sums of all tensors
     are a handful of kernels at :meth:`finish`, and one copy to the host. ``seconds`` is the time
     spent here on the host's clock, synchronised at :meth:`finish` so that it includes the device's.
+
+    ``cols=False`` takes the row sums alone, one reduction: enough for a print that only checks a
+    transport (sent against arrived: a change, a truncation or a shifted buffer moves the row sums),
+    where the layout checks are those of the model against its expected values
+    (:meth:`TensorPrint.same_values` compares the column sums only where both prints have them).
     """
 
     def __init__(self) -> None:
@@ -145,13 +150,13 @@ class Collector:
         self._cols: list[Any] = []
         self.seconds = 0.0
 
-    def add(self, name: str, t: Any, dtype: Any | None = None) -> None:
+    def add(self, name: str, t: Any, dtype: Any | None = None, *, cols: bool = True) -> None:
         t0 = time.perf_counter()
-        rows, cols = _reduce(t, dtype)
+        rows, col_sums = _reduce(t, dtype, cols)
         self._names.append(name)
         self._meta.append((list(t.shape), dtype_name(dtype if dtype is not None else t.dtype)))
         self._rows.append(rows)
-        self._cols.append(cols)
+        self._cols.append(col_sums)
         self.seconds += time.perf_counter() - t0
 
     def finish(self) -> dict[str, TensorPrint]:
@@ -162,11 +167,15 @@ class Collector:
             by_device.setdefault(r.device, []).append(i)
         for idxs in by_device.values():
             n = len(idxs)
+            with_cols = [i for i in idxs if self._cols[i] is not None]
             sums = _weighted_sums(
-                [self._rows[i] for i in idxs] + [self._cols[i] for i in idxs], [0] * n + [7] * n
+                [self._rows[i] for i in idxs] + [self._cols[i] for i in with_cols],
+                [0] * n + [7] * len(with_cols),
             )
-            for i, r, c in zip(idxs, sums[:n], sums[n:], strict=True):
+            col_of = dict(zip(with_cols, sums[n:], strict=True))
+            for i, r in zip(idxs, sums[:n], strict=True):
                 shape, dtype = self._meta[i]
+                c = col_of.get(i)
                 # built without validation: the fields are ints and strings made just above
                 found[i] = TensorPrint.model_construct(shape=shape, dtype=dtype, rows=r, cols=c)
         self._rows.clear()
