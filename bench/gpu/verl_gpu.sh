@@ -448,13 +448,15 @@ if [ "$cmd" = synccost ]; then
   # VERL_CONSISTENCY_WEIGHT_CHECK=0, B with the check on. verl times each step's sync itself
   # (timing_s/update_weights); the check's own seconds per sync come from B's records (the slowest
   # trainer rank + the slowest vLLM worker). Writes $OUT/synccost.txt and B's weight records.
+  # SIDES=B: B alone (when device time is short): the check's seconds against the sync that holds them,
+  # an upper bound (a record's seconds include waiting for the sync's own queued copies at its end).
   from_checkout synccost
   verl_env
   assets
   m=$G/assets/model
   [ "${SYNC_MODEL:-0.5b}" = 0.5b ] && { model_05b; m=$G/assets/model-0.5b; }
   M8=(actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8)
-  for ab in A B; do
+  for ab in ${SIDES:-A B}; do
     id=h100-next-synccost-${ab,,}; rm -rf "${G:?}/dump/$id"; s=$(date +%s)
     left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
     if [ $ab = A ]; then wc=0; lim=$(( left / 2 - 20 )); else wc=1; lim=$(( left - 20 )); fi
@@ -464,7 +466,8 @@ if [ "$cmd" = synccost ]; then
     echo "SYNCCOST $ab rc=$? wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
   done
   mkdir -p "$OUT/weights-B" && cp "$G/dump/h100-next-synccost-b/weights/"*.jsonl "$OUT/weights-B/" 2>/dev/null
-  python3 "$REPO/bench/gpu/sync_cost_report.py" "$OUT/synccost-A.log" "$OUT/synccost-B.log" "$OUT/weights-B" \
+  a_log=$OUT/synccost-A.log; [ -f "$a_log" ] || a_log=-
+  python3 "$REPO/bench/gpu/sync_cost_report.py" "$a_log" "$OUT/synccost-B.log" "$OUT/weights-B" \
     --model "${SYNC_MODEL:-0.5b}" | tee "$OUT/synccost.txt"
   exit 0
 fi
