@@ -77,8 +77,10 @@
 #   run():  FAULT=1 STEPS=4 RIDE_ARGS="$M8" bash bench/gpu/verl_gpu.sh ride    (the planted sync fault)
 #   run():  CHECK_MODEL=assets PROMPTS=16 bash bench/gpu/verl_gpu.sh check     (step 0 of the same model)
 # Each ride writes $OUT/<run id>.tar.xz: trim/<run id>/ goes to tests/postprocess/fixtures/ as one
-# .tar.xz of that one folder (as h200-next-check.tar.xz), re-paired in CI; the H100 runs of 2026-12-06:
-# h100-next-ride-along{,-fault}.tar.xz (tests/postprocess/test_ride_along_h100_next.py).
+# .tar.xz of that one folder (as h200-next-check.tar.xz), re-paired in CI; the H100 runs of 2026-12-07
+# with the weight check (RIDE_ID=h100-next-weights-ride / -fault, TRIM_PAIRS=24 TRIM_MIB=12; they replaced
+# 2026-12-06's h100-next-ride-along{,-fault}): h100-next-weights-{ride,fault}.tar.xz
+# (tests/postprocess/test_ride_along_h100_next.py; bench/results/gpu-2026-12-07/).
 # The second session (main 493b466, bench/results/gpu-2026-12-06b/): h100-next-fully-async{,-fault}.tar.xz,
 # h100-next-colocate-async.tar.xz (trim_run.py --max-pairs 40 --max-mib 16: every step kept;
 # tests/postprocess/test_async_h100_next.py) and h100-next-check.tar.xz (test_check_h100_next.py).
