@@ -102,16 +102,18 @@ def _weighted_sums(vectors: list[Any], offsets: list[int]) -> list[int]:
     difference of running sums is the exact segment sum even past a wrap)."""
     import torch
 
-    lengths = [int(v.numel()) for v in vectors]
+    lengths = [v.shape[0] for v in vectors]
     device = vectors[0].device
-    flat = torch.cat([v.to(torch.int64) for v in vectors])  # each a 1-D sum vector
-    lens = torch.tensor(lengths, dtype=torch.int64)
+    flat = torch.cat(vectors).to(torch.int64)  # cat promotes int32 sums to int64 where mixed
+    n = flat.numel()
+    # every position's weight made on the device (a sync's sums are ~10^5-10^6 numbers)
+    lens = torch.tensor(lengths, dtype=torch.int64, device=device)
     starts = torch.cumsum(lens, 0) - lens
-    shift = torch.repeat_interleave(torch.tensor(offsets, dtype=torch.int64) - starts, lens)
-    weights = ((torch.arange(flat.numel(), dtype=torch.int64) + shift) % _PRIME + 1).to(device)
+    first = torch.tensor(offsets, dtype=torch.int64, device=device) - starts
+    shift = torch.repeat_interleave(first, lens, output_size=n)
+    weights = (torch.arange(n, dtype=torch.int64, device=device) + shift) % _PRIME + 1
     running = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), (flat * weights).cumsum(0)])
-    ends = (starts + lens).to(device)
-    sums = running[ends] - running[starts.to(device)]
+    sums = running[starts + lens] - running[starts]
     return sums.cpu().tolist()
 
 
