@@ -123,6 +123,11 @@ def test_two_halves_of_one_word_swapped_and_odd_shapes_are_seen() -> None:
     vec = _t(9)  # an odd bf16 vector
     assert fingerprint(vec) == fingerprint(vec.clone())
     assert not fingerprint(vec.flip(0)).same_values(fingerprint(vec))
+    # a part of a fused bf16 parameter that starts mid-word prints as the same values anywhere else
+    fused = _t(7)
+    assert fingerprint(fused.narrow(0, 3, 4)) == fingerprint(fused[3:].clone())
+    flat = _t(5, 4).view(-1)
+    assert fingerprint(flat.narrow(0, 2, 16).view(4, 4)) == fingerprint(flat[2:18].clone().view(4, 4))
     big = torch.arange(12, dtype=torch.float64).reshape(3, 4)  # 8-byte elements: int64 words
     assert not fingerprint(big.flip(1).contiguous()).same_values(fingerprint(big))
 

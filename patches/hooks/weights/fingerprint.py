@@ -74,11 +74,17 @@ def _as_words(t: Any) -> Any:
     m = _as_matrix(x.view(_int_view(size)))  # a bool is one byte: it views as int8 too
     if size >= 4:
         return m
-    if m.shape[1] * size % 4 == 0:  # whole words per row
+    whole_rows = m.shape[1] * size % 4 == 0
+    column = m.shape[1] == 1 and m.shape[0] * size % 4 == 0
+    if not (whole_rows or column):
+        return m.to(_int_view(4))  # rows of an odd byte length: one element a word
+    if m.storage_offset() * size % 4:
+        # a region of a fused parameter may start mid-word: the words must not depend on where the
+        # values lie, so such a region is copied to a buffer of its own first (rare, and small)
+        m = m.clone()
+    if whole_rows:
         return m.view(_int_view(4))
-    if m.shape[1] == 1 and m.shape[0] * size % 4 == 0:  # a vector: a column of words
-        return m.reshape(-1).view(_int_view(4)).reshape(-1, 1)
-    return m.to(_int_view(4))
+    return m.reshape(-1).view(_int_view(4)).reshape(-1, 1)  # a vector: a column of words
 
 
 def _reduce(t: Any, dtype: Any | None, cols: bool = True) -> tuple[Any, Any | None]:
