@@ -70,11 +70,10 @@ venv: $(VENV)/.installed ## Create the set's venv (.venv, or .venv-next with PIN
 # never runs beside a build); each image process has its own --basetemp.
 #
 # The lanes of `make test`, balanced by CI's times (2 cores; each lane ~1 core of work):
-#   current  the current set's tests but demo, image and the two spills below  (~19 min alone)
-#   next     the next set's `pinset` tests but image, the next demo included  (~15.5 min),
-#            then SPILL_next (~2 min)
+#   current  the current set's tests but demo and image                      (~19 min alone)
+#   next     the next set's `pinset` tests but image, the next demo included  (~15.5 min)
 #   demo-image the current set's demo, check and cost-bench runs (~6 min), then
-#              the current set's image tests (~9 min), then the next set's (~5 min), then SPILL_demo (~2 min)
+#              the current set's image tests (~9 min), then the next set's (~5 min)
 PYTEST_SPLIT ?= 1
 LANES = $(PYTHON) .ci/lanes.py $(if $(filter 0,$(PYTEST_SPLIT)),--serial)
 VENV_current := .venv
@@ -96,8 +95,8 @@ LANES_DIR ?= $(abspath $(CACHE))/lanes
 test: sysdeps $(CHECKOV) test-venvs ## Run the whole test suite (what CI runs): every test on the current set, the set-bound ones on next, in three lanes side by side.
 	$(LANES) --dir $(abspath $(CACHE))/lanes-test \
 		current='$(MAKE) --no-print-directory LANES_DIR=$(abspath $(CACHE))/lanes-test pytest-current' \
-		next='$(MAKE) -k --no-print-directory LANES_DIR=$(abspath $(CACHE))/lanes-test pytest-next pytest-current-spill-next' \
-		demo-image='$(MAKE) -k --no-print-directory LANES_DIR=$(abspath $(CACHE))/lanes-test pytest-current-demo pytest-current-image pytest-next-image pytest-current-spill-demo'
+		next='$(MAKE) --no-print-directory LANES_DIR=$(abspath $(CACHE))/lanes-test pytest-next' \
+		demo-image='$(MAKE) -k --no-print-directory LANES_DIR=$(abspath $(CACHE))/lanes-test pytest-current-demo pytest-current-image pytest-next-image'
 
 .PHONY: test-venvs test-venvs-current test-venvs-next
 test-venvs: sysdeps ## Build both sets' venvs and demo venvs, the two sets side by side (their logs printed whole).
@@ -109,8 +108,8 @@ test-venvs-current test-venvs-next: test-venvs-%:
 test-current: sysdeps $(CHECKOV) demo-venv ## The whole suite on the current pin set, the real-engine demo included (two lanes: demo and image tests, and the rest).
 	$(MAKE) PINS=current venv
 	$(LANES) --dir $(abspath $(CACHE))/lanes-test-current \
-		current='$(MAKE) -k --no-print-directory LANES_DIR=$(abspath $(CACHE))/lanes-test-current pytest-current pytest-current-spill-next' \
-		demo-image='$(MAKE) -k --no-print-directory LANES_DIR=$(abspath $(CACHE))/lanes-test-current pytest-current-demo pytest-current-image pytest-current-spill-demo'
+		current='$(MAKE) --no-print-directory LANES_DIR=$(abspath $(CACHE))/lanes-test-current pytest-current' \
+		demo-image='$(MAKE) -k --no-print-directory LANES_DIR=$(abspath $(CACHE))/lanes-test-current pytest-current-demo pytest-current-image'
 	@# CI (VERL_CONSISTENCY_LEAN_DISK=1) running this target alone: make room for test-next's venvs
 	$(if $(filter 1,$(VERL_CONSISTENCY_LEAN_DISK)),rm -rf .venv)
 
@@ -123,18 +122,8 @@ test-next: sysdeps ## The tests marked `pinset` (they depend on the upstream rel
 
 # One pytest process each: a lane's step (they expect the set's venvs built: the test* targets do).
 .PHONY: pytest-current pytest-current-demo pytest-current-image pytest-next pytest-next-image
-.PHONY: pytest-current-spill-next pytest-current-spill-demo
-# Two of the current set's slowest modules run at the end of the other lanes (`make test`; in
-# `test-current`, one in each of its two lanes): the current lane was the long pole by ~6 min of
-# CI's 2-core machine (its tests 2,040 s, the next lane's 1,633 s, demo-image 1,663 s).
-SPILL_next := tests/k8s/test_submission.py
-SPILL_demo := tests/k8s/test_placement.py
-pytest-current: ## One lane's step: the current set's tests but the image and demo ones and the spills (venvs built beforehand).
-	$(call pytest_in,current,not image and not demo,current,$(foreach f,$(SPILL_next) $(SPILL_demo),--ignore=$(f)))
-pytest-current-spill-next: ## One lane's step: the current set's SPILL_next modules, after the next set's tests.
-	$(call pytest_in,current,not image and not demo,current-spill-next,$(SPILL_next))
-pytest-current-spill-demo: ## One lane's step: the current set's SPILL_demo modules, after the image tests.
-	$(call pytest_in,current,not image and not demo,current-spill-demo,$(SPILL_demo))
+pytest-current: ## One lane's step: the current set's tests but the image and demo ones (venvs built beforehand).
+	$(call pytest_in,current,not image and not demo,current)
 pytest-current-demo: ## One lane's step: the current set's real-engine demo, check and cost-bench tests (demo venv).
 	$(call pytest_in,current,demo and not image,current-demo)
 pytest-current-image: ## One lane's step: the current set's image tests (buildah), own --basetemp.
