@@ -21,11 +21,13 @@ from typing import Any
 
 from bench.support.hardware import hardware
 
-SHAPES = {"0.5b": {"layers": 24, "hidden": 896, "vocab": 151936, "intermediate": 4864}}
+SHAPES = {"0.5b": {"layers": 24, "hidden": 896, "vocab": 151936, "intermediate": 4864, "kv_heads": 2}}
 """``--shape``: Qwen2-0.5B's (the GPU runs' model: ``verl_gpu.sh synccost``'s SYNC_MODEL=0.5b)."""
 
 
-def _model_tensors(layers: int, hidden: int, vocab: int, intermediate: int | None = None) -> dict[str, Any]:
+def _model_tensors(
+    layers: int, hidden: int, vocab: int, intermediate: int | None = None, kv_heads: int | None = None
+) -> dict[str, Any]:
     import torch
 
     from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2, tiny_qwen2_config
@@ -36,7 +38,7 @@ def _model_tensors(layers: int, hidden: int, vocab: int, intermediate: int | Non
         intermediate_size=intermediate or hidden * 3,
         num_hidden_layers=layers,
         num_attention_heads=max(hidden // 64, 1),
-        num_key_value_heads=max(hidden // 448, 1) if hidden % 448 == 0 else max(hidden // 256, 1),
+        num_key_value_heads=kv_heads or max(hidden // 256, 1),
         tie_word_embeddings=True,
     )
     with torch.no_grad():
@@ -65,8 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", choices=sorted(SHAPES), help="a named model shape instead of the sizes")
     ap.add_argument("--device", default="cpu", help="where the tensors live (cuda: the GPU form)")
     args = ap.parse_args(argv)
-    sizes = SHAPES[args.shape] if args.shape else {"layers": args.layers, "hidden": args.hidden}
-    sizes.setdefault("vocab", args.vocab)
+    sizes = (
+        dict(SHAPES[args.shape])
+        if args.shape
+        else {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab}
+    )
     tensors = {n: t.to(args.device) for n, t in _model_tensors(**sizes).items()}
     held = {n: torch.empty_like(t, dtype=torch.bfloat16) for n, t in tensors.items()}
 

@@ -19,6 +19,7 @@ from verl_consistency.contracts.weight_records import WEIGHTS_DIR, WeightSyncRec
 from verl_consistency.patches.hooks.rollout import weight_held
 from verl_consistency.patches.hooks.training import weight_export
 from verl_consistency.postprocess.compare import weight_check
+from verl_consistency.postprocess.compare.token_level import BadLine, read_models
 from verl_consistency.postprocess.output import weight_section
 
 Plant = Callable[[str, torch.Tensor], torch.Tensor | None]
@@ -184,11 +185,13 @@ def test_a_cast_arrival_is_printed_for_its_transport_and_its_cast_copy_for_the_m
     one reduction each), the arrival cast as the loader casts it carries both sums, and so does the
     held print; an arrival held in its own dtype is the model's expected print and carries both."""
     _story(None, held=torch.bfloat16)
+    bad: list[BadLine] = []
     records = [
-        WeightSyncRecord.model_validate_json(line)
+        r
         for log in sorted((run / WEIGHTS_DIR).glob("*.jsonl"))
-        for line in log.read_text().splitlines()
+        for r in read_models(log, WeightSyncRecord, bad)
     ]
+    assert bad == []
     export = next(r for r in records if r.side == "export")
     held = next(r for r in records if r.side == "held")
     assert all(p.cols is None for p in export.tensors.values())

@@ -83,7 +83,7 @@ class _Params:
             self.by_name = dict(model.named_parameters(remove_duplicate=False))
         except (AttributeError, TypeError):  # no torch module: only get_parameter (tests' stand-ins)
             self.by_name = {}
-        self.fused: dict[str, tuple[str, int, list[str]] | None] = {}
+        self.holders: dict[str, tuple[Any, tuple[str, int, list[str]] | None] | str] = {}
 
     def get(self, name: str) -> Any | None:
         param = self.by_name.get(name)
@@ -94,10 +94,12 @@ class _Params:
         except (AttributeError, KeyError, TypeError):
             return None
 
-    def fused_parts(self, name: str) -> tuple[str, int, list[str]] | None:
-        if name not in self.fused:
-            self.fused[name] = _fused_parts(self.model, name)
-        return self.fused[name]
+    def holder(self, name: str) -> tuple[Any, tuple[str, int, list[str]] | None] | str:
+        """:func:`_holder` of ``name``, found once per phase (a fused part's own name misses the
+        index and ``get_parameter`` before its fused parameter is found: not again per call)."""
+        if name not in self.holders:
+            self.holders[name] = _holder(self, name)
+        return self.holders[name]
 
 
 def _fused_parts(model: Any, name: str) -> tuple[str, int, list[str]] | None:
@@ -122,7 +124,7 @@ def _holder(params: _Params, name: str) -> tuple[Any, tuple[str, int, list[str]]
     param = params.get(name)
     if param is not None:
         return param, None
-    fused = params.fused_parts(name)
+    fused = _fused_parts(params.model, name)
     if fused is None:
         return "no parameter of vLLM's model holds it (not in packed_modules_mapping either)"
     param = params.get(fused[0])
@@ -135,7 +137,7 @@ def locate(
     model: Any, name: str, seen: dict[str, tuple[tuple[int, ...], Any]], params: _Params | None = None
 ) -> Any | str:
     """The region of vLLM's parameter that holds HF tensor ``name`` (a tensor view), or why not."""
-    found = _holder(params or _Params(model), name)
+    found = (params or _Params(model)).holder(name)
     if isinstance(found, str):
         return found
     param, fused = found
@@ -160,7 +162,7 @@ def locate(
 
 def held_dtype(model: Any, name: str, params: _Params | None = None) -> Any | None:
     """The dtype of the vLLM parameter that will hold HF tensor ``name`` (None: no such parameter)."""
-    found = _holder(params or _Params(model), name)
+    found = (params or _Params(model)).holder(name)
     return None if isinstance(found, str) else found[0].dtype
 
 
@@ -183,16 +185,10 @@ class HeldCheck:
         """verl's bucket callback, with each tensor fingerprinted before it is loaded."""
         seen = _seen().tensors
         params = _Params(self.model) if self.model is not None else None
-        targets: dict[str, Any] = {}
 
         def fingerprinted(weights: list[tuple[str, Any]], *args: Any, **kwargs: Any) -> Any:
             for name, tensor in weights:
-                if params is None:
-                    target = None
-                elif name in targets:
-                    target = targets[name]
-                else:
-                    target = targets[name] = held_dtype(self.model, name, params)
+                target = None if params is None else held_dtype(self.model, name, params)
                 cast = target is not None and target != tensor.dtype
                 # an arrival that is what the model must hold gets both sums; one that is cast on
                 # loading is compared only with what was sent (row sums), its cast copy with the model
