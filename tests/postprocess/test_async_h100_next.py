@@ -27,12 +27,13 @@ postprocess of the whole runs said (``summary.md`` there): fully async 160 of 17
 healthy; the fault run 96 of 112, steps 1-2 healthy and steps 3-6 diverged at
 ``model.layers.2.mlp.down_proj``; colocate-async 160 of 176, all healthy.
 
-The device kept 72 pairs of each (``trim_run.py --max-pairs 72``); for CI they were trimmed again
-to 40 with ``bench/gpu/trim_run.py RUN DEST --max-pairs 40 --max-mib 16`` (the shortest prompts: 39
-is the fewest that keep a pair of every step), ~0.1 MB as xz, ~12 MB unpacked. The other requests
-re-pair as ``dump_missing``. The per-step pair counts below are what that trim kept; the versions,
-staleness, worst errors and the token view are the device's. When the statistics thresholds change,
-the verdicts below change with them.
+The device kept 72 pairs of each (``trim_run.py --max-pairs 72``); for CI they were trimmed to 40
+(``--max-pairs 40 --max-mib 16``: the shortest prompts), then again to the two shortest of each step
+(``bench/gpu/trim_run.py RUN DEST --per-step 2 --max-mib 16 --min-pairs 1``; the healthy runs' last
+step had kept one): 19, 12 and 19 pairs, ~0.08 MB as xz, ~5 MB unpacked, each pair ~1.4 s of msprobe
+compare in CI. The other requests re-pair as ``dump_missing``. The per-step pair counts below are
+what that trim kept; the versions, staleness, worst errors and the token view are the device's. When
+the statistics thresholds change, the verdicts below change with them.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ RUNS = {
         decode_only=160,
         worst_rel_err=(0.0051, 0.0073, 0.0053, 0.004, 0.0044, 0.0055, 0.0057, 0.0051, 0.0057, 0.0072),
         mean_abs_logp=(0.0025, 0.0028, 0.0028, 0.0028, 0.0024, 0.0027, 0.0029, 0.0029, 0.0027, 0.0029),
-        trimmed=(6, 4, 6, 6, 2, 4, 2, 4, 5, 1),
+        trimmed=(2, 2, 2, 2, 2, 2, 2, 2, 2, 1),
     ),
     FAULT_ID: Run(
         archive="h100-next-fully-async-fault.tar.xz",
@@ -109,7 +110,7 @@ RUNS = {
         decode_only=104,
         worst_rel_err=(0.0073, 0.0051, math.inf, math.inf, math.inf, math.inf),
         mean_abs_logp=(0.0026, 0.5226, 0.4703, 0.3655, 0.3079, 0.2514),
-        trimmed=(4, 12, 8, 6, 6, 4),
+        trimmed=(2, 2, 2, 2, 2, 2),
     ),
     CA_ID: Run(
         archive="h100-next-colocate-async.tar.xz",
@@ -120,7 +121,7 @@ RUNS = {
         decode_only=101,
         worst_rel_err=(0.0049, 0.0073, 0.0055, 0.005, 0.0044, 0.0042, 0.0063, 0.0071, 0.0074, 0.0076),
         mean_abs_logp=(0.0028, 0.0025, 0.0025, 0.0025, 0.0025, 0.0025, 0.0027, 0.0027, 0.0024, 0.0027),
-        trimmed=(8, 2, 6, 6, 2, 4, 2, 4, 5, 1),
+        trimmed=(2, 2, 2, 2, 2, 2, 2, 2, 2, 1),
     ),
 }
 HEALTHY_RUNS = (FA_ID, CA_ID)
@@ -193,7 +194,7 @@ def test_every_trained_request_the_trim_kept_pairs(run_id: str, repaired: Callab
     spec, r = RUNS[run_id], repaired(run_id)
     p = r.manifest["pairing"]
     actor_dumps = len(list((r.run_dir / "actor").rglob("dump.json")))
-    assert p["pairs"] == actor_dumps == sum(spec.trimmed) == 40
+    assert p["pairs"] == actor_dumps == sum(spec.trimmed)
     assert p["requests_seen"] == (spec.steps + 1) * RESPONSES, "every step's requests and the last batch"
     gone = spec.device_pairs - p["pairs"]
     assert p["unpaired_counts"] == {
@@ -295,7 +296,7 @@ def test_healthy_at_every_step_at_the_rollouts_weights(
         assert round(s["mean_abs_logp_diff"], 4) == logp, "the token view is the whole run's"
     assert (r.summary["overall"], r.summary["drift"]) == ("healthy", "step 1+: healthy")
     cs = r.manifest["comparisons"]
-    assert Counter(c["verdict"] for c in cs) == {"healthy": 40}
+    assert Counter(c["verdict"] for c in cs) == {"healthy": sum(spec.trimmed)}
     for c in cs:
         assert (c["status"], c["task"], c["first_divergence"]) == ("ok", "statistics", None)
         assert 0.001 < c["max_rel_err"] <= HEALTHY_REL_ERR, "two bf16 engines: close, not equal"
@@ -328,10 +329,10 @@ def test_fault_named_at_its_module_from_the_first_version_it_affects(
         "diverged",
         "steps 1–2: healthy · step 3+: diverged at layers.2.mlp",
     )
-    diverged = sum(spec.trimmed[2:])
-    assert f"Most common first divergence: `{FAULT_MODULE}` ({diverged} of 40 pairs)" in r.summary_md
+    kept, diverged = sum(spec.trimmed), sum(spec.trimmed[2:])
+    assert f"Most common first divergence: `{FAULT_MODULE}` ({diverged} of {kept} pairs)" in r.summary_md
     cs = r.manifest["comparisons"]
-    assert Counter(c["verdict"] for c in cs) == {"healthy": 40 - diverged, "diverged": diverged}
+    assert Counter(c["verdict"] for c in cs) == {"healthy": kept - diverged, "diverged": diverged}
     assert_fault_pairs(r.manifest, FAULT_MODULE, layer=2)
 
 

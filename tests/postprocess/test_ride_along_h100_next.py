@@ -11,10 +11,12 @@ move), msprobe statistics L0, the weight check on (every sync fingerprinted tens
 trainer exported it, as each vLLM worker received it, and where vLLM's model holds it). The fault
 run (``FAULT=1 STEPS=4``) applied ``bench/gpu/faults/skip-down-proj.patch`` to the staged verl: every
 weight sync after the first skips ``model.layers.2.mlp.down_proj.weight``. Each folder is what
-``bench/gpu/trim_run.py --max-pairs 24`` left (the pairs with the longest prompts); the weight
-records and the token view are whole. Both travel packed (~0.1 MB as xz) and go through the real CLI
-here: ``postprocess`` (pair, compare with msprobe, weight check, report, bundle), ``verify``,
-``extract``. (They replace the 2026-12-06 runs of the same command, made before the weight check.)
+``bench/gpu/trim_run.py --max-pairs 24`` left (the shortest prompts), trimmed again to the two shortest
+of each step (``--per-step 2 --max-mib 16 --min-pairs 1``: 16 and 8 pairs, each ~1.4 s of msprobe
+compare in CI); the weight records and the token view are whole. Both travel packed (~0.1 MB as
+xz) and go through the real CLI here: ``postprocess`` (pair, compare with msprobe, weight check,
+report, bundle), ``verify``, ``extract``. (They replace the 2026-12-06 runs of the same command,
+made before the weight check.)
 
 What the device's own postprocess of the whole runs said (``bench/results/gpu-2026-12-07/*/summary.md``):
 - ride-along, 8 steps: 128 of 128 requests paired, all healthy; weights 0-7 at steps 1-8; worst
@@ -64,11 +66,11 @@ TENSORS = 51
 # The device's summary.md of the whole ride-along run (128 pairs), per step 1-8.
 RIDE_WORST_REL_ERR = (0.0073, 0.0047, 0.0055, 0.0046, 0.0044, 0.0054, 0.0044, 0.0071)
 RIDE_MEAN_ABS_LOGP = (0.0026, 0.0029, 0.0028, 0.0024, 0.0028, 0.0026, 0.0027, 0.0027)
-RIDE_TRIMMED_PAIRS = (4, 4, 4, 4, 2, 2, 2, 2)
-"""What trim_run.py kept of each step's 16 (the longest prompts of the run, 24 in all)."""
-# ... and of the fault run (64 pairs, 24 kept), per step 1-4.
+RIDE_TRIMMED_PAIRS = (2,) * 8
+"""What trim_run.py kept of each step's 16 (the two shortest prompts of each)."""
+# ... and of the fault run (64 pairs), per step 1-4.
 FAULT_MEAN_ABS_LOGP = (0.0028, 0.1096, 0.1164, 0.1051)
-FAULT_TRIMMED_PAIRS = (4, 6, 8, 6)
+FAULT_TRIMMED_PAIRS = (2, 2, 2, 2)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +121,7 @@ def _trimmed(r: Repaired, run_id: str, kept: tuple[int, ...], dispatch: int, dec
     """Every request pairs but those whose dumps the trim dropped, with weight versions 0.. per step."""
     p = r.manifest["pairing"]
     actor_dumps = len(list((r.run_dir / "actor").rglob("dump.json")))
-    assert p["pairs"] == actor_dumps == sum(kept) == 24
+    assert p["pairs"] == actor_dumps == sum(kept)
     requests = STEPS[run_id] * RESPONSES
     assert (p["requests_seen"], p["dispatch_records"], p["actor_records"]) == (
         requests,
@@ -202,7 +204,10 @@ def test_fault_named_at_its_module_from_the_first_step_it_affects(fault: Repaire
         "step 1: healthy · step 2+: diverged at layers.2.mlp",
     )
     diverged = sum(FAULT_TRIMMED_PAIRS[1:])
-    assert f"Most common first divergence: `{FAULT_MODULE}` ({diverged} of 24 pairs)" in fault.summary_md
+    assert (
+        f"Most common first divergence: `{FAULT_MODULE}` ({diverged} of {sum(FAULT_TRIMMED_PAIRS)} pairs)"
+        in fault.summary_md
+    )
     cs = fault.manifest["comparisons"]
     assert Counter(c["verdict"] for c in cs) == {"healthy": FAULT_TRIMMED_PAIRS[0], "diverged": diverged}
     assert_fault_pairs(fault.manifest, FAULT_MODULE, layer=2)
