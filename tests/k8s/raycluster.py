@@ -4,16 +4,21 @@ Each node is ``ray start --block`` in its own session, so that stopping the clus
 the processes this test started: the ``ray start`` parent stops the GCS/raylet it launched,
 then every leftover process whose command line names this cluster's private temp dir is ended
 by pid. ``ray stop`` is deliberately not used: it ends every Ray process on the machine,
-including other people's clusters. Ports are all chosen free (several engineers' clusters may
-share this host). The dashboard (and with it Ray's job API) is off to keep memory small, unless
-a test asks for it with ``dashboard=True``.
+including other people's clusters. Ports are reserved, not just found free (:class:`PortPool`):
+CI runs two sets' Ray tests side by side, and once (stop 49) a job's runtime env got a 404 for its
+package: the likely story is that a port free when asked went to the other cluster before this one
+bound it, so the other cluster's runtime-env agent, which had never been sent the package, answered.
+The dashboard (and with it Ray's job API) is off to keep memory small, unless a test asks for it
+with ``dashboard=True``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,10 +33,53 @@ import psutil
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's minimum is 75 MiB
 
 
-def free_port() -> int:
+PORTS = range(20000, 32768)
+"""Where a cluster's fixed ports come from: above Ray's worker ports (10002-19999, which each raylet
+checks itself) and below Linux's ephemeral range (32768-60999), so that no outgoing connection of any
+process takes one between its choice and Ray's bind."""
+PORT_LOCKS = Path(tempfile.gettempdir()) / "vc-ray-ports"
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@dataclass
+class PortPool:
+    """Ports held for one cluster across processes: each by an exclusive ``flock`` on its own file in
+    ``PORT_LOCKS`` until :meth:`release` (or this process's end). The files stay: removing a lock file
+    that another process has just opened would let two holders in."""
+
+    held: dict[int, int] = field(default_factory=dict)
+    """port -> the descriptor holding its lock."""
+
+    def take(self) -> int:
+        PORT_LOCKS.mkdir(exist_ok=True)
+        for _ in range(1000):
+            port = random.choice(PORTS)
+            if port in self.held:
+                continue
+            fd = os.open(PORT_LOCKS / f"{port}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            if _bindable(port):  # also free of processes that take no lock
+                self.held[port] = fd
+                return port
+            os.close(fd)
+        raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1} after 1000 tries ({PORT_LOCKS})")
+
+    def release(self) -> None:
+        for fd in self.held.values():
+            os.close(fd)
+        self.held.clear()
 
 
 def _ray_cli() -> list[str]:
@@ -61,6 +109,7 @@ class LoopbackCluster:
     # Extra environment of the head node's processes (Ray's job driver inherits it).
     head_env: dict[str, str] = field(default_factory=dict)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    ports: PortPool = field(default_factory=PortPool)
 
     @property
     def address(self) -> str:
@@ -82,7 +131,7 @@ class LoopbackCluster:
             "--runtime-env-agent-port",
             "--metrics-export-port",
         ]
-        ports = [x for flag in per_node_ports for x in (flag, str(free_port()))]
+        ports = [x for flag in per_node_ports for x in (flag, str(self.ports.take()))]
         cmd = [
             *_ray_cli(),
             "start",
@@ -98,9 +147,9 @@ class LoopbackCluster:
         )
 
     def _start_head(self) -> None:
-        self.gcs_port = free_port()
+        self.gcs_port = self.ports.take()
         if self.dashboard:
-            self.dashboard_port = free_port()
+            self.dashboard_port = self.ports.take()
             dashboard = [
                 "--include-dashboard=true",
                 "--dashboard-host=127.0.0.1",
@@ -115,7 +164,7 @@ class LoopbackCluster:
                 f"--num-cpus={self.head_cpus}",
                 *([f"--resources={json.dumps(self.head_resources)}"] if self.head_resources else []),
                 *dashboard,
-                f"--ray-client-server-port={free_port()}",
+                f"--ray-client-server-port={self.ports.take()}",
                 f"--temp-dir={self.temp_dir}",
                 "--node-name=head",
             ],
@@ -225,4 +274,7 @@ class LoopbackCluster:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=5)
         time.sleep(0.5)
-        return self.own_pids()
+        left = self.own_pids()
+        if not left:
+            self.ports.release()
+        return left
