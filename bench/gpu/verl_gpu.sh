@@ -452,24 +452,32 @@ if [ "$cmd" = synccost ]; then
   # trainer rank + the slowest vLLM worker). Writes $OUT/synccost.txt and B's weight records.
   # SIDES=B: B alone (when device time is short): the check's seconds against the sync that holds them,
   # an upper bound (a record's seconds include waiting for the sync's own queued copies at its end).
+  # Each side's log is kept on the machine ($G/synccost/), so A and B can be two calls back to back
+  # (SIDES=A, then SIDES=B: the report of the second reads both). Needed for SYNC_MODEL=0.5b: its run
+  # starts in ~250 s on an H100 (vLLM's compile and CUDA graphs), so A and B of 4 steps do not fit
+  # one call's 600 s (2026-12-07: both were cut off at their first step).
   from_checkout synccost
   verl_env
   assets
   m=$G/assets/model
   [ "${SYNC_MODEL:-0.5b}" = 0.5b ] && { model_05b; m=$G/assets/model-0.5b; }
   M8=(actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8)
-  for ab in ${SIDES:-A B}; do
-    id=h100-next-synccost-${ab,,}; rm -rf "${G:?}/dump/$id"; s=$(date +%s)
+  sides=${SIDES:-A B}; keep=$G/synccost; mkdir -p "$keep"
+  for ab in $sides; do
+    id=h100-next-synccost-${ab,,}; rm -rf "${G:?}/dump/$id" "$keep/synccost-$ab.log"; s=$(date +%s)
     left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
-    if [ $ab = A ]; then wc=0; lim=$(( left / 2 - 20 )); else wc=1; lim=$(( left - 20 )); fi
+    lim=$(( left - 20 )); [ "$ab" = A ] && [ "${sides// /}" = AB ] && lim=$(( left / 2 - 20 ))
+    wc=1; [ "$ab" = A ] && wc=0
     (cd "$REPO" && VERL_CONSISTENCY_WEIGHT_CHECK=$wc timeout -k 10 "$lim" \
       verl-consistency run hybrid --device cuda --token-level --dump-root "$G/dump" --run-id "$id" model="$m" \
-      "${GPU_OVERRIDES[@]}" "${M8[@]}") >"$OUT/synccost-$ab.log" 2>&1
+      "${GPU_OVERRIDES[@]}" "${M8[@]}") >"$keep/synccost-$ab.log" 2>&1
     echo "SYNCCOST $ab rc=$? wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
+    cp "$keep/synccost-$ab.log" "$OUT/"
   done
+  [ -f "$keep/synccost-B.log" ] || { echo "synccost: no B run yet (SIDES=B next)"; exit 0; }
   mkdir -p "$OUT/weights-B" && cp "$G/dump/h100-next-synccost-b/weights/"*.jsonl "$OUT/weights-B/" 2>/dev/null
-  a_log=$OUT/synccost-A.log; [ -f "$a_log" ] || a_log=-
-  python3 "$REPO/bench/gpu/sync_cost_report.py" "$a_log" "$OUT/synccost-B.log" "$OUT/weights-B" \
+  a_log=$keep/synccost-A.log; [ -f "$a_log" ] || a_log=-
+  python3 "$REPO/bench/gpu/sync_cost_report.py" "$a_log" "$keep/synccost-B.log" "$OUT/weights-B" \
     --model "${SYNC_MODEL:-0.5b}" | tee "$OUT/synccost.txt"
   exit 0
 fi
