@@ -37,24 +37,20 @@ pins: ## Print the pinned upstream versions of the set in force (PINS=current|ne
 sysdeps: ## Install the Debian packages .ci/apt/*.txt lists (as root), or print the command to run.
 	@bash .ci/sysdeps.sh .ci/apt/*.txt
 
-# --no-compile: pip byte-compiles every module it installs, ~60 % of a venv's install CPU (measured:
-# this venv's torch, verl, msprobe and Ray 65 s -> 26 s), while the tests import a fraction of it;
-# Python compiles what is imported on first use and keeps it. The images still compile (docker/).
-PIP_INSTALL = $(PY) -m pip install --no-compile
 $(VENV)/.installed: pyproject.toml patches/pins.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP_INSTALL) -q -U pip
-	$(PIP_INSTALL) "torch==$(call pin,install.torch_cpu)"
-	$(PIP_INSTALL) "verl==$(call pin,upstream.verl)" $(foreach r,$(call pin,install.verl_extras),"$(r)") \
+	$(PY) -m pip install -q -U pip
+	$(PY) -m pip install "torch==$(call pin,install.torch_cpu)"
+	$(PY) -m pip install "verl==$(call pin,upstream.verl)" $(foreach r,$(call pin,install.verl_extras),"$(r)") \
 		"mindstudio-probe==$(call pin,upstream.mindstudio_probe)" "ray[default]==$(call pin,image.ray)"
-	$(PIP_INSTALL) -e ".[test]"
+	$(PY) -m pip install -e ".[test]"
 	touch $@
 
 # checkov has heavy pinned dependencies of its own, so it gets a tool venv beside .venv.
 CHECKOV := $(CACHE)/checkov-venv/bin/checkov
 $(CHECKOV):
 	$(PYTHON) -m venv $(CACHE)/checkov-venv
-	$(CACHE)/checkov-venv/bin/pip install -q --no-compile checkov
+	$(CACHE)/checkov-venv/bin/pip install -q checkov
 
 .PHONY: venv
 venv: $(VENV)/.installed ## Create the set's venv (.venv, or .venv-next with PINS=next): CPU torch, verl, mindstudio-probe, Ray, this bundle.

