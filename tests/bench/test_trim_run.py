@@ -6,7 +6,6 @@ two of each of its six training steps), without msprobe's compare: only the pair
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from bench.gpu import trim_run
 from tests.postprocess.gpu_runs import unpack
+from tests.postprocess.pairing_trees import tree_digest
 from verl_consistency.postprocess.output.per_step import training_version
 from verl_consistency.postprocess.pairing import discover
 from verl_consistency.postprocess.pairing.pair import pair_run
@@ -26,20 +26,13 @@ def _pairs(run: Path) -> list[Pair]:
     return pair_run(discover.Roots.open(run)).pairs
 
 
-def _digest(root: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.is_file()):
-        h.update(str(f.relative_to(root)).encode() + f.read_bytes())
-    return h.hexdigest()
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return unpack("h100-next-fully-async-fault.tar.xz", RUN_ID, tmp_path_factory.mktemp("run"))
 
 
 def test_per_step_keeps_the_shortest_prompts_of_every_step(run: Path, tmp_path: Path) -> None:
-    before = _digest(run)
+    before = tree_digest(run)
     pairs = _pairs(run)
     steps = Counter(training_version(p) for p in pairs)
     assert len(steps) == 6, "the fixture: six training steps"
@@ -57,7 +50,7 @@ def test_per_step_keeps_the_shortest_prompts_of_every_step(run: Path, tmp_path: 
             assert not (dest / p.actor.dir).exists(), (
                 "a dropped pair's dumps go, so it re-pairs as dump_missing"
             )
-    assert _digest(run) == before, "the run folder is read, never changed"
+    assert tree_digest(run) == before, "the run folder is read, never changed"
 
 
 def test_per_step_of_pairs_without_versions_is_one_group() -> None:
