@@ -452,7 +452,8 @@ if [ "$cmd" = synccost ]; then
   # trainer rank + the slowest vLLM worker). Writes $OUT/synccost.txt and B's weight records.
   # SIDES=B: B alone (when device time is short): the check's seconds against the sync that holds them,
   # an upper bound (a record's seconds include waiting for the sync's own queued copies at its end).
-  # Each side's log is kept on the machine ($G/synccost/), so A and B can be two calls back to back
+  # Each side's log is kept on the machine ($G/synccost/<SYNC_MODEL>/: an A of another model is never
+  # read against this B), so A and B can be two calls back to back
   # (SIDES=A, then SIDES=B: the report of the second reads both). Needed for SYNC_MODEL=0.5b: its run
   # starts in ~250 s on an H100 (vLLM's compile and CUDA graphs), so A and B of 4 steps do not fit
   # one call's 600 s (2026-12-07: both were cut off at their first step).
@@ -462,7 +463,7 @@ if [ "$cmd" = synccost ]; then
   m=$G/assets/model
   [ "${SYNC_MODEL:-0.5b}" = 0.5b ] && { model_05b; m=$G/assets/model-0.5b; }
   M8=(actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8)
-  sides=${SIDES:-A B}; keep=$G/synccost; mkdir -p "$keep"
+  sides=${SIDES:-A B}; keep=$G/synccost/${SYNC_MODEL:-0.5b}; mkdir -p "$keep"
   for ab in $sides; do
     id=h100-next-synccost-${ab,,}; rm -rf "${G:?}/dump/$id" "$keep/synccost-$ab.log"; s=$(date +%s)
     left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
