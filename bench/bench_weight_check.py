@@ -21,6 +21,9 @@ from typing import Any
 
 from bench.support.hardware import hardware
 
+BUCKET = 512 << 20
+"""verl's default weight-sync bucket (``rollout.update_weights_bucket_megabytes``)."""
+
 SHAPES = {"0.5b": {"layers": 24, "hidden": 896, "vocab": 151936, "intermediate": 4864, "kv_heads": 2}}
 """``--shape``: Qwen2-0.5B's (the GPU runs' model: ``verl_gpu.sh synccost``'s SYNC_MODEL=0.5b)."""
 
@@ -81,32 +84,57 @@ def main(argv: list[str] | None = None) -> int:
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    def side(
-        dtype: Any | None = None, source: dict[str, Any] | None = None, cols: bool = True
-    ) -> Callable[[], object]:
+    host: dict[str, list[float]] = {}
+
+    def side(label: str, source: dict[str, Any], arrival: bool = False) -> Callable[[], object]:
+        """One side as its hook runs it; ``host[label]``: the times until its last tensor was filed
+        and flushed, before the prints leave the device (on a GPU the kernels are queued by then,
+        not waited for: the host's share of the side's time)."""
+
         def run() -> object:
-            c = Collector()
-            for n, t in (source or tensors).items():
-                c.add(n, t, dtype, cols=cols)
-            return c.finish()
+            t0 = time.perf_counter()
+            if not arrival:
+                c = Collector()
+                for n, t in source.items():  # export: row sums; held: both sums
+                    c.add(n, t, cols=label == "held")
+                host.setdefault(label, []).append(time.perf_counter() - t0)
+                return c.finish()
+            received, expected, bucket = Collector(), Collector(), 0
+            for n, t in source.items():  # as rollout/weight_held.py: as sent, and cast as the loader casts
+                received.add(n, t, cols=False)
+                expected.add(n, t, torch.bfloat16)
+                bucket += t.numel() * t.element_size()
+                if bucket >= BUCKET:  # verl's bucket buffer is reused: flushed per bucket
+                    received.flush()
+                    expected.flush()
+                    bucket = 0
+            host.setdefault(label, []).append(time.perf_counter() - t0)
+            return received.finish(), expected.finish()
 
         return run
 
-    for fn in (sync, side()):  # warm up: allocator, kernels
+    sides = {
+        "export": side("export", tensors),
+        "arrival": side("arrival", tensors, arrival=True),
+        "held": side("held", held),
+    }
+    for fn in (sync, *sides.values()):  # warm up: allocator, kernels
         fn()
+    host.clear()
     base = _timed(sync, args.reps)
-    # as the hooks print: the export and the cast arrival by their row sums, the rest by both sums
-    export = _timed(side(cols=False), args.reps)
-    arrival = _timed(side(cols=False), args.reps) + _timed(side(torch.bfloat16), args.reps)
-    kept = _timed(side(source=held), args.reps)
+    walls = {label: _timed(fn, args.reps) for label, fn in sides.items()}
     mib = sum(t.numel() * t.element_size() for t in tensors.values()) / 2**20
     gpu = f"{torch.cuda.get_device_name()}, " if args.device.startswith("cuda") else ""
     where = f"{gpu}{hardware()}"
     print(f"weight check per sync: {len(tensors)} tensors, {mib:.0f} MiB fp32 sent, bf16 held; {where}")
     print(f"baseline (one copy of each tensor into bf16): {base * 1e3:.1f} ms")
-    for label, secs in (("export print", export), ("arrival + cast print", arrival), ("held print", kept)):
-        print(f"{label:<22} {secs * 1e3:8.1f} ms  = {secs / base:.2f}x the copy")
-    total = export + arrival + kept
+    names = {"export": "export print", "arrival": "arrival + cast print", "held": "held print"}
+    for label, secs in walls.items():
+        print(
+            f"{names[label]:<22} {secs * 1e3:8.1f} ms  = {secs / base:.2f}x the copy"
+            f"  (host until filed: {statistics.median(host[label]) * 1e3:.1f} ms)"
+        )
+    total = sum(walls.values())
     print(f"all three sides          {total * 1e3:8.1f} ms  = {total / base:.2f}x the copy")
     return 0
 

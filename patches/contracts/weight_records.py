@@ -51,7 +51,10 @@ class TensorPrint(BaseModel):
     )
     cols: int | None = Field(
         default=None,
-        description="the same over columns; None where only the row sums were taken (a transport's print)",
+        description=(
+            "sum over rows of (row's words weighted by column 1, 3, 5, ...), mod 2^32 (2^64 for 8-byte"
+            " words); None where only the row sums were taken (a transport's print)"
+        ),
     )
 
     def same_values(self, other: TensorPrint) -> bool:

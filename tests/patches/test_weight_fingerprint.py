@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from verl_consistency.patches.hooks.rollout import weight_held
+from verl_consistency.patches.hooks.weights import word_groups as wg
 from verl_consistency.patches.hooks.weights.fingerprint import Collector, fingerprint
 
 
@@ -67,10 +68,11 @@ def test_an_fp32_copy_of_bf16_values_reads_back_exactly() -> None:
 
 def _reference(t: torch.Tensor) -> tuple[int, int]:
     """The fingerprint's definition in plain Python, from the tensor's bytes: 32-bit little-endian
-    words per row, row and column sums mod 2^32 (read signed), weighted by position mod 65521 plus
-    one (columns offset by 7), summed mod 2^64 (read signed)."""
-    rows_n = t.shape[0] if t.dim() else 1
+    words per row; per row the words' sum and their sum weighted by column (1, 3, 5, ...), both mod
+    2^32 (read signed); ``rows`` the row sums weighted by position mod 65521 plus one, summed mod
+    2^64, ``cols`` the weighted row sums added up mod 2^32 (both read signed)."""
     raw = t.contiguous().view(-1).view(torch.uint8).tolist()
+    rows_n = t.shape[0] if t.dim() >= 2 else len(raw) // 4  # a vector: a column of words
     per_row = len(raw) // rows_n
     words = [
         [
@@ -85,15 +87,23 @@ def _reference(t: torch.Tensor) -> tuple[int, int]:
         return v - (1 << bits) if v >= 1 << (bits - 1) else v
 
     row_sums = [signed(sum(w), 32) for w in words]
-    col_sums = [signed(sum(w[c] for w in words), 32) for c in range(len(words[0]))]
+    by_column = [signed(sum(v * (2 * c + 1) for c, v in enumerate(w)), 32) for w in words]
     rows = sum(v * (i % 65521 + 1) for i, v in enumerate(row_sums))
-    cols = sum(v * ((i + 7) % 65521 + 1) for i, v in enumerate(col_sums))
-    return signed(rows, 64), signed(cols, 64)
+    cols = sum(by_column)
+    return signed(rows, 64), signed(cols, 32)
 
 
 @pytest.mark.parametrize(
     ("shape", "dtype"),
-    [((16, 8), torch.bfloat16), ((5, 3), torch.float32), ((4, 6), torch.float16), ((6, 12), torch.int8)],
+    [
+        ((16, 8), torch.bfloat16),
+        ((5, 3), torch.float32),
+        ((4, 6), torch.float16),
+        ((6, 12), torch.int8),
+        ((24,), torch.bfloat16),
+        ((7,), torch.float32),
+        ((3, 2, 4), torch.bfloat16),
+    ],
 )
 def test_the_print_is_its_definition_over_the_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> None:
     t = (_t(*shape) * 50).to(dtype) if dtype == torch.int8 else _t(*shape, dtype=dtype)
@@ -211,3 +221,90 @@ def test_locate_says_why_it_cannot_map() -> None:
     assert "never arrived" in str(weight_held.locate(m, "layers.0.self_attn.v_proj.weight", seen))
     assert "no parameter" in str(weight_held.locate(m, "nowhere.weight", seen))
     assert "cannot hold" in str(weight_held.locate(m, "embed_tokens.weight", seen))
+
+
+def _mixed(seed: int = 0) -> dict[str, torch.Tensor]:
+    """A sync's worth of unlike tensors: matrices of two row lengths, vectors, a 3-D tensor, an odd
+    bf16 row (widened), 8-byte and 1-byte elements, an empty one, and a mid-word bf16 region."""
+    fused = _t(41, seed=seed + 9)
+    return {
+        "a": _t(40, 24, dtype=torch.float32, seed=seed),
+        "b": _t(12, 24, dtype=torch.float32, seed=seed + 1),
+        "c": _t(40, 96, dtype=torch.float32, seed=seed + 2),
+        "bias": _t(24, dtype=torch.float32, seed=seed + 3),
+        "norm": _t(96, dtype=torch.float32, seed=seed + 4),
+        "conv": _t(4, 3, 8, seed=seed + 5),
+        "odd": _t(5, 7, seed=seed + 6),
+        "f64": _t(6, 5, dtype=torch.float64, seed=seed + 7),
+        "i8": (_t(8, 12, seed=seed + 8) * 40).to(torch.int8),
+        "empty": torch.zeros(0, 24),
+        "region": fused.narrow(0, 1, 40),
+    }
+
+
+def _one_by_one(
+    tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None, cols: bool = True
+) -> dict:
+    return {
+        n: fingerprint(t, dtype if t.is_floating_point() else None, cols=cols) for n, t in tensors.items()
+    }
+
+
+@pytest.mark.parametrize("alone", ["cpu", "accelerator"])
+@pytest.mark.parametrize("group_mb", ["1", "128"])
+@pytest.mark.parametrize(("dtype", "cols"), [(None, True), (None, False), (torch.bfloat16, True)])
+def test_tensors_summed_in_groups_print_as_one_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, alone: str, group_mb: str, dtype: torch.dtype | None, cols: bool
+) -> None:
+    """Grouping, casting a group at once and cutting a tensor larger than a group into blocks of
+    rows change nothing: every print equals the tensor's own, computed alone. ``alone``: the size
+    from which a tensor is summed where it lies, a CPU's or a GPU's (then every tensor here but the
+    large ones is copied into a group)."""
+    monkeypatch.setitem(wg.ALONE_BYTES, "cpu", wg.ALONE_BYTES[alone])
+    tensors = _mixed()
+    # larger than a 1 MiB group: a matrix of 1.5 MiB of fp32 words and a vector of 1.25 MiB
+    tensors["big"] = _t(3 * 2**12, 96, dtype=torch.float32, seed=20)
+    tensors["long"] = _t(5 * 2**16, dtype=torch.float32, seed=21)
+    expected = _one_by_one(tensors, dtype, cols)
+    monkeypatch.setenv("VERL_CONSISTENCY_WEIGHT_CHECK_GROUP_MB", group_mb)
+    c = Collector()
+    for name, t in tensors.items():
+        c.add(name, t, dtype if t.is_floating_point() else None, cols=cols)
+    assert c.finish() == expected
+
+
+def test_a_flushed_group_no_longer_reads_its_tensors() -> None:
+    """vLLM's side flushes at the end of each bucket: verl's next bucket overwrites the buffer the
+    arrived tensors are views of, and the prints must be those of what arrived."""
+    buffer = _t(4096, dtype=torch.float32)
+    views = {"w": buffer[:1024].view(32, 32), "v": buffer[1024:1056]}
+    expected = _one_by_one({n: v.clone() for n, v in views.items()})
+    c = Collector()
+    for name, v in views.items():
+        c.add(name, v)
+    c.flush()
+    buffer.fill_(7.0)  # the next bucket
+    assert c.finish() == expected
+
+
+def test_a_print_sees_one_word_changed_in_any_piece_of_a_large_tensor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VERL_CONSISTENCY_WEIGHT_CHECK_GROUP_MB", "1")
+    big = _t(3 * 2**12, 96, dtype=torch.float32)
+    base = fingerprint(big)
+    for row in (0, 2**12 + 5, 3 * 2**12 - 1):  # the first, a middle and the last block of rows
+        changed = big.clone()
+        changed.view(torch.int32)[row, 50] += 1
+        p = fingerprint(changed)
+        assert p.rows != base.rows
+        assert p.cols != base.cols
+    moved = big.clone()
+    moved[[10, 2**12 + 10]] = big[[2**12 + 10, 10]]  # two rows of two blocks traded
+    assert not fingerprint(moved).same_values(base)
+
+
+def test_a_wrong_group_size_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERL_CONSISTENCY_WEIGHT_CHECK_GROUP_MB", "lots")
+    with pytest.raises(ValueError, match=r"VERL_CONSISTENCY_WEIGHT_CHECK_GROUP_MB='lots'.*unset it"):
+        Collector()

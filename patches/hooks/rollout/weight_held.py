@@ -196,6 +196,9 @@ class HeldCheck:
                 if cast:
                     self.expected.add(name, tensor, target)
                 seen[name] = (tuple(tensor.shape), tensor.dtype)
+            # summed now: the tensors are views of verl's bucket buffer, which the next bucket reuses
+            self.received.flush()
+            self.expected.flush()
             return on_bucket(weights, *args, **kwargs)
 
         return fingerprinted

@@ -6,24 +6,26 @@ adds in; anything else must almost surely differ. Floating-point sums fail the f
 rounding depends on the order), hashing the bytes on the host costs a device-to-host copy of the
 whole model at every sync. So the fingerprint sums **integers**: the tensor's bytes read as 32-bit
 words (an fp32 element is one word, two bf16 elements side by side are one), summed mod 2^32 in
-int32, where addition is exact and associative whatever the order and the device. Two sums, both
-on the device and both one pass over memory the sync reads anyway:
+int32, where addition and multiplication are exact and associative whatever the order and the
+device. Per row of the tensor (its first dim; a vector is a column of words) two sums:
 
-* ``rows``: each row's sum of words, weighted by the row's position;
-* ``cols``: each column's sum of words, weighted by the column's position.
+* the row's sum of words, mod 2^32;
+* the row's words weighted by their column (1, 3, 5, ...: odd weights), mod 2^32.
 
-Per tensor that is two reductions, read in place: the words are a view of the tensor's own memory
-and each sum stays in int32 (a sum in a wider type than its input makes torch copy the whole
-tensor into that type first: measured on an H100, that copy made the check 8x a bf16 copy of the
-model). The weighting and the final sums of every tensor of a sync are done together at the end
-(:class:`Collector`), so a sync of a few hundred tensors costs two kernel launches a tensor.
+The print is ``rows``, the row sums weighted by the row's position (position mod a prime, plus
+one), and ``cols``, the sum of the column-weighted row sums, each summed mod 2^64. Both are taken
+on the device for many tensors together (``word_groups.py``: a few kernels per group of alike
+tensors, not two a tensor), and leave it in one copy to the host at :meth:`Collector.finish`.
 
-Any change of one element changes both sums (its word changes by a nonzero amount below 2^32, so
-mod 2^32 too); a value moved to another row changes ``rows``, one moved to another word of its row
-changes ``cols`` (two bf16 swapped within one word change the word). A scaled or stale tensor
-differs in nearly every element. The position weights are small (position mod a prime, plus one).
-8-byte elements are read as int64 words; a tensor whose rows are not a whole number of words (an
-odd-length bf16 row) is widened to int32 first, a copy only such rare tensors pay.
+Any change of one element changes both: its row's sum changes by a nonzero amount mod 2^32, its
+weighted sum by an odd multiple of it (the column weights are odd), so nonzero mod 2^32 too, and
+a nonzero row sum times a weight below 2^17 cannot vanish mod 2^64. A value moved to another row
+changes ``rows``; two words of one row traded change ``cols`` by twice their column distance times
+their difference, which vanishes only if that is a multiple of 2^32 (two bf16 swapped within one
+word change the word itself). A scaled or stale tensor differs in nearly every element. 8-byte
+elements are read as int64 words; a tensor whose rows are not a whole number of words (an
+odd-length bf16 row) is widened to int32 first, one element a word, a copy only such rare tensors
+pay.
 
 ``dtype`` (:meth:`Collector.add`, :func:`fingerprint`) reads a tensor cast to another dtype first:
 vLLM's side prints each arrival as its loader will cast it (``rollout/weight_held.py``).
@@ -35,99 +37,12 @@ import time
 from typing import Any
 
 from verl_consistency.contracts.weight_records import TensorPrint
+from verl_consistency.patches.hooks.weights import word_groups as wg
 
 _PRIME = 65521
-"""Largest prime below 2^16: position weights in 1..65521. For any tensor that fits a device the
-products and sums stay far below 2^63; were one to wrap, int64 arithmetic wraps mod 2^64 on every
-torch device, and a sum mod 2^64 is as exact and order-free as one that does not."""
-
-
-_INT_VIEWS: dict[int, Any] = {}
-"""Element size -> the integer dtype of that width (filled on first use: torch is imported late)."""
-_DTYPE_NAMES: dict[Any, str] = {}
-
-
-def _int_view(size: int) -> Any:
-    if not _INT_VIEWS:
-        import torch
-
-        _INT_VIEWS.update({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64})
-    return _INT_VIEWS[size]
-
-
-def _as_matrix(x: Any) -> Any:
-    """An integer tensor as a matrix (rows: the first dim; a vector is a column)."""
-    dims = x.dim()
-    if dims == 2:
-        return x
-    if dims == 1:
-        return x.reshape(-1, 1)
-    if dims == 0:
-        return x.reshape(1, 1)
-    return x.reshape(x.shape[0], -1)
-
-
-def _as_words(t: Any) -> Any:
-    """The tensor's bytes as a matrix of words, a view of its memory wherever the bytes allow."""
-    x = t.detach().contiguous()
-    size = x.element_size()
-    m = _as_matrix(x.view(_int_view(size)))  # a bool is one byte: it views as int8 too
-    if size >= 4:
-        return m
-    whole_rows = m.shape[1] * size % 4 == 0
-    column = m.shape[1] == 1 and m.shape[0] * size % 4 == 0
-    if not (whole_rows or column):
-        return m.to(_int_view(4))  # rows of an odd byte length: one element a word
-    if m.storage_offset() * size % 4:
-        # a region of a fused parameter may start mid-word: the words must not depend on where the
-        # values lie, so such a region is copied to a buffer of its own first (rare, and small)
-        m = m.clone()
-    if whole_rows:
-        return m.view(_int_view(4))
-    return m.reshape(-1).view(_int_view(4)).reshape(-1, 1)  # a vector: a column of words
-
-
-def _reduce(t: Any, dtype: Any | None, cols: bool = True) -> tuple[Any, Any | None]:
-    """The row sums and column sums of ``t``'s words (``t`` read in ``dtype``), in the words' own
-    integer type on its device: the only per-tensor kernels; the position weights are applied to
-    all tensors at once later. On a GPU the host's time per tensor is a large part of the check's
-    cost (a sync is a few hundred tensors), so this makes as few calls into torch as it can."""
-    if dtype is not None and t.dtype != dtype:
-        t = t.to(dtype)
-    m = _as_words(t)
-    return m.sum(dim=1, dtype=m.dtype), (m.sum(dim=0, dtype=m.dtype) if cols else None)
-
-
-def _weighted_sums(vectors: list[Any], offsets: list[int]) -> list[int]:
-    """For each vector v with its offset o: sum_i v[i] * ((i + o) mod P + 1), all in a few kernels
-    and one copy to the host.
-
-    The vectors (int32 or int64 sums, widened to int64 here: a few thousand numbers a tensor) are
-    concatenated, each element is weighted by its position within its own vector,
-    and the per-vector sums are read off a running sum (int64 arithmetic wraps mod 2^64, so a
-    difference of running sums is the exact segment sum even past a wrap)."""
-    import torch
-
-    lengths = [v.shape[0] for v in vectors]
-    device = vectors[0].device
-    flat = torch.cat(vectors).to(torch.int64)  # cat promotes int32 sums to int64 where mixed
-    n = flat.numel()
-    # every position's weight made on the device (a sync's sums are ~10^5-10^6 numbers)
-    lens = torch.tensor(lengths, dtype=torch.int64, device=device)
-    starts = torch.cumsum(lens, 0) - lens
-    first = torch.tensor(offsets, dtype=torch.int64, device=device) - starts
-    shift = torch.repeat_interleave(first, lens, output_size=n)
-    weights = (torch.arange(n, dtype=torch.int64, device=device) + shift) % _PRIME + 1
-    running = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), (flat * weights).cumsum(0)])
-    sums = running[starts + lens] - running[starts]
-    return sums.cpu().tolist()
-
-
-def dtype_name(dtype: Any) -> str:
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-    return name
+"""Largest prime below 2^16: row position weights in 1..65521. The products and sums are taken in
+int64, which wraps mod 2^64 on every torch device: a sum mod 2^64 is as exact and order-free as
+one that does not wrap."""
 
 
 def fingerprint(t: Any, dtype: Any | None = None, *, cols: bool = True) -> TensorPrint:
@@ -137,56 +52,140 @@ def fingerprint(t: Any, dtype: Any | None = None, *, cols: bool = True) -> Tenso
     return collector.finish()["t"]
 
 
+def _segment_sums(flat: Any, lengths: list[int], weights: str, offsets: list[int] | None = None) -> list[int]:
+    """For each segment of ``flat`` (int64): the sum of its values, each weighted by its position
+    within the segment: ``"rows"``, (position + the segment's offset) mod P, plus one; ``"odd"``,
+    1, 3, 5, ...; ``"none"``, 1. A few kernels and one copy to the host: each segment's sum is read
+    off a running sum (int64 wraps mod 2^64, so a difference of running sums is the exact segment
+    sum past a wrap)."""
+    import torch
+
+    device = flat.device
+    n = flat.numel()
+    lens = torch.tensor(lengths, dtype=torch.int64, device=device)
+    starts = torch.cumsum(lens, 0) - lens
+    if weights != "none":
+        first = (
+            -starts if offsets is None else torch.tensor(offsets, dtype=torch.int64, device=device) - starts
+        )
+        pos = torch.arange(n, dtype=torch.int64, device=device) + torch.repeat_interleave(
+            first, lens, output_size=n
+        )
+        flat = flat * (pos % _PRIME + 1 if weights == "rows" else 2 * pos + 1)
+    running = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), flat.cumsum(0)])
+    return (running[starts + lens] - running[starts]).cpu().tolist()
+
+
+def _signed(v: int, bits: int) -> int:
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if v >= 1 << (bits - 1) else v
+
+
 class Collector:
-    """Fingerprints of many tensors, leaving the device together at :meth:`finish`.
+    """Fingerprints of many tensors, computed in groups and leaving the device together.
 
-    Each tensor costs two reductions when it is added (on the device's stream, before the sync's
-    sender or loader can reuse its buffer); the position weights and the final sums of all tensors
-    are a handful of kernels at :meth:`finish`, and one copy to the host. ``seconds`` is the time
-    spent here on the host's clock, synchronised at :meth:`finish` so that it includes the device's.
+    :meth:`add` only files a tensor (and its rows) into the group of tensors alike; a group is
+    summed on the device when it is full, at :meth:`flush` and at :meth:`finish`
+    (``word_groups.py``). The row sums' position weights and the final sums of all tensors are a
+    handful of kernels at :meth:`finish`, and one copy to the host. ``seconds`` is the time spent
+    here on the host's clock, synchronised at :meth:`finish` so that it includes the device's.
 
-    ``cols=False`` takes the row sums alone, one reduction: enough for a print that only checks a
-    transport (sent against arrived: a change, a truncation or a shifted buffer moves the row sums),
-    where the layout checks are those of the model against its expected values
-    (:meth:`TensorPrint.same_values` compares the column sums only where both prints have them).
+    ``cols=False`` takes the row sums alone: enough for a print that only checks a transport (sent
+    against arrived: a change, a truncation or a shifted buffer moves the row sums), where the
+    layout checks are those of the model against its expected values (:meth:`TensorPrint.same_values`
+    compares ``cols`` only where both prints have them).
     """
 
     def __init__(self) -> None:
         self._names: list[str] = []
-        self._meta: list[tuple[list[int], str]] = []
-        self._rows: list[Any] = []
-        self._cols: list[Any] = []
+        self._meta: list[tuple[Any, str, int]] = []
+        """Per tensor: shape, dtype name, the bits ``cols`` wraps at (its words'; 0: no ``cols``)."""
+        self._groups: dict[wg.Key, wg.Group] = {}
+        self._pending = 0
+        self._limit = wg.group_bytes()
+        self._sums: list[wg.Sums] = []
         self.seconds = 0.0
 
     def add(self, name: str, t: Any, dtype: Any | None = None, *, cols: bool = True) -> None:
         t0 = time.perf_counter()
-        rows, col_sums = _reduce(t, dtype, cols)
+        plan = wg.plan(t, dtype, cols, self._limit)
+        index = len(self._names)
         self._names.append(name)
-        self._meta.append((list(t.shape), dtype_name(dtype if dtype is not None else t.dtype)))
-        self._rows.append(rows)
-        self._cols.append(col_sums)
+        self._meta.append((t.shape, plan.dtype, plan.key.word.itemsize * 8 if cols else 0))
+        x = wg.shaped(t, plan)
+        rows, step = plan.rows, plan.step
+        if rows <= step:  # the common case: one piece, the tensor itself
+            self._file(plan.key, x, (index, 0, rows), rows * plan.per_row)
+        else:  # larger than a group: blocks of rows, each a piece of its own
+            for first in range(0, rows, step):
+                n = min(step, rows - first)
+                piece = x.narrow(0, first * plan.scale, n * plan.scale)
+                self._file(plan.key, piece, (index, first, n), n * plan.per_row)
+        self.seconds += time.perf_counter() - t0
+
+    def _file(self, key: wg.Key, piece: Any, rows: wg.PieceRows, size: int) -> None:
+        if size >= wg.alone_bytes(key.device):  # large: summed where it lies, now (cheaper than a copy)
+            self._sums.append(wg.flush(key, wg.Group([piece], [rows])))
+            return
+        if self._pending and self._pending + size > self._limit:
+            self.flush()
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = wg.Group()
+        group.pieces.append(piece)
+        group.rows.append(rows)
+        self._pending += size
+
+    def flush(self) -> None:
+        """Sum every group now: before the caller's tensors may change (a reused bucket buffer)."""
+        t0 = time.perf_counter()
+        for key, group in self._groups.items():
+            self._sums.append(wg.flush(key, group))
+        self._groups.clear()
+        self._pending = 0
         self.seconds += time.perf_counter() - t0
 
     def finish(self) -> dict[str, TensorPrint]:
+        self.flush()
         t0 = time.perf_counter()
-        found: dict[int, TensorPrint] = {}
-        by_device: dict[Any, list[int]] = {}
-        for i, r in enumerate(self._rows):
-            by_device.setdefault(r.device, []).append(i)
-        for idxs in by_device.values():
-            n = len(idxs)
-            with_cols = [i for i in idxs if self._cols[i] is not None]
-            sums = _weighted_sums(
-                [self._rows[i] for i in idxs] + [self._cols[i] for i in with_cols],
-                [0] * n + [7] * len(with_cols),
+        rows_of: dict[int, int] = {}
+        cols_of: dict[int, int] = {}
+        by_device: dict[Any, list[wg.Sums]] = {}
+        for s in self._sums:
+            by_device.setdefault(s.plain.device, []).append(s)
+        for sums in by_device.values():
+            _add_up(rows_of, [(s.rows, s.plain) for s in sums], "rows")
+            _add_up(cols_of, [(s.rows, s.weighted) for s in sums if s.weighted is not None], "none")
+            # a whole piece's column sums: one segment each, weighted by column
+            columns = [
+                ([(s.rows[0][0], 0, s.columns.numel())], s.columns) for s in sums if s.columns is not None
+            ]
+            _add_up(cols_of, columns, "odd")
+        found = {}
+        for i, name in enumerate(self._names):
+            shape, dtype, bits = self._meta[i]
+            # built without validation: the fields are ints and strings made just above
+            found[name] = TensorPrint.model_construct(
+                shape=list(shape),
+                dtype=dtype,
+                rows=_signed(rows_of.get(i, 0), 64),
+                cols=_signed(cols_of.get(i, 0), bits) if bits else None,
             )
-            col_of = dict(zip(with_cols, sums[n:], strict=True))
-            for i, r in zip(idxs, sums[:n], strict=True):
-                shape, dtype = self._meta[i]
-                c = col_of.get(i)
-                # built without validation: the fields are ints and strings made just above
-                found[i] = TensorPrint.model_construct(shape=shape, dtype=dtype, rows=r, cols=c)
-        self._rows.clear()
-        self._cols.clear()
+        self._sums.clear()
         self.seconds += time.perf_counter() - t0
-        return {self._names[i]: found[i] for i in sorted(found)}
+        return found
+
+
+def _add_up(into: dict[int, int], parts: list[tuple[list[wg.PieceRows], Any]], weights: str) -> None:
+    """Add each segment's weighted sum (``_segment_sums``) to its tensor's total."""
+    if not parts:
+        return
+    import torch
+
+    pieces = [p for rows, _ in parts for p in rows]
+    flat = torch.cat([values.to(torch.int64) for _, values in parts])
+    offsets = [first for _, first, _ in pieces]
+    for (i, _, _), v in zip(
+        pieces, _segment_sums(flat, [n for _, _, n in pieces], weights, offsets), strict=True
+    ):
+        into[i] = into.get(i, 0) + v
