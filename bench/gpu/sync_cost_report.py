@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
+import tempfile
 from pathlib import Path
 
-from verl_consistency.contracts.weight_records import WeightSyncRecord
+from verl_consistency.contracts.weight_records import WEIGHTS_DIR, WeightSyncRecord
 from verl_consistency.entrypoints.run.step_metrics import parse_line
+from verl_consistency.postprocess.compare.weight_check import check
 
 KEY = "timing_s/update_weights"
 
@@ -58,6 +60,20 @@ def _bytes(shape: list[int], dtype: str) -> int:
     return n * {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}.get(dtype, 2)
 
 
+def exactness(folder: Path) -> str:
+    """The weight check's own verdict on B's records (``postprocess/compare/weight_check.py``): a
+    cost is only worth reporting for a check that still finds every healthy sync exact."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / WEIGHTS_DIR).symlink_to(folder.resolve())
+        result = check(Path(tmp))
+    compared = sum(v.compared for v in result.versions)
+    differing = result.differing
+    head = (
+        f"weights: {len(result.versions)} syncs, {compared} tensor prints compared, {len(differing)} differ"
+    )
+    return "\n".join([head, *(f"  {d.version} {d.tensor}: {d.kind} ({d.detail})" for d in differing[:10])])
+
+
 def gpu_name() -> str:
     try:
         return subprocess.run(
@@ -79,19 +95,24 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     a = {} if str(args.a_log) == "-" else sync_seconds(args.a_log)
     b = sync_seconds(args.b_log)
-    check, tensors, size = check_seconds(args.weights)
+    seconds, tensors, size = check_seconds(args.weights)
     mib = size / 2**20
     print(f"weight check cost per sync: {gpu_name()}, model {args.model} ({tensors} tensors, {mib:.0f} MiB)")
     print(f"A (check off) timing_s/update_weights per step: {[round(a[s], 3) for s in sorted(a)]}")
     print(f"B (check on)  timing_s/update_weights per step: {[round(b[s], 3) for s in sorted(b)]}")
-    print(f"B check's own seconds per sync version: {[round(check[v], 4) for v in sorted(check, key=str)]}")
-    if not b or not check:
+    print(
+        f"B check's own seconds per sync version: {[round(seconds[v], 4) for v in sorted(seconds, key=str)]}"
+    )
+    print(exactness(args.weights))
+    if not b or not seconds:
         print("incomplete: B logged no update_weights timing or wrote no weight records")
         return 1
     # the first step's sync includes warm-up (allocator, kernels' first launch): reported, left out; the
     # check's version 0 is the sync before step 1, which no step timing holds
     med_b = statistics.median([b[s] for s in sorted(b)[1:]] or list(b.values()))
-    med_check = statistics.median([check[v] for v in check if v not in (None, 0)] or list(check.values()))
+    med_check = statistics.median(
+        [seconds[v] for v in seconds if v not in (None, 0)] or list(seconds.values())
+    )
     if a:
         med_a = statistics.median([a[s] for s in sorted(a)[1:]] or list(a.values()))
         print(f"median sync (steps 2+): A {med_a:.3f} s, B {med_b:.3f} s, B / A = {med_b / med_a:.3f}x")
