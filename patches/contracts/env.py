@@ -54,6 +54,10 @@ WEIGHT_CHECK = "VERL_CONSISTENCY_WEIGHT_CHECK"
 ``rollout/weight_held.py``); it is on in every run folder otherwise: a fingerprint of each tensor at
 each weight sync."""
 
+WEIGHT_CHECK_GROUP_MB = "VERL_CONSISTENCY_WEIGHT_CHECK_GROUP_MB"
+"""The most MiB of words the weight check sums in one group (``patches/hooks/weights/word_groups.py``,
+default 128): its extra device memory during a sync is ~3 groups."""
+
 POOL_RESOURCES = "VERL_CONSISTENCY_POOL_RESOURCES"
 """``pool_prefix=resource`` pairs for the Ray placement hook (``patches.hooks.placement``)."""
 

@@ -23,6 +23,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from verl_consistency.contracts import env
+
 DEFAULT_GROUP_MB = 128
 
 ALONE_BYTES = {"cpu": 64 << 10, "accelerator": 8 << 20}
@@ -41,12 +43,12 @@ PieceRows = tuple[int, int, int]
 
 def group_bytes() -> int:
     """The most bytes of words a group holds, from ``$VERL_CONSISTENCY_WEIGHT_CHECK_GROUP_MB``."""
-    raw = os.environ.get("VERL_CONSISTENCY_WEIGHT_CHECK_GROUP_MB", "")
+    raw = os.environ.get(env.WEIGHT_CHECK_GROUP_MB, "")
     try:
         mb = int(raw) if raw else DEFAULT_GROUP_MB
     except ValueError as err:
         raise ValueError(
-            f"$VERL_CONSISTENCY_WEIGHT_CHECK_GROUP_MB={raw!r} is not a whole number of MiB: "
+            f"${env.WEIGHT_CHECK_GROUP_MB}={raw!r} is not a whole number of MiB: "
             f"unset it for the default, {DEFAULT_GROUP_MB}"
         ) from err
     return max(mb, 1) << 20
