@@ -1,9 +1,21 @@
-"""Driver for verl's Megatron engine (0.8.0 or 0.9.1) on an NVIDIA GPU (no tests here; run as a script).
+"""Driver for verl's Megatron engine (0.8.0 or 0.9.1) on an NVIDIA GPU or the CPU (no tests; a script).
 
-megatron-core cannot run on a CPU: verl's ``set_random_seed`` calls Megatron's
-``model_parallel_cuda_manual_seed`` (``AssertionError: Torch not compiled with CUDA enabled``), and
-the tensor-parallel layers allocate on ``torch.cuda.current_device()``. ``bench/megatron_h200.sh``
-runs this driver on the H200 device machine; CI reads the dumps it wrote there.
+On a GPU (``VC_TEST_DEVICE=cuda``) ``bench/megatron_h200.sh`` runs it on the H200 device machine; CI
+reads the dumps it wrote there. With ``VC_TEST_DEVICE=cpu`` (gloo, world size 1, TP 1) the same
+engine, schedule, optimizer and dumps run on the CPU behind four thin stand-ins for megatron-core's
+CUDA-only calls (:func:`_cpu_stand_ins`, below); on the next set (verl 0.9.1, torch 2.13 cpu) a tiny
+run takes ~12 s and ~0.75 GB, and its log_prob dump statistics match the H200 fixture
+(``tests/postprocess/fixtures/megatron-h200-next``) to bf16 rounding. megatron-core and mbridge are
+not in the project's venvs: install them apart and put them on ``PYTHONPATH``::
+
+    pip install --no-deps --target /tmp/mcore-target megatron-core==0.16.1 mbridge==0.15.1
+    VERL_CONSISTENCY_PIN_SET=next PYTHONPATH=.:<patched verl root>:/tmp/mcore-target \
+      CUDA_VISIBLE_DEVICES= VC_TEST_DEVICE=cpu VC_TEST_WORK=/tmp/mcore-work \
+      .venv-next/bin/python tests/patches/megatron_driver.py
+
+(``<patched verl root>``: ``bench.support.verl_support.patched_verl``; ``run_patched`` sets up the
+rest when given that ``PYTHONPATH``). mbridge's other needs (transformers, safetensors, einops) and
+megatron-core's (torch, numpy, packaging) are already in ``.venv-next``.
 
 It runs inside a process whose ``sys.path`` starts with a freshly patched verl of the pin set in
 force (``bench.support.verl_support.patched_verl``: 0.8.0 with ``patches/current/verl/series``, 0.9.1 with
@@ -46,6 +58,24 @@ Substitutions, each forced by a missing dependency and named here:
 * verl 0.9.1 only: ``pad_bshd_to_minibatch_max=False`` (:func:`_bshd_padding_overrides`).
 * a tiny word-level tokenizer is written next to the model (verl reads ``pad_token_id`` from it),
   and ``optim.total_training_steps`` is set (the trainer fills it in from the data set).
+
+CPU stand-ins (``VC_TEST_DEVICE=cpu`` only; no CUDA here; :func:`_cpu_stand_ins`). verl 0.9's own
+platform layer gets the FSDP driver's CPU platform (``serve_cpu_platform``); megatron-core and mbridge
+call ``torch.cuda`` directly:
+
+1. ``torch.cuda.current_device`` answers ``"cpu"``: megatron-core allocates on it (rotary
+   ``inv_freq``, tensor-parallel buffers, ``gpt_model.py``).
+2. Megatron's ``CudaRNGStatesTracker`` keeps names, not CUDA generator states (``add`` records the
+   seed, ``fork`` is a no-op context): verl's ``set_random_seed`` calls
+   ``model_parallel_cuda_manual_seed`` (``torch.cuda.get_rng_state``, ``tensor_parallel/random.py``),
+   and weight init and ``DotProductAttention`` fork the tracker. Dropout is 0 in these models.
+3. a ``TorchFunctionMode`` makes tensors asked for on ``"cuda"`` on the CPU and leaves
+   ``Tensor.cuda()`` where it is: the optimizer's scalars (``optimizer/optimizer.py``
+   ``found_inf``/``_scale_one``, ``optimizer/clip_grads.py``) use a literal ``device='cuda'``, and
+   mbridge's ``get_model`` calls ``module.cuda(...)`` (``mbridge/core/util.py``).
+4. ``Tensor.type()`` (no argument) names a CPU tensor by its CUDA twin: megatron-core's
+   ``DistributedOptimizer`` sorts parameters by ``param.type() in ['torch.cuda.HalfTensor',
+   'torch.cuda.BFloat16Tensor']`` and raises on anything else (``optimizer/distrib_optimizer.py``).
 
 Environment: ``VC_TEST_WORK``, ``VC_TEST_PORT``, ``VC_TEST_DEVICE`` (cpu/cuda), ``VC_TEST_TP``,
 ``VC_TEST_BENCH``, plus the hooks' own variables (DUMP_ON, DUMP_PHASE, ...). Launch one process per
@@ -194,6 +224,68 @@ def _local_layer_specs() -> None:
     }
 
 
+def _cpu_stand_ins() -> None:
+    """``VC_TEST_DEVICE=cpu`` only: megatron-core's CUDA-only calls, answered for the CPU (no CUDA here).
+
+    Everything else (model, schedule, optimizer, mbridge, verl's engine) runs as is.
+    """
+    import contextlib
+
+    import torch
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    # (1) megatron-core allocates on ``torch.cuda.current_device()`` (rotary inv_freq, TP buffers)
+    torch.cuda.current_device = lambda: "cpu"
+
+    # (2) Megatron's CUDA RNG tracker stores and swaps ``torch.cuda`` generator states: verl's
+    # ``set_random_seed`` -> ``model_parallel_cuda_manual_seed`` -> ``add`` (torch.cuda.get_rng_state)
+    # and every ``fork`` (DotProductAttention's dropout, weight init). Names are recorded, no state.
+    def add(self: Any, name: str, seed: int) -> None:
+        self._is_initialized = True
+        self.seeds_.add(seed)
+        self.states_[name] = None
+
+    def fork(self: Any, name: str = "") -> Any:
+        return contextlib.nullcontext()
+
+    mcore_random.CudaRNGStatesTracker.add = add
+    mcore_random.CudaRNGStatesTracker.fork = fork
+
+    # (3) tensors asked for on "cuda" are made (or stay) on the CPU: megatron-core's optimizer
+    # allocates its scalars with a literal ``device='cuda'`` (``optimizer/optimizer.py``
+    # ``found_inf``/``_scale_one``, ``optimizer/clip_grads.py``), and mbridge's ``get_model`` moves
+    # each model chunk with ``module.cuda(...)`` (``mbridge/core/util.py``)
+    from torch.overrides import TorchFunctionMode
+
+    class CudaOnCpu(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if func is torch.Tensor.cuda:
+                return args[0]
+            if "cuda" in str(kwargs.get("device", "")):
+                kwargs = {**kwargs, "device": "cpu"}
+            return func(*args, **kwargs)
+
+    CudaOnCpu().__enter__()
+
+    # (4) megatron-core's optimizers sort parameters by their CUDA type name
+    # (``param.type() in ['torch.cuda.HalfTensor', 'torch.cuda.BFloat16Tensor']``,
+    # ``optimizer/distrib_optimizer.py``, ``optimizer/clip_grads.py``) and refuse any other:
+    # ``Tensor.type()`` without an argument names a CPU tensor's type as its CUDA twin
+    plain_type = torch.Tensor.type
+
+    def tensor_type(self: Any, *args: Any, **kwargs: Any) -> Any:
+        name = plain_type(self, *args, **kwargs)
+        if args or kwargs or not isinstance(name, str):
+            return name
+        # (a Parameter comes back through this function once more via ``__torch_function__``)
+        if self.device.type != "cpu" or name.startswith("torch.cuda."):
+            return name
+        return name.replace("torch.", "torch.cuda.", 1)
+
+    torch.Tensor.type = tensor_type
+
+
 def _verl_minor() -> tuple[int, int]:
     import verl
     from packaging.version import Version
@@ -327,6 +419,8 @@ def main() -> None:
     torch.distributed.barrier()
     model_dir = _tiny_qwen2(work)
     _local_layer_specs()
+    if _device() == "cpu":
+        _cpu_stand_ins()
     _serve_pure_torch_attention_helpers(cpu_platform=_device() == "cpu")
 
     from verl.trainer.config import CheckpointConfig
