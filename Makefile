@@ -42,7 +42,8 @@ $(VENV)/.installed: pyproject.toml patches/pins.toml
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install "torch==$(call pin,install.torch_cpu)"
 	$(PY) -m pip install "verl==$(call pin,upstream.verl)" $(foreach r,$(call pin,install.verl_extras),"$(r)") \
-		"mindstudio-probe==$(call pin,upstream.mindstudio_probe)" "ray[default]==$(call pin,image.ray)"
+		"mindstudio-probe==$(call pin,upstream.mindstudio_probe)" "ray[default]==$(call pin,image.ray)" \
+		"megatron-core==$(call pin,install.megatron_core)" "mbridge==$(call pin,install.mbridge)"
 	$(PY) -m pip install -e ".[test]"
 	touch $@
 

@@ -1,13 +1,14 @@
 """What a collection run on verl's Megatron actor refuses before anything starts.
 
-Per-request lanes cut verl's FSDP micro batches (``hooks/training/micro_batch_dump.py``,
-``hooks/training/prompt_rows.py``).
-Megatron's engine is not cut: its ``forward_step`` is dumped whole, its activations are
-sequence-first and its THD packing pads each sequence to the tensor-parallel size. So a Megatron
-collection keeps one sample per micro batch, and its forward must cover the prompt only, which
-only the recipe's trim (``--prompts-only``) gives. The training hook refuses the same at the
-first dumped micro batch; refusing here saves the cluster start-up and says it before a RayJob is
-written.
+Per-request lanes cut verl's Megatron micro batches in its bshd layout only
+(``hooks/training/megatron_lanes.py``): megatron-core's packed (THD) attention is Transformer
+Engine's, which no machine of this project runs, so lanes of it are not verified; sequence and
+context parallelism split a row's positions across ranks. A Megatron collection that needs lanes
+(a ride-along forward, or several samples per micro batch) must therefore say
+``use_remove_padding=False`` and keep every position of a row on one rank. Without lanes, the
+recipe's way still works: ``--prompts-only`` and one sample per micro batch, each dumped whole.
+The training hook refuses the same at the first dumped micro batch; refusing here saves the
+cluster start-up and says it before a RayJob is written.
 """
 
 from __future__ import annotations
@@ -16,11 +17,29 @@ from verl_consistency.entrypoints.run.overrides import RunKind, UserOverride
 
 STRATEGY_KEY = "actor_rollout_ref.actor.strategy"
 
+MEGATRON = "actor_rollout_ref.actor.megatron"
+REMOVE_PADDING_KEY = f"{MEGATRON}.use_remove_padding"
+"""The Megatron engine's layout (verl's ``McoreEngineConfig``; default True, THD)."""
+TP_KEY = f"{MEGATRON}.tensor_model_parallel_size"
+SP_KEY = f"{MEGATRON}.sequence_parallel"
+"""Default True in verl's Megatron trainer config; verl turns it off itself at TP 1."""
+CP_KEY = f"{MEGATRON}.context_parallel_size"
+
 MICRO_BATCH_KEYS = (
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
 )
-"""The micro batch sizes a collection run takes from the user (FSDP: one lane per request)."""
+"""The micro batch sizes a collection run takes from the user (one lane per request)."""
+
+
+def _value(parsed: list[UserOverride], key: str) -> str | None:
+    """The last value the user gave ``key`` (Hydra keeps the last), as text; None if not given."""
+    found = [ov for ov in parsed if ov.key.lstrip("+") == key and not ov.delete]
+    return None if not found else str(found[-1].value)
+
+
+def _false(value: str | None) -> bool:
+    return value is not None and value.strip().lower() == "false"
 
 
 def refusals(parsed: list[UserOverride], kind: RunKind) -> list[str]:
@@ -28,18 +47,35 @@ def refusals(parsed: list[UserOverride], kind: RunKind) -> list[str]:
     strategy = next((ov for ov in parsed if ov.key == STRATEGY_KEY), None)
     if strategy is None or str(strategy.value) != "megatron" or kind is RunKind.TOKEN_LEVEL:
         return []
-    problems = [
-        f"refused `{ov.text}`: with {STRATEGY_KEY}=megatron the run needs {ov.key}=1 (Megatron's "
-        "forward_step is dumped whole, so several samples would share one dump; per-request lanes "
-        "cut FSDP micro batches only)"
-        for ov in parsed
-        if ov.key in MICRO_BATCH_KEYS and str(ov.value) != "1"
-    ]
-    if kind is RunKind.RIDE_ALONG:
+    several = [ov for ov in parsed if ov.key in MICRO_BATCH_KEYS and str(ov.value) != "1"]
+    needs_lanes = kind is RunKind.RIDE_ALONG or bool(several)
+    if not needs_lanes:
+        return []
+    why = (
+        "a ride-along forward covers prompt + response"
+        if kind is RunKind.RIDE_ALONG
+        else f"`{several[0].text}` puts several samples in one micro batch"
+    )
+    problems = []
+    if not _false(_value(parsed, REMOVE_PADDING_KEY)):
         problems.append(
-            f"refused `{strategy.text}` in a ride-along run (the default): Megatron's training dump "
-            "covers each micro batch whole, and a ride-along forward covers prompt + response, so "
-            "its rows would not be what vLLM's prefill computed. Pass --prompts-only (the recipe: "
-            "the forward covers the prompt only), or use the FSDP actor for a ride-along run"
+            f"refused `{strategy.text}` without `{REMOVE_PADDING_KEY}=False`: {why}, so each "
+            "request's prompt rows are cut into its own lane, and Megatron's lanes are cut in "
+            "verl's bshd layout only (the packed THD layout's attention is Transformer Engine's, "
+            f"not verified here). Pass {REMOVE_PADDING_KEY}=False, or --prompts-only with "
+            f"{MICRO_BATCH_KEYS[0]}=1 and {MICRO_BATCH_KEYS[1]}=1 (each micro batch dumped whole)"
+        )
+    cp = _value(parsed, CP_KEY)
+    if cp is not None and cp != "1":
+        problems.append(
+            f"refused `{CP_KEY}={cp}`: context parallelism splits each row's positions across "
+            "ranks, so a request's lane is not on one rank. Collect with context_parallel_size=1"
+        )
+    tp = _value(parsed, TP_KEY)
+    if tp is not None and tp != "1" and not _false(_value(parsed, SP_KEY)):
+        problems.append(
+            f"refused `{TP_KEY}={tp}` with sequence parallelism (verl's default): it splits each "
+            f"layer's positions across the tensor-parallel ranks. Pass {SP_KEY}=False for the "
+            "collection run"
         )
     return problems

@@ -6,13 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from verl_consistency.contracts.env import DumpPhase
 from verl_consistency.entrypoints.cli import app
 from verl_consistency.entrypoints.run import overrides as table
 from verl_consistency.entrypoints.run.bypass import verl_default
-from verl_consistency.entrypoints.run.megatron import MICRO_BATCH_KEYS
+from verl_consistency.entrypoints.run.megatron import (
+    CP_KEY,
+    MICRO_BATCH_KEYS,
+    REMOVE_PADDING_KEY,
+    SP_KEY,
+    TP_KEY,
+)
 from verl_consistency.entrypoints.run.overrides import CURRENT, NEXT, Mode, RunKind, pin_set
 from verl_consistency.entrypoints.run.plan import build_plan
 from verl_consistency.entrypoints.run.plan_options import PlanError, PlanOptions
@@ -516,54 +522,64 @@ def test_the_runs_own_values_satisfy_every_matched_row() -> None:
     assert applied == {r.keys for r in table.MATCHED if SET in r.sets}
 
 
-@pytest.mark.parametrize(
-    "key",
-    [
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-    ],
-)
-def test_megatron_keeps_one_sample_per_micro_batch(tmp_path: Path, key: str) -> None:
-    """Lanes cut FSDP micro batches only: Megatron with several samples per micro batch is refused."""
-    result = _invoke(tmp_path, "hybrid", "actor_rollout_ref.actor.strategy=megatron", f"{key}=4")
+def _dry_run(tmp_path: Path, mode: str, run_id: str, *args: str) -> Result:
+    return CliRunner().invoke(
+        app, ["run", mode, "--dry-run", "--dump-root", str(tmp_path), "--run-id", run_id, *args]
+    )
+
+
+@pytest.mark.parametrize("key", list(MICRO_BATCH_KEYS))
+def test_megatron_micro_batches_of_several_need_the_bshd_layout(tmp_path: Path, key: str) -> None:
+    """Megatron's lanes are cut in verl's bshd layout only: several samples per micro batch on the
+    packed (THD) default is refused, naming the override; with it the run plans."""
+    given = ["--prompts-only", "actor_rollout_ref.actor.strategy=megatron", f"{key}=4"]
+    result = _invoke(tmp_path, "hybrid", *given)
     assert result.exit_code == 2, result.output
     text = " ".join(result.output.split())
-    assert f"refused `{key}=4`" in text
-    assert "forward_step is dumped whole" in text
+    assert f"`{key}=4` puts several samples in one micro batch" in text
+    assert f"Pass {REMOVE_PADDING_KEY}=False" in text
     assert list(tmp_path.iterdir()) == []
-    ok = CliRunner().invoke(
-        app,
-        [
-            "run",
-            "hybrid",
-            "--dry-run",
-            "--json",
-            "--dump-root",
-            str(tmp_path),
-            "--run-id",
-            "ok",
-            "--prompts-only",
-            "actor_rollout_ref.actor.strategy=megatron",
-            f"{key}=1",
-        ],
-    )
+    ok = _dry_run(tmp_path, "hybrid", "ok", *given, f"{REMOVE_PADDING_KEY}=False")
     assert ok.exit_code == 0, ok.output
 
 
 @pytest.mark.parametrize("mode", ["hybrid", "fully-async"])
-def test_megatron_ride_along_is_refused_before_anything_starts(tmp_path: Path, mode: str) -> None:
-    """Megatron's dump covers whole micro batches: a ride-along forward (prompt + response) cannot
-    be cut to its prompt rows there, so the default collection is refused at once, naming
-    --prompts-only; the recipe and the token-level triage on Megatron still plan."""
-    given = ["actor_rollout_ref.actor.strategy=megatron", *(f"{k}=1" for k in MICRO_BATCH_KEYS)]
+def test_megatron_ride_along_plans_in_the_bshd_layout_and_is_refused_packed(
+    tmp_path: Path, mode: str
+) -> None:
+    """A ride-along forward covers prompt + response: each request's lane is cut to its prompt rows,
+    in the bshd layout only. The packed default is refused at once, naming the override and the
+    recipe's way (--prompts-only, micro batch 1); each of those plans."""
+    given = ["actor_rollout_ref.actor.strategy=megatron"]
     result = _invoke(tmp_path, mode, *given)
     assert result.exit_code == 2, result.output
     text = " ".join(result.output.split())
-    assert "refused `actor_rollout_ref.actor.strategy=megatron` in a ride-along run" in text
-    assert "Pass --prompts-only" in text
+    assert "a ride-along forward covers prompt + response" in text
+    assert f"Pass {REMOVE_PADDING_KEY}=False, or --prompts-only" in text
     assert list(tmp_path.iterdir()) == []
-    for kind in ("--prompts-only", "--token-level"):
-        ok = CliRunner().invoke(
-            app, ["run", mode, "--dry-run", "--dump-root", str(tmp_path), "--run-id", "ok", kind, *given]
-        )
-        assert ok.exit_code == 0, (kind, ok.output)
+    one = [f"{k}=1" for k in MICRO_BATCH_KEYS]
+    for i, args in enumerate(
+        ([f"{REMOVE_PADDING_KEY}=False"], ["--prompts-only", *one], ["--token-level", *one])
+    ):
+        ok = _dry_run(tmp_path, mode, f"ok{i}", *given, *args)
+        assert ok.exit_code == 0, (args, ok.output)
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ([f"{CP_KEY}=2"], f"refused `{CP_KEY}=2`"),
+        ([f"{TP_KEY}=2"], f"Pass {SP_KEY}=False"),
+    ],
+    ids=["context-parallel", "sequence-parallel"],
+)
+def test_megatron_lanes_refuse_a_row_split_across_ranks(tmp_path: Path, extra: list[str], named: str) -> None:
+    """Context parallelism, and sequence parallelism under TP > 1, put a row's positions on several
+    ranks: refused, each by name; TP 2 without sequence parallelism plans."""
+    given = ["actor_rollout_ref.actor.strategy=megatron", f"{REMOVE_PADDING_KEY}=False"]
+    result = _invoke(tmp_path, "hybrid", *given, *extra)
+    assert result.exit_code == 2, result.output
+    assert named in " ".join(result.output.split())
+    if extra[0].startswith(TP_KEY):
+        ok = _dry_run(tmp_path, "hybrid", "ok", *given, *extra, f"{SP_KEY}=False")
+        assert ok.exit_code == 0, ok.output

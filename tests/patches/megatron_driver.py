@@ -76,10 +76,16 @@ call ``torch.cuda`` directly:
 4. ``Tensor.type()`` (no argument) names a CPU tensor by its CUDA twin: megatron-core's
    ``DistributedOptimizer`` sorts parameters by ``param.type() in ['torch.cuda.HalfTensor',
    'torch.cuda.BFloat16Tensor']`` and raises on anything else (``optimizer/distrib_optimizer.py``).
+5. ``torch.cpu.empty_cache`` is a no-op: verl's ``load_megatron_model_to_gpu`` (each weight sync's
+   export) calls ``get_torch_device().empty_cache()``, and the CPU has no cache.
 
 Environment: ``VC_TEST_WORK``, ``VC_TEST_PORT``, ``VC_TEST_DEVICE`` (cpu/cuda), ``VC_TEST_TP``,
-``VC_TEST_BENCH``, plus the hooks' own variables (DUMP_ON, DUMP_PHASE, ...). Launch one process per
-rank with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set (``torchrun``).
+``VC_TEST_BENCH``, ``VC_TEST_MICRO`` (samples per micro batch, both phases; default 1),
+``VC_TEST_TRIM`` (``ours``, the PROMPTS_ONLY trim, default; ``none``: the ride-along forward over
+prompt + response), ``VC_TEST_PAD_BSHD_MAX``, ``VC_TEST_WEIGHT_SYNCS`` (1: a weight sync's export,
+fingerprinted, before and after the update: versions 0 and 1), plus the hooks' own variables
+(DUMP_ON, DUMP_PHASE, ...). Launch one process per rank with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``
+set (``torchrun``).
 """
 
 from __future__ import annotations
@@ -251,6 +257,12 @@ def _cpu_stand_ins() -> None:
     mcore_random.CudaRNGStatesTracker.add = add
     mcore_random.CudaRNGStatesTracker.fork = fork
 
+    # (5) verl's ``load_megatron_model_to_gpu`` (every ``get_per_tensor_param``, a weight sync's
+    # export) empties the device cache through ``get_torch_device()``, which is ``torch.cpu`` here:
+    # there is no cache to empty, and torch.cpu has no ``empty_cache``
+    if not hasattr(torch.cpu, "empty_cache"):
+        torch.cpu.empty_cache = lambda: None
+
     # (3) tensors asked for on "cuda" are made (or stay) on the CPU: megatron-core's optimizer
     # allocates its scalars with a literal ``device='cuda'`` (``optimizer/optimizer.py``
     # ``found_inf``/``_scale_one``, ``optimizer/clip_grads.py``), and mbridge's ``get_model`` moves
@@ -284,6 +296,11 @@ def _cpu_stand_ins() -> None:
         return name.replace("torch.", "torch.cuda.", 1)
 
     torch.Tensor.type = tensor_type
+
+
+def _micro() -> int:
+    """``VC_TEST_MICRO``: samples per micro batch, in both phases (default 1)."""
+    return int(os.environ.get("VC_TEST_MICRO", "1"))
 
 
 def _verl_minor() -> tuple[int, int]:
@@ -335,7 +352,7 @@ def _actor_config(model_dir: Path, tp: int) -> Any:
         [
             f"actor_rollout_ref.model.path={model_dir}",
             "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={_micro()}",
             "actor_rollout_ref.actor.use_dynamic_bsz=False",
             f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}",
             "actor_rollout_ref.actor.megatron.use_remove_padding=False",
@@ -359,7 +376,7 @@ def _engine_keys(td: Any, **extra: Any) -> None:
         td,
         use_remove_padding=False,
         use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=1,
+        micro_batch_size_per_gpu=_micro(),
         max_token_len_per_gpu=4096,
         use_fused_kernels=False,
         temperature=1.0,
@@ -404,6 +421,17 @@ def _export_weights(engine: Any, path: Path) -> int:
     if torch.distributed.get_rank() == 0:
         save_file(tensors, str(path))
     return len(tensors)
+
+
+def _sync_export(engine: Any, version: int) -> None:
+    """One weight sync's export as verl streams it to vLLM: the engine's ``get_per_tensor_param``
+    (mbridge's Megatron -> HF conversion) through the trainer-side fingerprint that patch 0007
+    wraps around it in ``update_weights`` (``weight_export.exporting``), consumed here."""
+    from verl_consistency.patches.hooks.training import weight_export
+
+    params, _ = engine.get_per_tensor_param()
+    for _name, _tensor in weight_export.exporting(params, version):
+        pass
 
 
 def main() -> None:
@@ -508,7 +536,9 @@ def main() -> None:
                 timings.setdefault(f"{phase}.dump{dump}", []).extend(per)
         report["bench"] = {"tokens": tokens, "micro_batches_per_call": BATCH, "per_micro_batch_s": timings}
     else:
-        batch = prompts_only.trim(_rollout_batch())
+        batch = _rollout_batch()
+        if os.environ.get("VC_TEST_TRIM", "ours") == "ours":
+            batch = prompts_only.trim(batch)
         report["request_ids"] = list(batch.non_tensor_batch["request_id"])
         if _verl_minor() >= (0, 9):
             _ids_as_v1_extra_fields(batch)
@@ -521,7 +551,12 @@ def main() -> None:
         else:  # not the last pipeline stage
             batch.batch["old_log_probs"] = torch.zeros_like(batch.batch["response_mask"], dtype=torch.float32)
         advantages(batch)
+        syncs = os.environ.get("VC_TEST_WEIGHT_SYNCS") == "1"
+        if syncs:
+            _sync_export(engine, 0)
         out = update(batch)
+        if syncs:
+            _sync_export(engine, 1)
         metrics = out.get("metrics", {})
         report["grad_norm"] = float(metrics["grad_norm"]) if "grad_norm" in metrics else None
         losses = [float(x) for x in torch.as_tensor(out.get("loss", [])).flatten().tolist()]

@@ -28,8 +28,9 @@ Everything else lives here, where it is tested:
   **prompt rows** (``prompt_rows.PackedLayout``): ride-along forwards cover prompt + response,
   and attention is causal, so the prompt's rows are what vLLM's prefill computed. A micro batch
   of one row whose forward covers the prompt only (PROMPTS_ONLY) is dumped whole, as before;
-* Megatron dumps each micro batch whole, so it refuses a forward that covers more than the
-  prompt (:func:`check_megatron_prompt_only`): use ``--prompts-only`` there.
+* each captured request of a Megatron micro batch is its lane too, cut to its prompt rows in
+  Megatron's sequence-first tensors (``megatron_lanes``: the bshd layout; what it cannot cut is
+  refused there, by name); a micro batch of one prompt-only row is dumped whole, as before.
 * a dumped micro batch runs with Python's automatic garbage collector off, from ``start`` to the
   end of msprobe's write in ``stop``, and one young collection after it (``gc_pause``, issue 43).
 
@@ -58,6 +59,7 @@ from verl_consistency.patches.hooks.lanes import msprobe_lanes
 from verl_consistency.patches.hooks.training import (
     dump_session,
     gc_pause,
+    megatron_lanes,
     next_token,
     older_weights,
     weight_sync,
@@ -162,14 +164,12 @@ def _rank(engine: Any) -> int:
 
 
 def check_megatron_prompt_only(micro_batch: Any, packed: PackedLayout | None) -> None:
-    """Refuse a Megatron micro batch whose forward covers more than its prompts.
+    """Refuse a whole Megatron dump whose forward covers more than its prompts.
 
-    Megatron dumps each micro batch whole. Its activations are sequence-first (``[s, b, h]``); with
-    ``use_remove_padding`` each row is padded to the tensor/context-parallel alignment before
-    packing (``preprocess_packed_seqs``), and sequence parallelism splits ``s`` across the TP
-    ranks: cutting a request's prompt rows out of that is not done (nor tested on a GPU) yet. A
-    whole dump of a ride-along forward would hold response rows that vLLM's prefill never
-    computed, so it is refused rather than paired wrongly.
+    Used where a Megatron micro batch is dumped whole: its ``input_ids`` are not verl's nested
+    tensor, so its rows' lengths (and lanes) are unknown. A whole dump of a ride-along forward
+    would hold response rows that vLLM's prefill never computed, so it is refused rather than
+    paired wrongly.
     """
     from verl.utils import tensordict_utils as tu
 
@@ -177,10 +177,10 @@ def check_megatron_prompt_only(micro_batch: Any, packed: PackedLayout | None) ->
     if packed.prompt_only if packed is not None else marked:
         return
     raise TrainingDumpError(
-        "the Megatron training dump covers whole micro batches, and this forward covers each "
-        "request's prompt and response (ride-along): vLLM's prefill computed the prompt rows only. "
-        "Run the collection with --prompts-only (PROMPTS_ONLY=1) on Megatron, or use the FSDP "
-        "actor (actor_rollout_ref.actor.strategy=fsdp or fsdp2), whose lanes are cut to the prompt rows"
+        "this Megatron micro batch is dumped whole (its input_ids are not verl's nested tensor, so "
+        "its rows cannot be cut into lanes), and its forward covers each request's prompt and "
+        "response (ride-along): vLLM's prefill computed the prompt rows only. Run the collection "
+        "with --prompts-only (PROMPTS_ONLY=1)"
     )
 
 
@@ -214,9 +214,12 @@ class BatchDumper:
         phase: Phase,
         rank: int,
         version: tuple[int | None, int] = (None, 0),
+        megatron: megatron_lanes.MegatronGeometry | None = None,
     ) -> None:
         self.session = session
         self.backend = backend
+        self.megatron = megatron
+        """Where a Megatron forward's rows lie (read from the engine once a call); None for FSDP."""
         self.phase = phase
         self.rank = rank
         self.version = version
@@ -259,25 +262,32 @@ class BatchDumper:
 
     def _lanes(
         self, micro_batch: Any, ids: list[str], captured: list[str]
-    ) -> tuple[PackedLayout | None, list[msprobe_lanes.Lane] | None]:
-        """The micro batch's layout and its lanes (None: dump the micro batch whole).
+    ) -> tuple[PackedLayout | None, list[msprobe_lanes.Lane] | None, list[int] | None]:
+        """The micro batch's layout, its lanes (None: dump the micro batch whole) and each row's
+        last prompt position in the flattened logits.
 
-        FSDP: one msprobe dump per captured request (``msprobe_lanes``), cut to its prompt rows
-        out of the forward; a micro batch of one row whose forward is its prompt alone (PROMPTS_ONLY)
-        is that request's dump whole, as before. Megatron: whole, PROMPTS_ONLY only.
+        One msprobe dump per captured request (``msprobe_lanes``), cut to its prompt rows out of
+        the forward: FSDP's layout (``prompt_rows``), or Megatron's (``megatron_lanes``). A micro
+        batch of one row whose forward is its prompt alone (PROMPTS_ONLY) is that request's dump
+        whole, as before.
         """
         if not captured:
-            return None, None
+            return None, None, None
         try:
             packed = PackedLayout.of(micro_batch)
         except PromptRowsError as exc:
             raise TrainingDumpError(f"{exc}; or run the collection with --prompts-only") from None
-        if self.backend == "megatron":
-            check_megatron_prompt_only(micro_batch, packed)
-            return None, None
         if packed is None or (len(ids) == 1 and packed.prompt_only):
-            return packed, None
-        return packed, packed.lanes(ids, captured)
+            if self.backend == "megatron":
+                check_megatron_prompt_only(micro_batch, packed)
+            return packed, None, None
+        if self.megatron is not None:
+            try:
+                lanes, last = self.megatron.lanes(micro_batch, packed, ids, captured)
+            except megatron_lanes.MegatronLanesError as exc:
+                raise TrainingDumpError(str(exc)) from None
+            return packed, lanes, last
+        return packed, packed.lanes(ids, captured), packed.last_positions()
 
     def start(self, micro_batch: Any, model: Any) -> None:
         self._begin(micro_batch, model, only=None, version=self.version)
@@ -310,7 +320,7 @@ class BatchDumper:
         if self.session.service.should_stop_service or not (captured or whole_ok):
             self._active = None
             return
-        packed, lanes = self._lanes(micro_batch, ids, captured)
+        packed, lanes, last_positions = self._lanes(micro_batch, ids, captured)
         if elsewhere and not lanes:  # a whole dump would mix in the requests dumped elsewhere
             self._active = None
             return
@@ -334,7 +344,7 @@ class BatchDumper:
                 micro_batch,
                 model,
                 wanted=[ids.index(rid) for rid in lane_ids],
-                last_positions=packed.last_positions(),
+                last_positions=last_positions,
             )
         elif packed is None or packed.prompt_only:
             # a whole dump's output row is its last position: a prompt-only forward's alone
@@ -451,7 +461,8 @@ def batch_dumper(engine: Any, *, backend: Backend, forward_only: bool) -> BatchD
     wanted = env.dump_phase()
     if wanted is not env.DumpPhase.ALL and wanted.value != phase:
         return NO_DUMP
-    return BatchDumper(dump_session.session(), backend, phase, _rank(engine), version)
+    geometry = megatron_lanes.MegatronGeometry.of(engine) if backend == "megatron" else None
+    return BatchDumper(dump_session.session(), backend, phase, _rank(engine), version, geometry)
 
 
 def current(engine: Any) -> BatchDumper | _NoDump:
