@@ -83,7 +83,8 @@ Environment: ``VC_TEST_WORK``, ``VC_TEST_PORT``, ``VC_TEST_DEVICE`` (cpu/cuda), 
 ``VC_TEST_BENCH``, ``VC_TEST_MICRO`` (samples per micro batch, both phases; default 1),
 ``VC_TEST_TRIM`` (``ours``, the PROMPTS_ONLY trim, default; ``none``: the ride-along forward over
 prompt + response), ``VC_TEST_PAD_BSHD_MAX``, ``VC_TEST_WEIGHT_SYNCS`` (1: a weight sync's export,
-fingerprinted, before and after the update: versions 0 and 1), plus the hooks' own variables
+fingerprinted, before and after the update: versions 0 and 1), ``VC_TEST_NEXT_TOKEN`` (1: response
+token 0 and its rollout log-prob from the FSDP driver's stand-in vLLM), plus the hooks' own variables
 (DUMP_ON, DUMP_PHASE, ...). Launch one process per rank with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``
 set (``torchrun``).
 """
@@ -105,6 +106,7 @@ from bench.support.fsdp_driver import (  # noqa: E402
     BATCH,
     _rollout_batch,
     _serve_pure_torch_attention_helpers,
+    _stand_in_vllm_next_token,
 )
 
 VOCAB = 128
@@ -537,6 +539,8 @@ def main() -> None:
         report["bench"] = {"tokens": tokens, "micro_batches_per_call": BATCH, "per_micro_batch_s": timings}
     else:
         batch = _rollout_batch()
+        if os.environ.get("VC_TEST_NEXT_TOKEN") == "1":
+            _stand_in_vllm_next_token(batch, model_dir)
         if os.environ.get("VC_TEST_TRIM", "ours") == "ours":
             batch = prompts_only.trim(batch)
         report["request_ids"] = list(batch.non_tensor_batch["request_id"])

@@ -8,13 +8,16 @@ PROMPTS_ONLY micro batch of one row, dumped whole. A micro batch of four (PROMPT
 ride-along forward over prompt + response (micro batches of four and of one), must give one lane
 per request whose every tensor, module by module, has the statistics of that reference: Megatron's
 sequence-first activations cut on their sequence dimension, its batch-first ids and logits on their
-batch dimension (``hooks/training/megatron_lanes.py``). The ride-along run keeps verl 0.9.1's
-``pad_bshd_to_minibatch_max`` default: every micro batch padded past its own longest row.
+batch dimension (``hooks/training/megatron_lanes.py``); and its output row (the next-token record
+read from Megatron's ``output_layer`` at the row's last prompt position) must be the alone one's.
+The ride-along run keeps verl 0.9.1's ``pad_bshd_to_minibatch_max`` default: every micro batch
+padded past its own longest row.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from tests.patches.test_training_fsdp import (
     PROMPT_VALID,
     _free_port,
     _msprobe_config,
+    _next_tokens,
     _records,
     _same,
     _square_4d,
@@ -48,6 +52,8 @@ def _drive(root: Path, work: Path, run_dir: Path, cfg: Path, **env: str) -> dict
             "VC_TEST_DEVICE": "cpu",
             "DUMP_ON": "1",
             "DUMP_PHASE": "log_prob",
+            "VERL_CONSISTENCY_TOKEN_LEVEL": "1",
+            "VC_TEST_NEXT_TOKEN": "1",
             "VERL_CONSISTENCY_ACTOR_CONFIG": str(cfg),
             "VERL_CONSISTENCY_RUN_DIR": str(run_dir),
             **env,
@@ -120,6 +126,15 @@ def _assert_lanes_equal_alone(
                 assert bad == [], f"lane {k} ({rid}) {key}: tensors {bad} differ from the prompt alone"
                 compared += len(tensors)
     assert sorted(seen) == sorted(by_id)
+    # the output row: one next-token record per lane, from Megatron's output layer at the row's
+    # last prompt position, the same as its prompt alone's
+    alone_next, got_next = _next_tokens(alone_dir), _next_tokens(run_dir)
+    assert sorted(got_next) == sorted(alone_next) == sorted(by_id)
+    for rid, got in got_next.items():
+        want = alone_next[rid]
+        assert (got["token"], got["train_argmax"]) == (want["token"], want["train_argmax"]), rid
+        assert math.isclose(got["rollout_log_prob"], want["rollout_log_prob"], rel_tol=1e-6), rid
+        assert math.isclose(got["train_log_prob"], want["train_log_prob"], rel_tol=1e-3, abs_tol=1e-4), rid
     return compared
 
 

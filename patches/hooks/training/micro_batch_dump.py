@@ -339,12 +339,19 @@ class BatchDumper:
         step = int(self.session.service.current_iter)
         lane_ids = [lane.request_id for lane in lanes] if lanes else None
         self._active = _Active(step, ids, ids_all, lane_ids, version, elsewhere)
-        if lane_ids and packed is not None:
+        if self.megatron is not None and self.megatron.tp > 1:
+            self._next = None  # its output layer's logits are split by vocabulary across the ranks
+        elif lane_ids and packed is not None:
             self._next = next_token.NextTokenProbe.attach(
                 micro_batch,
                 model,
                 wanted=[ids.index(rid) for rid in lane_ids],
                 last_positions=last_positions,
+            )
+        elif self.megatron is not None and packed is not None and packed.prompt_only:
+            # one whole row, padded by verl to more than its length: its last real position
+            self._next = next_token.NextTokenProbe.attach(
+                micro_batch, model, wanted=[0], last_positions=[packed.lengths[0] - 1]
             )
         elif packed is None or packed.prompt_only:
             # a whole dump's output row is its last position: a prompt-only forward's alone

@@ -10,8 +10,9 @@ in three places of verl:
   (:func:`stash_next_token`, :func:`stash_next_token_sample` for verl 0.9's V1 samples) before it
   drops the responses; ride-along reads them from the micro batch's ``responses[:, 0]`` and
   ``rollout_log_probs[:, 0]`` (:func:`rollout_next_tokens`);
-* the training hook (``micro_batch_dump``) puts a read-only forward hook on ``lm_head`` for each dumped
-  micro batch (:class:`NextTokenProbe`);
+* the training hook (``micro_batch_dump``) puts a read-only forward hook on the output head for each
+  dumped micro batch (:class:`NextTokenProbe`): ``lm_head``, or Megatron's ``output_layer``
+  (:func:`output_head`);
 * the probe writes one :class:`NextTokenRecord` per wanted row to ``actor/<pid>/next_token.jsonl``.
 
 On when ``token_mismatch.enabled()`` is. Nothing here imports torch or verl at import time.
@@ -229,11 +230,10 @@ class NextTokenProbe:
         ]
         if not rows:
             return None
-        head = getattr(model, "lm_head", None)
-        if head is None and hasattr(model, "get_output_embeddings"):
-            head = model.get_output_embeddings()
-        if head is None:
+        found = output_head(model)
+        if found is None:
             return None
+        head, sequence_first = found
         temp = tu.get(micro_batch, key="temperature", default=1.0)
         temp = float(temp.flatten()[0]) if hasattr(temp, "flatten") else float(temp)
         probe = cls(None, rows, temp or 1.0)
@@ -241,6 +241,8 @@ class NextTokenProbe:
         def hook(_module: Any, _inputs: Any, output: Any) -> None:
             try:
                 logits = output[0] if isinstance(output, tuple) else output
+                if sequence_first:  # Megatron's [s, b, vocab]: the positions as [b, s] flattens them
+                    logits = logits.transpose(0, 1)
                 flat = logits.reshape(-1, logits.shape[-1])
                 probe.last = [flat[row.position].detach().float().clone() for row in probe.rows]
             except Exception as exc:  # never break the forward
@@ -304,6 +306,27 @@ class NextTokenProbe:
             temperature=self.temperature,
             **head,
         )
+
+
+def output_head(model: Any) -> tuple[Any, bool] | None:
+    """The module whose forward output is the logits, and whether they are sequence-first.
+
+    A transformers model's ``lm_head`` (``[b, s, vocab]``, or ``[1, t, vocab]`` packed); otherwise
+    megatron-core's ``GPTModel.output_layer`` under whatever wrappers the engine put around it
+    (DDP, ``Float16Module``), whose logits are ``[s, b, vocab]`` before the model turns them
+    batch-first. None when neither is there (the probe is then not attached).
+    """
+    head = getattr(model, "lm_head", None)
+    if head is None and hasattr(model, "get_output_embeddings"):
+        head = model.get_output_embeddings()
+    if head is not None:
+        return head, False
+    named = getattr(model, "named_modules", None)
+    if callable(named):
+        for name, module in named():
+            if name == "output_layer" or name.endswith(".output_layer"):
+                return module, True
+    return None
 
 
 def stash_next_token_sample(field: dict[str, Any]) -> bool:
