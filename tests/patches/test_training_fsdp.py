@@ -302,10 +302,12 @@ def _assert_lanes_equal_alone(
     alone: list[records.UpdateActorRecord],
     run_dir: Path,
     recs: list[records.UpdateActorRecord],
+    tokens: Callable[[Path], int] = _embed_tokens,
 ) -> None:
     """Every lane of ``recs`` holds, module by module, the statistics of its request's prompt
     forward alone (the embedding, every layer and the logits), and its next-token record is the
-    alone one's (the last prompt position)."""
+    alone one's (the last prompt position). ``tokens`` reads how many tokens a dump's forward saw
+    (the engine's embedding output; Megatron's is sequence-first)."""
     by_id = {r.request_ids[0]: r for r in alone}
     order = list(by_id)
     compared, lanes = 0, []
@@ -320,7 +322,7 @@ def _assert_lanes_equal_alone(
             (ref_dump,) = (alone_dir / a.dump_path).glob(f"step{a.step}/*/dump.json")
             ref = _stats(ref_dump)
             assert lane.keys() == ref.keys()
-            assert _embed_tokens(lane_json) == PROMPT_VALID[order.index(rid)], "the prompt rows only"
+            assert tokens(lane_json) == PROMPT_VALID[order.index(rid)], "the prompt rows only"
             for key, tensors in lane.items():
                 bad = [i for i, (x, y) in enumerate(zip(tensors, ref[key], strict=True)) if not _same(x, y)]
                 # the 4-D attention mask a layer is handed, and eager attention's probabilities, span

@@ -9,7 +9,8 @@ ride-along forward over prompt + response (micro batches of four and of one), mu
 per request whose every tensor, module by module, has the statistics of that reference: Megatron's
 sequence-first activations cut on their sequence dimension, its batch-first ids and logits on their
 batch dimension (``hooks/training/megatron_lanes.py``); and its output row (the next-token record
-read from Megatron's ``output_layer`` at the row's last prompt position) must be the alone one's.
+read from Megatron's ``output_layer`` at the row's last prompt position) must be the alone one's
+(the FSDP test's check, ``test_training_fsdp._assert_lanes_equal_alone``).
 The ride-along run keeps verl 0.9.1's ``pad_bshd_to_minibatch_max`` default: every micro batch
 padded past its own longest row.
 """
@@ -17,7 +18,6 @@ padded past its own longest row.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,14 +26,10 @@ import pytest
 
 from bench.support.verl_support import run_patched
 from tests.patches.test_training_fsdp import (
-    PROMPT_VALID,
+    _assert_lanes_equal_alone,
     _free_port,
     _msprobe_config,
-    _next_tokens,
     _records,
-    _same,
-    _square_4d,
-    _stats,
 )
 from verl_consistency.contracts import records
 
@@ -97,47 +93,6 @@ def megatron_alone(
     return get
 
 
-def _assert_lanes_equal_alone(
-    alone_dir: Path,
-    alone: list[records.UpdateActorRecord],
-    run_dir: Path,
-    recs: list[records.UpdateActorRecord],
-) -> int:
-    """Every lane holds, module by module, its request's prompt alone; returns the tensors compared."""
-    by_id = {r.request_ids[0]: r for r in alone}
-    order = list(by_id)
-    compared, seen = 0, []
-    for rec in recs:
-        assert rec.lane_request_ids is not None, "every captured row gets a lane"
-        (rank,) = (run_dir / rec.dump_path / f"step{rec.step}").iterdir()
-        assert not (rank / "dump.json").exists(), "no whole-batch dump beside the lanes"
-        for k, rid in enumerate(rec.lane_request_ids):
-            seen.append(rid)
-            lane_json = rank / records.lane_folder(k) / "dump.json"
-            a = by_id[rid]
-            (ref_json,) = (alone_dir / a.dump_path).glob(f"step{a.step}/*/dump.json")
-            lane, ref = _stats(lane_json), _stats(ref_json)
-            assert lane.keys() == ref.keys()
-            assert _embedded_tokens(lane_json) == PROMPT_VALID[order.index(rid)], "the prompt rows only"
-            for key, tensors in lane.items():
-                bad = [i for i, (x, y) in enumerate(zip(tensors, ref[key], strict=True)) if not _same(x, y)]
-                # the [b, 1, s, s] attention mask spans every token of the micro batch: not a row
-                bad = [i for i in bad if not _square_4d(tensors[i][0])]
-                assert bad == [], f"lane {k} ({rid}) {key}: tensors {bad} differ from the prompt alone"
-                compared += len(tensors)
-    assert sorted(seen) == sorted(by_id)
-    # the output row: one next-token record per lane, from Megatron's output layer at the row's
-    # last prompt position, the same as its prompt alone's
-    alone_next, got_next = _next_tokens(alone_dir), _next_tokens(run_dir)
-    assert sorted(got_next) == sorted(alone_next) == sorted(by_id)
-    for rid, got in got_next.items():
-        want = alone_next[rid]
-        assert (got["token"], got["train_argmax"]) == (want["token"], want["train_argmax"]), rid
-        assert math.isclose(got["rollout_log_prob"], want["rollout_log_prob"], rel_tol=1e-6), rid
-        assert math.isclose(got["train_log_prob"], want["train_log_prob"], rel_tol=1e-3, abs_tol=1e-4), rid
-    return compared
-
-
 def test_a_prompts_only_micro_batch_of_four_dumps_one_lane_per_request(
     root: Path, tmp_path: Path, megatron_alone: Any
 ) -> None:
@@ -149,7 +104,7 @@ def test_a_prompts_only_micro_batch_of_four_dumps_one_lane_per_request(
     assert rec.backend == "megatron"
     assert rec.num_requests == 4
     assert rec.lane_request_ids == rec.request_ids, "every row its lane, in row order"
-    assert _assert_lanes_equal_alone(alone_dir, alone, run_dir, [rec]) > 100 * 4
+    _assert_lanes_equal_alone(alone_dir, alone, run_dir, [rec], _embedded_tokens)
 
 
 @pytest.mark.parametrize("micro", ["4", "1"], ids=["four", "one-row"])
@@ -166,7 +121,7 @@ def test_ride_along_lanes_are_the_prompt_rows_of_a_prompt_and_response_forward(
     ids = [r.request_ids[0] for r in alone]
     assert [x for r in recs for x in r.request_ids] == ids
     assert [x for r in recs for x in (r.lane_request_ids or [])] == ids, "every request its own lane"
-    assert _assert_lanes_equal_alone(alone_dir, alone, run_dir, recs) > 100 * 4
+    _assert_lanes_equal_alone(alone_dir, alone, run_dir, recs, _embedded_tokens)
 
 
 def test_megatron_sync_exports_every_hf_tensor_exactly_and_then_the_moved_weights(
