@@ -14,10 +14,10 @@ cluster start-up and says it before a RayJob is written.
 from __future__ import annotations
 
 from verl_consistency.entrypoints.run.overrides import RunKind, UserOverride
+from verl_consistency.patches.hooks.training.megatron_lanes import MEGATRON
 
 STRATEGY_KEY = "actor_rollout_ref.actor.strategy"
 
-MEGATRON = "actor_rollout_ref.actor.megatron"
 REMOVE_PADDING_KEY = f"{MEGATRON}.use_remove_padding"
 """The Megatron engine's layout (verl's ``McoreEngineConfig``; default True, THD)."""
 TP_KEY = f"{MEGATRON}.tensor_model_parallel_size"

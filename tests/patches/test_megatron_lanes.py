@@ -18,6 +18,7 @@ from verl_consistency.patches.hooks.lanes.lane_stats import lane_boxes
 from verl_consistency.patches.hooks.training import micro_batch_dump
 from verl_consistency.patches.hooks.training.megatron_lanes import (
     FORCED_MAX_SEQLEN,
+    MEGATRON,
     MegatronGeometry,
     MegatronLanesError,
 )
@@ -78,9 +79,9 @@ def test_the_padded_length_is_verls_own(monkeypatch: pytest.MonkeyPatch, tp: int
 @pytest.mark.parametrize(
     ("geometry", "named"),
     [
-        (MegatronGeometry(True, 1, 1, False, None), "use_remove_padding=False"),
-        (MegatronGeometry(False, 2, 2, False, None), "context_parallel_size=1"),
-        (MegatronGeometry(False, 2, 1, True, None), "sequence_parallel=False"),
+        (MegatronGeometry(True, 1, 1, False, None), f"{MEGATRON}.use_remove_padding=False"),
+        (MegatronGeometry(False, 2, 2, False, None), f"{MEGATRON}.context_parallel_size=1"),
+        (MegatronGeometry(False, 2, 1, True, None), f"{MEGATRON}.sequence_parallel=False"),
         (MegatronGeometry(False, 1, 1, False, "e4m3"), "without FP8"),
     ],
     ids=["thd", "context-parallel", "sequence-parallel", "fp8"],

@@ -35,12 +35,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_consistency.patches.hooks.lanes import msprobe_lanes
-from verl_consistency.patches.hooks.training.prompt_rows import PackedLayout
+from verl_consistency.patches.hooks.training.prompt_rows import PackedLayout, wanted_rows
 
 FORCED_MAX_SEQLEN = "forced_max_seqlen"
 """verl 0.9.1's per-micro-batch padding target of the bshd layout (``transformer_impl.py``
 ``forward_backward_batch`` assigns it when ``pad_bshd_to_minibatch_max``; ``forward_step`` hands it
 to ``preprocess_bshd_engine``). Absent in verl 0.8.0, which pads to the micro batch's longest row."""
+
+
+MEGATRON = "actor_rollout_ref.actor.megatron"
+"""Where verl's Hydra config keeps the Megatron engine's settings (``McoreEngineConfig``): the keys
+the refusals name (``entrypoints/run/megatron.py`` refuses the same keys before a run starts)."""
 
 
 class MegatronLanesError(RuntimeError):
@@ -83,19 +88,19 @@ class MegatronGeometry:
             return (
                 "the engine packs the micro batch (use_remove_padding=True, THD): megatron-core's "
                 "packed attention is Transformer Engine's, and lanes of it are not verified. Set "
-                "actor_rollout_ref.model.use_remove_padding=False (verl's bshd layout) for the "
+                f"{MEGATRON}.use_remove_padding=False (verl's bshd layout) for the "
                 "collection run, or run with --prompts-only and micro batch 1 (each micro batch "
                 "dumped whole)"
             )
         if self.cp > 1:
             return (
                 f"context parallelism ({self.cp} ranks) splits each row's positions across ranks: "
-                "run the collection with context_parallel_size=1"
+                f"run the collection with {MEGATRON}.context_parallel_size=1"
             )
         if self.sequence_parallel and self.tp > 1:
             return (
                 "sequence parallelism splits each layer's positions across the tensor-parallel "
-                "ranks: run the collection with actor_rollout_ref.actor.megatron.sequence_parallel=False"
+                f"ranks: run the collection with {MEGATRON}.sequence_parallel=False"
             )
         if self.fp8 in ("e4m3", "hybrid"):
             return (
@@ -118,7 +123,7 @@ class MegatronGeometry:
         """One lane per wanted request and each row's last prompt position in the ``[b * s]``
         flattened logits. Raises :class:`MegatronLanesError` where the rows cannot be cut."""
         why = self.refusal()
-        if why is None and (len(packed.lengths) != len(ids) or len(set(ids)) != len(ids)):
+        if why is None and not packed.names_each_row(ids):
             why = f"its request ids ({len(ids)}) do not name its {len(packed.lengths)} rows one to one"
         length, batch = self.padded_length(micro_batch, packed), len(packed.lengths)
         if why is None and batch == length and batch > 1:
@@ -129,12 +134,8 @@ class MegatronGeometry:
             )
         if why is not None:
             raise MegatronLanesError(f"cannot cut this Megatron micro batch into per-request lanes: {why}")
-        missing = [rid for rid in wanted if rid not in ids]
-        if missing:
-            raise ValueError(f"requests {missing} are not in this micro batch")
         lanes = []
-        for rid in wanted:
-            row = ids.index(rid)
+        for row in wanted_rows(ids, wanted):
             n = packed.prompt_rows[row]
             cuts = (
                 # batch-first: input_ids, position ids, the logits verl reads ([b, s, ...])
@@ -144,6 +145,5 @@ class MegatronGeometry:
                 msprobe_lanes.Cut(0, length, 0, n),
                 msprobe_lanes.Cut(1, batch, row, row + 1),
             )
-            lanes.append(msprobe_lanes.Lane(rid, cuts))
-        last = [i * length + p - 1 for i, p in enumerate(packed.prompt_rows)]
-        return lanes, last
+            lanes.append(msprobe_lanes.Lane(ids[row], cuts))
+        return lanes, packed.last_positions(padded_to=length)

@@ -145,16 +145,13 @@ class PackedLayout:
         Parameters and gradients are not rows either; a tensor whose dimension equals the cut's
         size by coincidence is cut as msprobe's own one-request cut would cut it.
         """
-        if len(self.lengths) != len(ids) or len(set(ids)) != len(ids):
+        if not self.names_each_row(ids):
             return None
-        missing = [rid for rid in wanted if rid not in ids]
-        if missing:
-            raise ValueError(f"requests {missing} are not in this micro batch")
         begins = [0, *itertools.accumulate(self.lengths)]
         total, batch, longest = begins[-1], len(ids), max(self.lengths)
         lanes = []
-        for rid in wanted:
-            row = ids.index(rid)
+        for row in wanted_rows(ids, wanted):
+            rid = ids[row]
             begin, n = begins[row], self.prompt_rows[row]
             if self.thd:
                 cuts = (
@@ -166,12 +163,26 @@ class PackedLayout:
             lanes.append(msprobe_lanes.Lane(rid, cuts))
         return lanes
 
-    def last_positions(self) -> list[int]:
+    def names_each_row(self, ids: list[str]) -> bool:
+        """True when ``ids`` name the rows one to one (else a lane could not say whose rows it holds)."""
+        return len(self.lengths) == len(ids) and len(set(ids)) == len(ids)
+
+    def last_positions(self, padded_to: int | None = None) -> list[int]:
         """Each row's last prompt position in the logits flattened to ``[positions, vocab]``, where
         vLLM sampled response token 0: THD, ``cu_seqlens[i] + p_i - 1``; padded,
-        ``i * longest + p_i - 1``."""
+        ``i * longest + p_i - 1``, ``longest`` the longest row (FSDP's padding). ``padded_to``: the
+        rows are padded to that length, whatever :attr:`thd` says (Megatron's bshd layout, which
+        its engine config decides, not the micro batch)."""
         begins = [0, *itertools.accumulate(self.lengths)]
-        if self.thd:
+        if self.thd and padded_to is None:
             return [b + p - 1 for b, p in zip(begins, self.prompt_rows, strict=False)]
-        longest = max(self.lengths)
+        longest = padded_to if padded_to is not None else max(self.lengths)
         return [i * longest + p - 1 for i, p in enumerate(self.prompt_rows)]
+
+
+def wanted_rows(ids: list[str], wanted: list[str]) -> list[int]:
+    """The row of each wanted request, in ``wanted``'s order; a request not in ``ids`` is an error."""
+    missing = [rid for rid in wanted if rid not in ids]
+    if missing:
+        raise ValueError(f"requests {missing} are not in this micro batch")
+    return [ids.index(rid) for rid in wanted]
