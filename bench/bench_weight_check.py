@@ -4,11 +4,12 @@
 [--device cuda]``: a random
 Qwen2's ``state_dict`` stands for verl's export. The baseline is the least a sync does with each
 tensor: one copy into a buffer of vLLM's dtype (bf16; verl's FSDP engine sends fp32). Against it,
-per tensor, the check's three sides as the hooks run them: the trainer's export print
-(``weights/fingerprint.Collector``, sent dtype, row sums), vLLM's arrival print (row sums) plus its
-print cast to the held dtype, and the held print (``rollout/weight_held``). Prints the medians, each
-ratio to the copy, the sizes and the hardware. Never asserted in a test; the GPU form is
-``bench/gpu/verl_gpu.sh synccost``.
+per tensor, each print as the hooks take it: by default the trainer's export print cast to the held
+dtype (``weights/fingerprint.Collector``, both sums) and vLLM's held print (``rollout/weight_held``);
+with ``$VERL_CONSISTENCY_WEIGHT_CHECK_ARRIVALS=1`` the export as sent (row sums), vLLM's arrival print
+(row sums) plus its print cast to the held dtype, and the held print. Prints the medians, each
+ratio to the copy, both modes' sums a sync, the sizes and the hardware. Never asserted in a test;
+the GPU form is ``bench/gpu/verl_gpu.sh synccost``.
 """
 
 from __future__ import annotations
@@ -95,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             if not arrival:
                 c = Collector()
-                for n, t in source.items():  # export: row sums; held: both sums
-                    c.add(n, t, cols=label == "held")
+                # export (default): cast to the held dtype, both sums; as sent: row sums; held: both
+                cast = torch.bfloat16 if label == "export" else None
+                for n, t in source.items():
+                    c.add(n, t, cast, cols=label != "as sent")
                 host.setdefault(label, []).append(time.perf_counter() - t0)
                 return c.finish()
             received, expected, bucket = Collector(), Collector(), 0
@@ -115,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
 
     sides = {
         "export": side("export", tensors),
-        "arrival": side("arrival", tensors, arrival=True),
         "held": side("held", held),
+        "as sent": side("as sent", tensors),
+        "arrival": side("arrival", tensors, arrival=True),
     }
     for fn in (sync, *sides.values()):  # warm up: allocator, kernels
         fn()
@@ -128,14 +132,23 @@ def main(argv: list[str] | None = None) -> int:
     where = f"{gpu}{hardware()}"
     print(f"weight check per sync: {len(tensors)} tensors, {mib:.0f} MiB fp32 sent, bf16 held; {where}")
     print(f"baseline (one copy of each tensor into bf16): {base * 1e3:.1f} ms")
-    names = {"export": "export print", "arrival": "arrival + cast print", "held": "held print"}
+    names = {
+        "export": "export print (bf16)",
+        "held": "held print",
+        "as sent": "export print as sent",
+        "arrival": "arrival + cast print",
+    }
     for label, secs in walls.items():
         print(
             f"{names[label]:<22} {secs * 1e3:8.1f} ms  = {secs / base:.2f}x the copy"
             f"  (host until filed: {statistics.median(host[label]) * 1e3:.1f} ms)"
         )
-    total = sum(walls.values())
-    print(f"all three sides          {total * 1e3:8.1f} ms  = {total / base:.2f}x the copy")
+    modes = {
+        "default (export in bf16 + held)": walls["export"] + walls["held"],
+        "with arrivals (as sent + arrival + held)": walls["as sent"] + walls["arrival"] + walls["held"],
+    }
+    for mode, secs in modes.items():
+        print(f"{mode:<42} {secs * 1e3:8.1f} ms a sync = {secs / base:.2f}x the copy")
     return 0
 
 

@@ -137,7 +137,7 @@ async def send(
     t0 = time.monotonic()
     weight_sync.weights_sent(label)
     params, _ = engine.get_per_tensor_param()
-    params = weight_export.exporting(params, label)
+    params = weight_export.exporting(params, label, "float32")  # the dtype the demo's vLLM holds
     out: dict[str, list[str]] = {"sent": [], "skipped": [], "scaled": []}
     sender = sender_class()(zmq_handle=zmq_handle(job_id), bucket_size_mb=BUCKET_MB, use_shm=True)
     await sender.async_send_weights(_planted(params, skip, scale, out))

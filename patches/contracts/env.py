@@ -58,6 +58,12 @@ WEIGHT_CHECK_GROUP_MB = "VERL_CONSISTENCY_WEIGHT_CHECK_GROUP_MB"
 """The most MiB of words the weight check sums in one group (``patches/hooks/weights/word_groups.py``,
 default 128): its extra device memory during a sync is ~3 groups."""
 
+WEIGHT_CHECK_ARRIVALS = "VERL_CONSISTENCY_WEIGHT_CHECK_ARRIVALS"
+"""``1`` also fingerprints each tensor as it arrives in vLLM, before loading, so that a tensor vLLM
+holds wrongly is said to have changed on the way or in vLLM's loading (two more prints a sync).
+Default: the trainer prints each tensor in the dtype vLLM holds (``rollout.dtype``) and vLLM prints
+only what it holds, two prints a sync (``patches/hooks/rollout/weight_held.py``)."""
+
 POOL_RESOURCES = "VERL_CONSISTENCY_POOL_RESOURCES"
 """``pool_prefix=resource`` pairs for the Ray placement hook (``patches.hooks.placement``)."""
 

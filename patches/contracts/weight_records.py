@@ -6,11 +6,14 @@ sync, dumped or not:
 
 * ``export-<pid>.jsonl``, written by each trainer rank (``patches/hooks/training/weight_export.py``): the
   fingerprint of every tensor verl hands to the sync, after the FSDP/Megatron → HF conversion
-  (``engine.get_per_tensor_param()``), under the sync's label;
+  (``engine.get_per_tensor_param()``), under the sync's label; by default cast to the dtype vLLM
+  holds it in (verl's ``rollout.dtype``: ``sent_dtype`` names the dtype it was sent in);
 * ``held-<pid>.jsonl``, written by each vLLM worker (``patches/hooks/rollout/weight_held.py``): the
-  fingerprint of every tensor as it arrived, and of the region of vLLM's own parameter that
-  holds it once loaded (``qkv_proj`` holds ``q_proj``, ``k_proj`` and ``v_proj`` one after the other,
-  as vLLM's ``packed_modules_mapping`` of the model says), and the tensors it could not map.
+  shape and dtype of every tensor as it arrived (``arrived``; with
+  ``$VERL_CONSISTENCY_WEIGHT_CHECK_ARRIVALS=1`` its fingerprints instead, ``received`` and
+  ``expected``), the fingerprint of the region of vLLM's own parameter that holds it once loaded
+  (``qkv_proj`` holds ``q_proj``, ``k_proj`` and ``v_proj`` one after the other, as vLLM's
+  ``packed_modules_mapping`` of the model says), and the tensors it could not map.
 
 A fingerprint is two exact integer sums over the tensor's bytes as words (row sums and column sums,
 each weighted by position; ``patches/hooks/weights/fingerprint.py`` says why), so an exact copy gives the same
@@ -57,6 +60,11 @@ class TensorPrint(BaseModel):
         ),
     )
 
+    sent_dtype: str | None = Field(
+        default=None,
+        description="the dtype it was sent in, where this print is of it cast to the dtype vLLM holds",
+    )
+
     def same_values(self, other: TensorPrint) -> bool:
         """Bit-identical contents as far as both prints tell: shape and row sums, and the column
         sums where both have them (a print of the trainer's export or of an arrival that is cast
@@ -64,6 +72,16 @@ class TensorPrint(BaseModel):
         if self.shape != other.shape or self.rows != other.rows:
             return False
         return self.cols is None or other.cols is None or self.cols == other.cols
+
+
+class TensorMeta(BaseModel):
+    """A tensor as it arrived, without sums: its shape and dtype (the default check compares its
+    values where vLLM holds them, against the trainer's print in that dtype)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    shape: list[int]
+    dtype: str
 
 
 class WeightSyncRecord(RecordHeader):
@@ -83,6 +101,13 @@ class WeightSyncRecord(RecordHeader):
     expected: dict[str, TensorPrint] | None = Field(
         default=None,
         description="held only: each arrival cast to its parameter's dtype, where the two differ",
+    )
+    arrived: dict[str, TensorMeta] | None = Field(
+        default=None,
+        description=(
+            "held only, without arrival prints: each tensor of this sync as it arrived (shape, dtype);"
+            " its values are compared where vLLM holds them"
+        ),
     )
     unmapped: dict[str, str] = Field(
         default_factory=dict, description="held only: tensor -> why its region in vLLM's model was not found"

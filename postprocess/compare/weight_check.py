@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from verl_consistency.contracts import env
 from verl_consistency.contracts.weight_records import (
     EXPORT_PREFIX,
     HELD_PREFIX,
@@ -114,20 +115,41 @@ def _compare_ranks(a: WeightSyncRecord, b: WeightSyncRecord, warnings: list[str]
         )
 
 
-def _want(rec: WeightSyncRecord, name: str) -> TensorPrint | None:
-    """What a worker's model must hold after loading ``name`` in that sync: the arrival as the
-    loader casts it (``expected``), or the arrival itself when the dtypes agree; None if it did not
-    arrive in that sync."""
+def _want(
+    rec: WeightSyncRecord, name: str, exports: dict[int | None, WeightSyncRecord]
+) -> TensorPrint | None:
+    """What a worker's model must hold after loading ``name`` in that sync; None if it did not
+    arrive in that sync. With arrival prints: the arrival as the loader casts it (``expected``), or
+    the arrival itself when the dtypes agree. Without (``arrived``): the trainer's print of that
+    version, taken in the dtype vLLM holds."""
+    if rec.arrived is not None:
+        export = exports.get(rec.version) if name in rec.arrived else None
+        return export.tensors.get(name) if export is not None else None
     return (rec.expected or {}).get(name) or (rec.received or {}).get(name)
 
 
-def _last_load(name: str, history: list[WeightSyncRecord]) -> tuple[WeightSyncRecord, TensorPrint] | None:
+def _last_load(
+    name: str, history: list[WeightSyncRecord], exports: dict[int | None, WeightSyncRecord]
+) -> tuple[WeightSyncRecord, TensorPrint] | None:
     """The latest earlier sync of this worker in which ``name`` arrived, and what it loaded then."""
     for rec in reversed(history):
-        want = _want(rec, name)
+        want = _want(rec, name, exports)
         if want is not None:
             return rec, want
     return None
+
+
+def not_comparable(sent: TensorPrint, held_rec: WeightSyncRecord, name: str) -> str | None:
+    """Why vLLM's print of ``name`` cannot be compared with the trainer's, or None. Without arrival
+    prints the two must be of the same dtype: the trainer prints in verl's ``rollout.dtype``, and a
+    parameter vLLM keeps in another dtype (or a trainer that printed as sent) has nothing to meet."""
+    held = held_rec.tensors.get(name)
+    if held_rec.arrived is None or held is None or held.dtype == sent.dtype:
+        return None
+    return (
+        f"vLLM holds it in {held.dtype}, the trainer printed it in {sent.dtype}: set "
+        f"{env.WEIGHT_CHECK_ARRIVALS}=1 in the trainer and vLLM workers to check it through its arrival"
+    )
 
 
 def judge(
@@ -139,32 +161,41 @@ def judge(
 ) -> tuple[Kind, str] | None:
     """How one vLLM worker holds one exported tensor at the record's version; None when exactly.
 
-    ``history``: the same worker's earlier records, oldest first. Every comparison is exact: the
-    arrival against what was sent (in the sent dtype), the model against the arrival as the loader
-    casts it (in the held dtype), and a tensor a sync left out against that worker's last load of it.
+    ``history``: the same worker's earlier records, oldest first. Every comparison is exact and in
+    one dtype: the arrival against what was sent (with arrival prints), the model against the
+    arrival as the loader casts it or against the trainer's print in the held dtype, and a tensor a
+    sync left out against that worker's last load of it.
     """
     arrived = (held_rec.received or {}).get(name)
-    if arrived is not None and arrived.shape != sent.shape:
-        return "wrong_shape", f"sent {sent.shape}, arrived {arrived.shape}"
-    if arrived is not None and arrived.dtype != sent.dtype:
-        return "wrong_dtype", f"sent {sent.dtype}, arrived {arrived.dtype}"
+    meta = (held_rec.arrived or {}).get(name) or arrived
+    if meta is not None and meta.shape != sent.shape:
+        return "wrong_shape", f"sent {sent.shape}, arrived {meta.shape}"
+    if meta is not None and meta.dtype != (sent.sent_dtype or sent.dtype):
+        return "wrong_dtype", f"sent {sent.sent_dtype or sent.dtype}, arrived {meta.dtype}"
     held = held_rec.tensors.get(name)
     if held is None:
         return "missing", "never arrived at this vLLM worker, which has no copy of it"
-    if arrived is not None:
-        if not arrived.same_values(sent):
+    if meta is not None:
+        if arrived is not None and sent.sent_dtype is None and not arrived.same_values(sent):
             return "wrong_values", "changed on the way: what arrived is not what was sent"
-        want = _want(held_rec, name)
+        want = _want(held_rec, name, exports)
         if want is not None and held.same_values(want):
             return None
-        earlier = next((r for r in reversed(history) if (w := _want(r, name)) and held.same_values(w)), None)
+        earlier = next(
+            (r for r in reversed(history) if (w := _want(r, name, exports)) and held.same_values(w)), None
+        )
         if earlier is not None:
             return (
                 "stale",
                 f"holds version {earlier.version}'s values; it arrived, but the load did not take it",
             )
+        if arrived is None:
+            return "wrong_values", (
+                "vLLM holds values that were not sent: changed on the way or in vLLM's loading "
+                f"({env.WEIGHT_CHECK_ARRIVALS}=1 prints each arrival to tell which)"
+            )
         return "wrong_values", "arrived intact, but vLLM's parameter holds other values after loading"
-    last = _last_load(name, history)
+    last = _last_load(name, history, exports)
     if last is not None and held.same_values(last[1]):
         before = exports.get(last[0].version)
         old = before.tensors.get(name) if before is not None else None
@@ -185,8 +216,9 @@ def _check_version(
     row = VersionCheck(version, exported=len(export.tensors), workers=sorted(h.pid for h, _ in held))
     for h, history in sorted(held, key=lambda x: x[0].pid):
         for name, sent in export.tensors.items():
-            if name in h.unmapped:
-                row.not_checked[name] = h.unmapped[name]
+            reason = h.unmapped.get(name) or not_comparable(sent, h, name)
+            if reason is not None:
+                row.not_checked[name] = reason
                 continue
             row.compared += 1
             found = judge(name, sent, h, history, exports)

@@ -62,8 +62,11 @@ def test_a_scaled_tensor_differs_and_a_vector_is_printed_too() -> None:
 def test_an_fp32_copy_of_bf16_values_reads_back_exactly() -> None:
     t = _t(16, 16)
     held = t.to(torch.float32)
-    assert fingerprint(held, torch.bfloat16) == fingerprint(t)
+    cast = fingerprint(held, torch.bfloat16)
+    assert cast.sent_dtype == "float32"  # a print of a cast names the dtype it was cast from
+    assert cast.model_copy(update={"sent_dtype": None}) == fingerprint(t)
     assert fingerprint(held).dtype == "float32"
+    assert fingerprint(held).sent_dtype is None
 
 
 def _reference(t: torch.Tensor) -> tuple[int, int]:

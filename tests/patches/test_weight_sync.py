@@ -8,6 +8,7 @@ force is checked with ``ast`` (vLLM and a GPU are not here), as the Megatron pat
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -149,6 +150,15 @@ def test_the_weight_check_wraps_what_either_backend_sends(root: Path) -> None:
     fn = _function(tree, "ActorRolloutRefWorker", "update_weights")
     _assigned_before(fn, "per_tensor_param", "weight_export.exporting", "self.checkpoint_engine.send_weights")
     _assigned_before(fn, "per_tensor_param", "weight_export.exporting", "self.rollout.update_weights")
+    # each print is taken in the dtype vLLM holds: verl's own rollout.dtype, a field of its config
+    calls = [
+        n
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "weight_export.exporting"
+    ]
+    assert [ast.unparse(c.args[2]) for c in calls] == ["self.config.rollout.dtype"] * len(calls)
+    config = (root / "verl/workers/config/rollout.py").read_text()
+    assert re.search(r"^    dtype: str = ", config, re.M), "verl's RolloutConfig has no dtype field any more"
 
 
 def test_the_vllm_worker_checks_what_arrived_and_what_it_holds_after_loading(root: Path) -> None:

@@ -4,10 +4,13 @@ The trainer side (``weight_export.exporting``) and the vLLM side (``weight_held`
 plain torch model standing in for vLLM's (the real pair runs in ``tests/demo/test_weight_sync.py``
 and on the GPU); the loading is a ``copy_`` per tensor, as vLLM's default loader does it. Each kind
 of fault is planted between the two and must be named with its kind and first version, and
-nothing else."""
+nothing else. Every test runs twice: with the default prints (the trainer's in the dtype vLLM
+holds, vLLM's of what it holds) and with ``$VERL_CONSISTENCY_WEIGHT_CHECK_ARRIVALS=1`` (each arrival
+printed too)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,7 +34,8 @@ def _model() -> torch.nn.Module:
 
 
 def _sync(trainer: torch.nn.Module, vllm: torch.nn.Module, version: int, plant: Plant | None = None) -> None:
-    """One sync: export through the hook, plant, receive and load, then fingerprint what is held."""
+    """One sync: export through the hook (told vLLM's dtype, as patch 0007 passes verl's
+    ``rollout.dtype``), plant, receive and load, then fingerprint what is held."""
     check = weight_held.begin(version, vllm)
     assert check is not None
 
@@ -42,7 +46,7 @@ def _sync(trainer: torch.nn.Module, vllm: torch.nn.Module, version: int, plant: 
     on_bucket = check.receiving(load)
     bucket = []
     for name, t in weight_export.exporting(
-        ((n, p.detach().clone()) for n, p in trainer.named_parameters()), version
+        ((n, p.detach().clone()) for n, p in trainer.named_parameters()), version, _dtype(vllm)
     ):
         planted = plant(name, t) if plant else t
         if planted is not None:
@@ -57,12 +61,34 @@ def _step(m: torch.nn.Module) -> None:
             p.add_(0.01)
 
 
-@pytest.fixture
-def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def _dtype(m: torch.nn.Module) -> torch.dtype:
+    return next(m.parameters()).dtype
+
+
+def _folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arrivals: bool) -> Path:
     monkeypatch.setenv(env.RUN_DIR, str(tmp_path))
     monkeypatch.delenv(env.WEIGHT_CHECK, raising=False)
+    monkeypatch.setenv(env.WEIGHT_CHECK_ARRIVALS, "1" if arrivals else "0")
     weight_held.reset_for_tests()
     return tmp_path
+
+
+@pytest.fixture(params=["default", "arrivals"])
+def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Path:
+    """A run folder, once with the default prints and once with each arrival printed too."""
+    return _folder(tmp_path, monkeypatch, request.param == "arrivals")
+
+
+@pytest.fixture
+def arrivals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A run folder whose syncs print each arrival too."""
+    return _folder(tmp_path, monkeypatch, True)
+
+
+@pytest.fixture
+def lean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A run folder whose syncs print only the trainer's export and vLLM's model (the default)."""
+    return _folder(tmp_path, monkeypatch, False)
 
 
 def _story(plant_at_2: Plant | None, held: torch.dtype = torch.float32) -> None:
@@ -103,7 +129,12 @@ def test_a_tensor_changed_on_the_way_is_wrong_values_in_transport(run: Path) -> 
     _story(lambda n, t: t * 2 if n == "0.bias" else t)
     checked = weight_check.check(run)
     assert [(d.tensor, d.kind) for d in checked.versions[2].diffs] == [("0.bias", "wrong_values")]
-    assert "changed on the way" in checked.versions[2].diffs[0].detail
+    detail = checked.versions[2].diffs[0].detail
+    if os.environ[env.WEIGHT_CHECK_ARRIVALS] == "1":
+        assert detail == "changed on the way: what arrived is not what was sent"
+    else:  # the arrival was not printed: either place, and how to tell which
+        assert "on the way or in vLLM's loading" in detail
+        assert env.WEIGHT_CHECK_ARRIVALS in detail
     assert checked.first_version == {"0.bias": 2}
 
 
@@ -151,7 +182,14 @@ def test_fp32_sent_and_bf16_held_compare_after_the_loaders_rounding(run: Path) -
     _story(None, held=torch.bfloat16)
     assert _named(run) == {0: [], 1: [], 2: []}
     held = next((run / WEIGHTS_DIR).glob("held-*.jsonl")).read_text()
-    assert '"expected"' in held  # the arrivals printed again in bf16
+    export = next((run / WEIGHTS_DIR).glob("export-*.jsonl")).read_text()
+    if os.environ[env.WEIGHT_CHECK_ARRIVALS] == "1":
+        assert '"expected"' in held  # the arrivals printed again in bf16
+    else:
+        assert '"expected"' not in held
+        assert '"received"' not in held
+        assert '"sent_dtype":"float32"' in export
+        assert '"dtype":"bfloat16"' in export
 
 
 def test_a_tensor_left_out_is_stale_in_bf16_too(run: Path) -> None:
@@ -180,7 +218,7 @@ def test_a_log_that_is_no_readable_file_is_named_not_read(run: Path) -> None:
     assert [v.version for v in checked.versions] == [0, 1, 2]
 
 
-def test_a_cast_arrival_is_printed_for_its_transport_and_its_cast_copy_for_the_model(run: Path) -> None:
+def test_a_cast_arrival_is_printed_for_its_transport_and_its_cast_copy_for_the_model(arrivals: Path) -> None:
     """fp32 sent, bf16 held: the export and the arrival carry row sums alone (a transport check,
     one reduction each), the arrival cast as the loader casts it carries both sums, and so does the
     held print; an arrival held in its own dtype is the model's expected print and carries both."""
@@ -188,7 +226,7 @@ def test_a_cast_arrival_is_printed_for_its_transport_and_its_cast_copy_for_the_m
     bad: list[BadLine] = []
     records = [
         r
-        for log in sorted((run / WEIGHTS_DIR).glob("*.jsonl"))
+        for log in sorted((arrivals / WEIGHTS_DIR).glob("*.jsonl"))
         for r in read_models(log, WeightSyncRecord, bad)
     ]
     assert bad == []
@@ -217,7 +255,70 @@ def test_a_row_swapped_within_itself_on_loading_is_named_by_the_column_sums(run:
     check = weight_held.begin(0, vllm)
     assert check is not None
     check.receiving(swap_on_load)(
-        list(weight_export.exporting(((n, p.detach().clone()) for n, p in trainer.named_parameters()), 0))
+        list(
+            weight_export.exporting(
+                ((n, p.detach().clone()) for n, p in trainer.named_parameters()), 0, _dtype(vllm)
+            )
+        )
     )
     check.finish(vllm)
     assert _named(run) == {0: [("0.weight", "wrong_values")]}
+
+
+def _records(run: Path) -> tuple[WeightSyncRecord, WeightSyncRecord]:
+    bad: list[BadLine] = []
+    found = [
+        r
+        for log in sorted((run / WEIGHTS_DIR).glob("*.jsonl"))
+        for r in read_models(log, WeightSyncRecord, bad)
+    ]
+    assert bad == []
+    return next(r for r in found if r.side == "export"), next(r for r in found if r.side == "held")
+
+
+def test_by_default_two_prints_a_sync_in_the_dtype_vllm_holds(lean: Path) -> None:
+    """fp32 sent, bf16 held: the trainer prints each tensor cast to bf16 with both sums, vLLM prints
+    its model alone and keeps each arrival's shape and dtype, no sums."""
+    _story(None, held=torch.bfloat16)
+    export, held = _records(lean)
+    assert all(
+        p.dtype == "bfloat16" and p.sent_dtype == "float32" and p.cols is not None
+        for p in export.tensors.values()
+    )
+    assert held.received is None
+    assert held.expected is None
+    assert held.arrived is not None
+    assert set(held.arrived) == set(export.tensors)
+    assert {m.dtype for m in held.arrived.values()} == {"float32"}
+    assert all(held.tensors[n].same_values(p) for n, p in export.tensors.items())
+
+
+def test_a_trainer_print_in_another_dtype_is_not_checked_and_says_how(lean: Path) -> None:
+    """A trainer that could not tell vLLM's dtype prints what it sent (fp32); vLLM holds bf16: nothing
+    to compare by default, so each such tensor is listed as not checked, naming the switch."""
+    trainer, vllm = _model(), _model().to(torch.bfloat16)
+    check = weight_held.begin(0, vllm)
+    assert check is not None
+    check.receiving(lambda weights: [vllm.get_parameter(n).data.copy_(t) for n, t in weights])(
+        list(
+            weight_export.exporting(
+                ((n, p.detach().clone()) for n, p in trainer.named_parameters()), 0, "no-such-dtype"
+            )
+        )
+    )
+    check.finish(vllm)
+    checked = weight_check.check(lean)
+    row = checked.versions[0]
+    assert row.diffs == []
+    assert row.compared == 0
+    assert set(row.not_checked) == {n for n, _ in trainer.named_parameters()}
+    assert all(env.WEIGHT_CHECK_ARRIVALS in why and "float32" in why for why in row.not_checked.values())
+
+
+def test_the_trainer_reads_verls_dtype_names(lean: Path) -> None:
+    assert weight_export.torch_dtype("bfloat16") is torch.bfloat16
+    assert weight_export.torch_dtype("bf16") is torch.bfloat16
+    assert weight_export.torch_dtype("fp32") is torch.float32
+    assert weight_export.torch_dtype(torch.float16) is torch.float16
+    assert weight_export.torch_dtype("Parameter") is None
+    assert weight_export.torch_dtype(None) is None

@@ -22,9 +22,13 @@ seen, a parameter whose shape cannot hold the tensor, and every tensor of a work
 parallelism (each rank holds a slice of each part, which this check does not cut yet), and MoE
 experts fused by their own loaders. Nothing is compared by guess.
 
-**Dtypes.** Each region is fingerprinted in the dtype vLLM holds it in, and each arrival also in
-that dtype (:class:`HeldCheck`), so a tensor sent as fp32 and held as bf16 is compared after the
-same rounding the loader did, exactly.
+**What is printed.** By default, the region of each tensor alone, in the dtype vLLM holds it in:
+the trainer printed what it sent cast to verl's ``rollout.dtype``, the dtype vLLM holds
+(``training/weight_export.py``), so the two compare directly, and each arrival is recorded by its
+shape and dtype only (``arrived``). With ``$VERL_CONSISTENCY_WEIGHT_CHECK_ARRIVALS=1``, each arrival
+is also fingerprinted as it arrived (compared with what the trainer sent, in the sent dtype) and
+cast to its parameter's dtype as the loader casts it (compared with what the model then holds), so
+that a wrong tensor is said to have changed on the way or in the loading: two more prints a sync.
 
 The names the worker has received are remembered across syncs: a tensor a sync leaves out is
 still fingerprinted where vLLM holds it, which is how a stale tensor shows.
@@ -41,7 +45,7 @@ from typing import Any
 from verl_consistency.contracts.process_local import ProcessLocal
 from verl_consistency.contracts.records import now
 from verl_consistency.contracts.weight_labels import label
-from verl_consistency.contracts.weight_records import WeightSyncRecord
+from verl_consistency.contracts.weight_records import TensorMeta, WeightSyncRecord
 from verl_consistency.patches.hooks.weights import sync_log
 from verl_consistency.patches.hooks.weights.fingerprint import Collector
 
@@ -170,20 +174,35 @@ class HeldCheck:
     """One sync's check in one vLLM worker: :meth:`receiving` while it loads, :meth:`finish` after.
 
     A tensor may arrive in another dtype than vLLM holds it in (verl's FSDP engine exports its fp32
-    master weights; vLLM serves bf16, and its loader's ``copy_`` rounds). So each arrival is printed
-    twice: as it arrived (compared with what the trainer sent) and cast to the parameter's dtype, as
-    the loader casts it (``expected``: compared with what the model then holds). Both are exact."""
+    master weights; vLLM serves bf16, and its loader's ``copy_`` rounds). With arrival prints on,
+    each arrival is printed twice: as it arrived (compared with what the trainer sent) and cast to
+    the parameter's dtype, as the loader casts it (``expected``: compared with what the model then
+    holds). Both are exact. Without them only each arrival's shape and dtype are kept."""
 
     def __init__(self, folder: Path, global_steps: object, model: Any | None) -> None:
         self.folder = folder
         self.version = label(global_steps)
         self.model = model
+        self.printing = sync_log.arrivals_printed()
+        self.arrived: dict[str, TensorMeta] = {}
         self.received = Collector()
         self.expected = Collector()
 
     def receiving(self, on_bucket: Callable[..., Any]) -> Callable[..., Any]:
-        """verl's bucket callback, with each tensor fingerprinted before it is loaded."""
+        """verl's bucket callback, with each tensor recorded (or fingerprinted) before it is loaded."""
         seen = _seen().tensors
+        if not self.printing:
+
+            def recorded(weights: list[tuple[str, Any]], *args: Any, **kwargs: Any) -> Any:
+                for name, tensor in weights:
+                    shape, dtype = tuple(tensor.shape), tensor.dtype
+                    self.arrived[name] = TensorMeta.model_construct(
+                        shape=list(shape), dtype=str(dtype).removeprefix("torch.")
+                    )
+                    seen[name] = (shape, dtype)
+                return on_bucket(weights, *args, **kwargs)
+
+            return recorded
         params = _Params(self.model) if self.model is not None else None
 
         def fingerprinted(weights: list[tuple[str, Any]], *args: Any, **kwargs: Any) -> Any:
@@ -231,8 +250,9 @@ class HeldCheck:
             side="held",
             version=self.version,
             tensors=held.finish(),
-            received=received,
+            received=received if self.printing else None,
             expected=expected or None,
+            arrived=None if self.printing else self.arrived,
             unmapped=unmapped,
             seconds=round(self.received.seconds + self.expected.seconds + held.seconds, 4),
         )

@@ -98,8 +98,9 @@ class Collector:
 
     def __init__(self) -> None:
         self._names: list[str] = []
-        self._meta: list[tuple[Any, str, int]] = []
-        """Per tensor: shape, dtype name, the bits ``cols`` wraps at (its words'; 0: no ``cols``)."""
+        self._meta: list[tuple[Any, str, int, str | None]] = []
+        """Per tensor: shape, dtype name, the bits ``cols`` wraps at (its words'; 0: no ``cols``), and
+        the dtype it was added in where the print reads it cast."""
         self._groups: dict[wg.Key, wg.Group] = {}
         self._pending = 0
         self._limit = wg.group_bytes()
@@ -111,7 +112,7 @@ class Collector:
         plan = wg.plan(t, dtype, cols, self._limit)
         index = len(self._names)
         self._names.append(name)
-        self._meta.append((t.shape, plan.dtype, plan.key.word.itemsize * 8 if cols else 0))
+        self._meta.append((t.shape, plan.dtype, plan.key.word.itemsize * 8 if cols else 0, plan.sent_dtype))
         x = wg.shaped(t, plan)
         rows, step = plan.rows, plan.step
         if rows <= step:  # the common case: one piece, the tensor itself
@@ -163,13 +164,14 @@ class Collector:
             _add_up(cols_of, columns, "odd")
         found = {}
         for i, name in enumerate(self._names):
-            shape, dtype, bits = self._meta[i]
+            shape, dtype, bits, sent = self._meta[i]
             # built without validation: the fields are ints and strings made just above
             found[name] = TensorPrint.model_construct(
                 shape=list(shape),
                 dtype=dtype,
                 rows=_signed(rows_of.get(i, 0), 64),
                 cols=_signed(cols_of.get(i, 0), bits) if bits else None,
+                sent_dtype=sent,
             )
         self._sums.clear()
         self.seconds += time.perf_counter() - t0

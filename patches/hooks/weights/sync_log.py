@@ -27,6 +27,14 @@ def weights_dir(environ: Mapping[str, str] | None = None) -> Path | None:
     return Path(run_dir) / WEIGHTS_DIR
 
 
+def arrivals_printed(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether vLLM also fingerprints each tensor as it arrives (``$VERL_CONSISTENCY_WEIGHT_CHECK_ARRIVALS``
+    is ``1``), and the trainer prints what it sends in the dtype it sends. Read by both sides, so
+    that their prints are of the same bytes."""
+    e = os.environ if environ is None else environ
+    return e.get(env.WEIGHT_CHECK_ARRIVALS, "").strip() == "1"
+
+
 def process_rank() -> int:
     """This process's rank in torch.distributed, else ``$RANK``, else 0."""
     rank = dist_rank()

@@ -125,6 +125,8 @@ class Plan(NamedTuple):
     """The print's dtype name."""
     cast: Any | None = None
     """A widened tensor's dtype to read it in first (its key's target is None: the words are made here)."""
+    sent_dtype: str | None = None
+    """The tensor's own dtype name where the print reads it cast to another (else None)."""
 
 
 _PLANS: dict[tuple[Any, ...], Plan] = {}
@@ -168,6 +170,7 @@ def _plan(t: Any, dtype: Any | None, cols: bool, limit: int) -> Plan:
         scale=1 if row_key is not None else ws // size,
         dtype=shown,
         cast=cast,
+        sent_dtype=None if dtype is None or dtype == t.dtype else str(t.dtype).removeprefix("torch."),
     )
 
 
