@@ -240,6 +240,8 @@ def install(service: Any, lanes: Sequence[Lane], path: Path | None = None) -> La
     front stays in place until :func:`uninstall`; msprobe's own collector is kept aside. ``path``
     (default :data:`DEFAULT_PATH`): ``auto`` writes statistics steps in one pass (:func:`one_pass`,
     ``lane_collector.LaneStats``) and everything else through the fan-out; ``fanout`` always fans out.
+    The one-pass front engages ``lean_hooks`` (msprobe's module hook pair, lean) at the step's start;
+    the fan-out and :func:`uninstall` put msprobe's own hooks back in their slots.
     """
     check_msprobe(service)
     current = service.data_collector
