@@ -24,7 +24,8 @@ Both are put in place by ``msprobe_lanes.install`` (the remembered sets taken of
 ``msprobe_lanes.uninstall``); msprobe's code itself stays unpatched. With the one-pass lanes,
 ``lean_hooks`` goes further: a lean pair in the slots of msprobe's module hooks, where msprobe's
 hooks (and these two shortcuts) then run only for the calls the pair hands back.
-``tests/patches/test_lean_walk.py`` checks each against msprobe's own answer, and the lanes' equality tests run through them.
+``tests/patches/test_lean_walk.py`` checks each against msprobe's own answer, and the lanes'
+equality tests run through them.
 """
 
 from __future__ import annotations
