@@ -21,7 +21,11 @@ as the training side's ``BatchDumper`` holds it (``patches/hooks/training/gc_pau
 its one young collection after the step counts with the collections; ``--keep-gc`` leaves the
 collector on (the step as before issue 43).
 
-Run: ``OMP_NUM_THREADS=1 python -m bench.bench_lane_host [--lanes 8] [--reps 7] [--profile F] [--keep-gc]``.
+``--msprobe-hooks`` puts msprobe's own module hooks back in the dumped steps (``lean_hooks.disengage``
+after the step's start): the lanes' step before issue 43's lean hook pair, in the same checkout.
+
+Run: ``OMP_NUM_THREADS=1 python -m bench.bench_lane_host [--lanes 8] [--reps 7] [--profile F] [--keep-gc]
+[--msprobe-hooks]``.
 To compare two checkouts, run it in each, alternately, in one session.
 """
 
@@ -56,13 +60,18 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="leave the automatic collector on in the dumped steps (the training side pauses it)",
     )
+    ap.add_argument(
+        "--msprobe-hooks",
+        action="store_true",
+        help="msprobe's own module hooks in the dumped steps, not the lean pair (lean_hooks.py)",
+    )
     args = ap.parse_args(argv)
 
     import torch
     from msprobe.pytorch import PrecisionDebugger
 
     from bench.support.vllm_qwen2 import forward_step
-    from verl_consistency.patches.hooks.lanes import msprobe_lanes
+    from verl_consistency.patches.hooks.lanes import lean_hooks, msprobe_lanes
     from verl_consistency.patches.hooks.rollout.request_scope import start_lanes
     from verl_consistency.patches.hooks.training import gc_pause
 
@@ -90,6 +99,8 @@ def main(argv: list[str] | None = None) -> None:
             # the collector off, as the training side's BatchDumper.start does (gc_pause.py)
             pause(debugger.service.hook_manager)
             start_lanes(debugger, model, lanes)
+            if args.msprobe_hooks:
+                lean_hooks.disengage(debugger.service)
         with torch.no_grad():
             forward_step(model, ids, positions, lens)
         if dump:
@@ -118,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
         dist.init_process_group("gloo", init_method=f"file://{work}/dist-store", rank=0, world_size=1)
     debugger = PrecisionDebugger(config_path=str(work / "msprobe.json"))
     start_lanes(debugger, model, lanes)  # warm-up, and the module calls a step makes
+    if args.msprobe_hooks:
+        lean_hooks.disengage(debugger.service)
     with torch.no_grad():
         forward_step(model, ids, positions, lens)
     debugger.stop()
@@ -165,6 +178,7 @@ def _report(
     print(
         f"deep stand-in ({SHAPE[0]} layers, hidden {SHAPE[1]}), {args.lanes} lanes, {n_tokens} tokens, "
         f"{calls} module calls a step; torch {torch.__version__}, 1 thread; {args.reps} reps, medians"
+        + ("; msprobe's own module hooks" if args.msprobe_hooks else "")
     )
     for label in ("off", "off-after", "dumped"):
         print(f"  {label:<10} wall {wall[label] * 1e3:7.1f} ms   cpu {cpu[label] * 1e3:7.1f} ms")

@@ -37,6 +37,11 @@ from typing import Any
 Site = tuple[Any, int]
 """A frame's code object and line: what msprobe's text of that frame depends on."""
 
+HIDDEN: set[Any] = set()
+"""Code objects whose frames are left out of a stack's text: ``lean_hooks``' pair, whose frame sits
+between torch's and msprobe's hook when it hands a call to msprobe's own hook (msprobe's filters
+leave out its own frames by path; ours would show)."""
+
 
 def remembering(msprobe_const: Any, warn: Callable[[str], None]) -> Callable[[str], tuple[str, ...]]:
     """A drop-in for ``analyze_api_call_stack``: the same tuple of lines, formatted once per stack.
@@ -59,12 +64,16 @@ def remembering(msprobe_const: Any, warn: Callable[[str], None]) -> Callable[[st
     def analyze_api_call_stack(name: str) -> tuple[str, ...]:
         # frame 0 is this function, where msprobe's frame 0 is its own: the same skip counts
         skip = 4 if name.startswith("Primitive") else 5
+        top: FrameType | None = sys._getframe(0)
+        for _ in range(skip):
+            if top is None:
+                break
+            top = top.f_back
+        return from_frame(name, top)
+
+    def from_frame(name: str, top: FrameType | None) -> tuple[str, ...]:
+        """The stack from ``top`` outwards (``lean_hooks``: torch's frame that called the hook)."""
         try:
-            top: FrameType | None = sys._getframe(0)
-            for _ in range(skip):
-                if top is None:
-                    break
-                top = top.f_back
             # the key: each frame's code by identity and its last instruction. A code object hashes
             # its name, bytecode and constants anew at every hash (~0.2 us each, ~40 frames a call),
             # its id is one int; ``f_lineno`` is looked up in the line table at every read, the
@@ -82,6 +91,9 @@ def remembering(msprobe_const: Any, warn: Callable[[str], None]) -> Callable[[st
                 texts = []
                 frame = top
                 while frame is not None:
+                    if frame.f_code in HIDDEN:
+                        frame = frame.f_back
+                        continue
                     site = (frame.f_code, frame.f_lineno)
                     if site not in lines:
                         lines[site] = line_of(site)
@@ -95,4 +107,5 @@ def remembering(msprobe_const: Any, warn: Callable[[str], None]) -> Callable[[st
             warn(f"The call stack of <{name}> failed to retrieve, {exc}.")
             return (msprobe_const.WITHOUT_CALL_STACK,)
 
+    analyze_api_call_stack.from_frame = from_frame  # type: ignore[attr-defined]
     return analyze_api_call_stack

@@ -117,6 +117,7 @@ class LaneStats:
         self._last: tuple[dict[str, Any], StepTemplate] | None = None
         self._plain: PlainTensors | None = None
         self._tensor_type = "torch.Tensor"  # msprobe's Const.TENSOR_TYPE, read in aim()
+        self.lean_hooks: Any = None  # lean_hooks.LeanHooks, set by msprobe_lanes.install
 
     # -- set-up --------------------------------------------------------------------------------
     def aim(self, config: Any, lanes: Sequence[Lane]) -> None:
@@ -246,6 +247,8 @@ class LaneStats:
             "dump_data_dir": template.dump_tensor_data_dir,
             "data": {},
         }
+        if self.lean_hooks is not None:  # msprobe registered its module hooks by now (start)
+            self.lean_hooks.engage(self)
         empty = json.dumps(template.cache_data, indent=1)
         extra = getattr(config, "extra_info", True)
         for writer in self.active:

@@ -21,8 +21,11 @@ call for nothing in a log_prob forward:
   ``n_outputs`` 0, the tensors' index ``None``). With gradients on, msprobe's wrapper runs.
 
 Both are put in place by ``msprobe_lanes.install`` (the remembered sets taken off again by
-``msprobe_lanes.uninstall``); msprobe's code itself stays unpatched. ``tests/patches/test_lean_walk.py``
-checks each against msprobe's own answer, and the lanes' equality tests run through them.
+``msprobe_lanes.uninstall``); msprobe's code itself stays unpatched. With the one-pass lanes,
+``lean_hooks`` goes further: a lean pair in the slots of msprobe's module hooks, where msprobe's
+hooks (and these two shortcuts) then run only for the calls the pair hands back.
+``tests/patches/test_lean_walk.py`` checks each against msprobe's own answer, and the lanes'
+equality tests run through them.
 """
 
 from __future__ import annotations

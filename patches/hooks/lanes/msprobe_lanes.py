@@ -52,7 +52,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from verl_consistency.contracts.records import lane_folder
-from verl_consistency.patches.hooks.lanes import lean_walk
+from verl_consistency.patches.hooks.lanes import lean_hooks, lean_walk
 from verl_consistency.patches.hooks.lanes.cuts import Cut, Lane
 from verl_consistency.patches.hooks.lanes.lane_collector import LaneStats, lane_paths
 from verl_consistency.patches.hooks.lanes.msprobe_shortcuts import modes_context
@@ -240,6 +240,8 @@ def install(service: Any, lanes: Sequence[Lane], path: Path | None = None) -> La
     front stays in place until :func:`uninstall`; msprobe's own collector is kept aside. ``path``
     (default :data:`DEFAULT_PATH`): ``auto`` writes statistics steps in one pass (:func:`one_pass`,
     ``lane_collector.LaneStats``) and everything else through the fan-out; ``fanout`` always fans out.
+    The one-pass front engages ``lean_hooks`` (msprobe's module hook pair, lean) at the step's start;
+    the fan-out and :func:`uninstall` put msprobe's own hooks back in their slots.
     """
     check_msprobe(service)
     current = service.data_collector
@@ -250,6 +252,10 @@ def install(service: Any, lanes: Sequence[Lane], path: Path | None = None) -> La
         raise ValueError(f"lane path {chosen!r}: expected 'auto' or 'fanout'")
     front: LaneFanout | LaneStats = stats if chosen == "auto" and one_pass(service.config) else fanout
     front.aim(service.config, lanes)
+    if front is stats:  # msprobe's module hooks, lean, from the step's start (lean_hooks.py)
+        stats.lean_hooks = lean_hooks.service_hooks(service)
+    else:
+        lean_hooks.disengage(service)
     service.data_collector = front
     service.hook_manager.data_collector = front
     _lean_modes(service.hook_manager)
@@ -269,6 +275,7 @@ def _lean_modes(hook_manager: Any) -> None:
 
 def uninstall(service: Any) -> None:
     """Put msprobe's own collector back (a whole-step or msprobe-scoped dump follows)."""
+    lean_hooks.disengage(service)
     current = getattr(service, "data_collector", None)
     if isinstance(current, (LaneFanout, LaneStats)):
         service.data_collector = current.original
