@@ -34,10 +34,10 @@ from typing import Any
 import torch
 
 from bench.support.vllm_qwen2 import Qwen2ForCausalLM, run_step
-from tests.selective.scenario import LENGTHS, PACKING, SCHEDULER_DICT, base_config, tiny_config
+from tests.selective.scenario import LENGTHS, PACKING, SCHEDULER_DICT, scoped_debugger, tiny_config
 from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2
 from verl_consistency.patches.hooks.lanes import msprobe_lanes
-from verl_consistency.patches.hooks.rollout.request_scope import scoped_msprobe_config, start_lanes
+from verl_consistency.patches.hooks.rollout.request_scope import start_lanes
 from verl_consistency.patches.hooks.training.micro_batch_dump import PackedLayout
 
 PATHS = ("fanout", "auto")
@@ -62,17 +62,10 @@ def _padded_training_batch(prompts: dict[str, list[int]]) -> dict[str, torch.Ten
 
 
 def main(out: Path) -> None:
-    from msprobe.pytorch import PrecisionDebugger
-
-    out.mkdir(parents=True, exist_ok=True)
-    cfg_path = out / "msprobe.json"
-    cfg_path.write_text(json.dumps(scoped_msprobe_config(base_config("statistics", out))))
-    debugger = PrecisionDebugger(config_path=str(cfg_path))
+    debugger, prompts = scoped_debugger("statistics", out)
     hf = tiny_qwen2(tiny_config(), seed=0)
     stand_in = Qwen2ForCausalLM.from_hf(hf).eval()
     stand_in_bf16 = Qwen2ForCausalLM.from_hf(tiny_qwen2(tiny_config(), seed=0)).to(torch.bfloat16).eval()
-    gen = torch.Generator().manual_seed(1)
-    prompts = {r: torch.randint(0, 96, (n,), generator=gen).tolist() for r, n in LENGTHS.items()}
     batch = [prompts[r] for r in PACKING]
     cases: list[dict[str, Any]] = []
 

@@ -23,23 +23,15 @@ from pathlib import Path
 import torch
 
 from tests.selective.lane_stats_scenario import _packed_training_batch
-from tests.selective.scenario import LENGTHS, PACKING, base_config, tiny_config
+from tests.selective.scenario import LENGTHS, PACKING, scoped_debugger, tiny_config
 from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2
 from verl_consistency.patches.hooks.lanes import lean_hooks, msprobe_lanes
-from verl_consistency.patches.hooks.rollout.request_scope import scoped_msprobe_config
 from verl_consistency.patches.hooks.training.micro_batch_dump import PackedLayout
 
 
 def main(out: Path) -> None:
-    from msprobe.pytorch import PrecisionDebugger
-
-    out.mkdir(parents=True, exist_ok=True)
-    cfg_path = out / "msprobe.json"
-    cfg_path.write_text(json.dumps(scoped_msprobe_config(base_config("statistics", out))))
-    debugger = PrecisionDebugger(config_path=str(cfg_path))
+    debugger, prompts = scoped_debugger("statistics", out)
     model = tiny_qwen2(tiny_config(), seed=0)
-    gen = torch.Generator().manual_seed(1)
-    prompts = {r: torch.randint(0, 96, (n,), generator=gen).tolist() for r, n in LENGTHS.items()}
     lanes = PackedLayout(tuple(LENGTHS[r] for r in PACKING), thd=True).lanes(list(PACKING), list(PACKING))
     assert lanes is not None
     lean_calls = [0]

@@ -47,16 +47,22 @@ def setup(task: str, out: Path) -> tuple[Any, Any, dict[str, list[int]], list[li
     Returns ``(debugger, model, prompts by request, batch in packing order)``; the config carries
     the one-request sentinel, as a collection run's does.
     """
+    model = Qwen2ForCausalLM.from_hf(tiny_qwen2(tiny_config(), seed=0)).eval()
+    debugger, prompts = scoped_debugger(task, out)
+    return debugger, model, prompts, [prompts[r] for r in PACKING]
+
+
+def scoped_debugger(task: str, out: Path) -> tuple[Any, dict[str, list[int]]]:
+    """msprobe's debugger on a run's scoped config written in ``out``, and the scenario's prompts
+    (the same random ids in every scenario)."""
     from msprobe.pytorch import PrecisionDebugger
 
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "msprobe.json"
     cfg_path.write_text(json.dumps(scoped_msprobe_config(base_config(task, out))))
-    model = Qwen2ForCausalLM.from_hf(tiny_qwen2(tiny_config(), seed=0)).eval()
     gen = torch.Generator().manual_seed(1)
     prompts = {r: torch.randint(0, 96, (n,), generator=gen).tolist() for r, n in LENGTHS.items()}
-    batch = [prompts[r] for r in PACKING]
-    return PrecisionDebugger(config_path=str(cfg_path)), model, prompts, batch
+    return PrecisionDebugger(config_path=str(cfg_path)), prompts
 
 
 def base_config(task: str, out: Path) -> dict[str, Any]:
