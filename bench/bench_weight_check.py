@@ -88,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     host: dict[str, list[float]] = {}
 
     def side(label: str, source: dict[str, Any], arrival: bool = False) -> Callable[[], object]:
-        """One side as its hook runs it; ``host[label]``: the times until its last tensor was filed
-        and flushed, before the prints leave the device (on a GPU the kernels are queued by then,
-        not waited for: the host's share of the side's time)."""
+        """One side as its hook runs it; ``host[label]``: the times until its sums were launched
+        (``Collector.launch``), before the prints are read back: what the sync's own thread pays,
+        since the hooks leave the read to their writer thread (``sync_log.write_later``)."""
 
         def run() -> object:
             t0 = time.perf_counter()
@@ -100,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
                 cast = torch.bfloat16 if label == "export" else None
                 for n, t in source.items():
                     c.add(n, t, cast, cols=label != "as sent")
+                pending = c.launch()
                 host.setdefault(label, []).append(time.perf_counter() - t0)
-                return c.finish()
+                return pending.read()
             received, expected, bucket = Collector(), Collector(), 0
             for n, t in source.items():  # as rollout/weight_held.py: as sent, and cast as the loader casts
                 received.add(n, t, cols=False)
@@ -111,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
                     received.flush()
                     expected.flush()
                     bucket = 0
+            reads = received.launch(), expected.launch()
             host.setdefault(label, []).append(time.perf_counter() - t0)
-            return received.finish(), expected.finish()
+            return [r.read() for r in reads]
 
         return run
 
@@ -141,14 +143,22 @@ def main(argv: list[str] | None = None) -> int:
     for label, secs in walls.items():
         print(
             f"{names[label]:<22} {secs * 1e3:8.1f} ms  = {secs / base:.2f}x the copy"
-            f"  (host until filed: {statistics.median(host[label]) * 1e3:.1f} ms)"
+            f"  (on the sync's path, until launched: {statistics.median(host[label]) * 1e3:.1f} ms)"
         )
     modes = {
         "default (export in bf16 + held)": walls["export"] + walls["held"],
         "with arrivals (as sent + arrival + held)": walls["as sent"] + walls["arrival"] + walls["held"],
     }
+    path = {
+        "default (export in bf16 + held)": ("export", "held"),
+        "with arrivals (as sent + arrival + held)": ("as sent", "arrival", "held"),
+    }
     for mode, secs in modes.items():
-        print(f"{mode:<42} {secs * 1e3:8.1f} ms a sync = {secs / base:.2f}x the copy")
+        on_path = sum(statistics.median(host[label]) for label in path[mode])
+        print(
+            f"{mode:<42} {secs * 1e3:8.1f} ms a sync = {secs / base:.2f}x the copy;"
+            f" on the sync's path {on_path * 1e3:.1f} ms"
+        )
     return 0
 
 

@@ -7,8 +7,11 @@ the check on; WEIGHTS_DIR holds B's weight records. ``A.log`` may be ``-``: then
 verl times each step's sync itself
 (``timing_s/update_weights``, read with the same parser ``run`` uses for ``run.json``'s steps); the
 check's own seconds per sync are in B's records (the slowest trainer rank plus the slowest vLLM
-worker, the two run one after the other within the sync). Prints the medians, the ratio B / A and
-the check's share of B's sync, with the hardware, as every bench here does.
+worker, the two run one after the other within the sync): the time the sync's own threads spent
+on it. Since stop 52 the prints are read back from the device off the sync's path (a record's
+``read_s``, on its process's writer thread), so those seconds are what the sync can pay; before,
+they included waiting for the device, and for the sync's own queued copies. Prints the medians, the
+ratio B / A and the check's share of B's sync, with the hardware, as every bench here does.
 """
 
 from __future__ import annotations

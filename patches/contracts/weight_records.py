@@ -112,4 +112,14 @@ class WeightSyncRecord(RecordHeader):
     unmapped: dict[str, str] = Field(
         default_factory=dict, description="held only: tensor -> why its region in vLLM's model was not found"
     )
-    seconds: float = Field(default=0.0, description="time spent fingerprinting in this process for this sync")
+    seconds: float = Field(
+        default=0.0,
+        description="time the sync's own thread spent fingerprinting in this process for this sync",
+    )
+    read_s: float | None = Field(
+        default=None,
+        description=(
+            "time spent reading the prints back from the device, off the sync's path (the process's"
+            " writer thread: ``hooks/weights/sync_log.write_later``); None in records before it"
+        ),
+    )

@@ -430,10 +430,12 @@ def _sync_export(engine: Any, version: int) -> None:
     (mbridge's Megatron -> HF conversion) through the trainer-side fingerprint that patch 0007
     wraps around it in ``update_weights`` (``weight_export.exporting``), consumed here."""
     from verl_consistency.patches.hooks.training import weight_export
+    from verl_consistency.patches.hooks.weights import sync_log
 
     params, _ = engine.get_per_tensor_param()
-    for _name, _tensor in weight_export.exporting(params, version):
+    for _name, _tensor in weight_export.exporting(params, version, "bfloat16"):  # verl's rollout.dtype
         pass
+    sync_log.drain()  # the record is written off the sync's path
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from verl_consistency.contracts import env
 from verl_consistency.contracts.weight_records import WEIGHTS_DIR, WeightSyncRecord
 from verl_consistency.patches.hooks.rollout import weight_held
 from verl_consistency.patches.hooks.training import weight_export
+from verl_consistency.patches.hooks.weights import sync_log
 from verl_consistency.postprocess.compare import weight_check
 from verl_consistency.postprocess.compare.token_level import BadLine, read_models
 from verl_consistency.postprocess.output import weight_section
@@ -53,6 +54,7 @@ def _sync(trainer: torch.nn.Module, vllm: torch.nn.Module, version: int, plant: 
             bucket.append((name, planted))
     on_bucket(bucket)
     check.finish(vllm)
+    sync_log.drain()  # the records are written off the sync's path
 
 
 def _step(m: torch.nn.Module) -> None:
@@ -262,6 +264,7 @@ def test_a_row_swapped_within_itself_on_loading_is_named_by_the_column_sums(run:
         )
     )
     check.finish(vllm)
+    sync_log.drain()
     assert _named(run) == {0: [("0.weight", "wrong_values")]}
 
 
@@ -307,6 +310,7 @@ def test_a_trainer_print_in_another_dtype_is_not_checked_and_says_how(lean: Path
         )
     )
     check.finish(vllm)
+    sync_log.drain()
     checked = weight_check.check(lean)
     row = checked.versions[0]
     assert row.diffs == []

@@ -222,11 +222,11 @@ class HeldCheck:
 
         return fingerprinted
 
-    def finish(self, model: Any) -> WeightSyncRecord:
+    def finish(self, model: Any) -> None:
         """Fingerprint what ``model`` holds for every tensor received so far, in the dtype it holds
-        it in, and write the record."""
-        received = self.received.finish()
-        expected = self.expected.finish()
+        it in; the record is written once the prints are read back, off the sync's path
+        (``sync_log.write_later``)."""
+        reads = [self.received.launch(), self.expected.launch()]
         held = Collector()
         seen = _seen().tensors
         tp = tensor_parallel_size()
@@ -243,21 +243,29 @@ class HeldCheck:
                     unmapped[name] = region
                 else:
                     held.add(name, region)
-        record = WeightSyncRecord(
-            timestamp=now(),
-            pid=os.getpid(),
-            rank=sync_log.process_rank(),
-            side="held",
-            version=self.version,
-            tensors=held.finish(),
-            received=received if self.printing else None,
-            expected=expected or None,
-            arrived=None if self.printing else self.arrived,
-            unmapped=unmapped,
-            seconds=round(self.received.seconds + self.expected.seconds + held.seconds, 4),
-        )
-        sync_log.write(self.folder, record)
-        return record
+        reads.append(held.launch())
+        on_path = round(self.received.seconds + self.expected.seconds + held.seconds, 4)
+        rank, printing, arrived = sync_log.process_rank(), self.printing, self.arrived
+
+        def record(
+            received: dict[str, Any], expected: dict[str, Any], tensors: dict[str, Any]
+        ) -> WeightSyncRecord:
+            return WeightSyncRecord(
+                timestamp=now(),
+                pid=os.getpid(),
+                rank=rank,
+                side="held",
+                version=self.version,
+                tensors=tensors,
+                received=received if printing else None,
+                expected=expected or None,
+                arrived=None if printing else arrived,
+                unmapped=unmapped,
+                seconds=on_path,
+                read_s=round(sum(r.seconds for r in reads), 4),
+            )
+
+        sync_log.write_later(self.folder, reads, record)
 
 
 def begin(global_steps: object, model: Any | None = None, *, adapter_only: bool = False) -> HeldCheck | None:

@@ -6,9 +6,10 @@ Megatron converted, cast as verl syncs them) and hands it to the colocated rollo
 (``ServerAdapter.update_weights``) or to the checkpoint engine of the separate pools. Patch 0007
 wraps that stream with :func:`exporting` at the one place both paths share, so what is
 fingerprinted is exactly what verl sends, before any transport can lose or change it. Each
-tensor's sums are taken as it passes (it may be freed right after), and the record is written
-when the stream ends: ``<run>/weights/export-<pid>.jsonl``, one line per sync
-(``contracts/weight_records.py``).
+tensor's sums are taken as it passes (it may be freed right after); when the stream ends the final
+sums are launched, and the record is written once they are read back, by the process's writer
+thread, so the sync does not wait for the device (``weights/sync_log.write_later``):
+``<run>/weights/export-<pid>.jsonl``, one line per sync (``contracts/weight_records.py``).
 
 **In which dtype.** verl's FSDP engine sends its fp32 master weights and vLLM holds bf16 (its
 loader's ``copy_`` rounds). By default each tensor is printed cast to the dtype vLLM holds, verl's
@@ -34,7 +35,12 @@ from verl_consistency.contracts.records import now
 from verl_consistency.contracts.weight_labels import label
 from verl_consistency.contracts.weight_records import WeightSyncRecord
 from verl_consistency.patches.hooks.weights.fingerprint import Collector
-from verl_consistency.patches.hooks.weights.sync_log import arrivals_printed, process_rank, weights_dir, write
+from verl_consistency.patches.hooks.weights.sync_log import (
+    arrivals_printed,
+    process_rank,
+    weights_dir,
+    write_later,
+)
 
 ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 """verl's short names for a dtype (``PrecisionType``), as its ``rollout.dtype`` may give them."""
@@ -69,16 +75,19 @@ def exporting(
         # as sent: compared with what arrives (the row sums tell); else with what vLLM holds
         collector.add(name, tensor, target, cols=not as_sent)
         yield name, tensor
-    tensors = collector.finish()
-    write(
-        folder,
-        WeightSyncRecord(
+    pending = collector.launch()
+    version, rank, on_path = label(global_steps), process_rank(), round(collector.seconds, 4)
+
+    def record(tensors: dict[str, Any]) -> WeightSyncRecord:
+        return WeightSyncRecord(
             timestamp=now(),
             pid=os.getpid(),
-            rank=process_rank(),
+            rank=rank,
             side="export",
-            version=label(global_steps),
+            version=version,
             tensors=tensors,
-            seconds=round(collector.seconds, 4),
-        ),
-    )
+            seconds=on_path,
+            read_s=round(pending.seconds, 4),
+        )
+
+    write_later(folder, [pending], record)

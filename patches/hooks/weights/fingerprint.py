@@ -52,12 +52,12 @@ def fingerprint(t: Any, dtype: Any | None = None, *, cols: bool = True) -> Tenso
     return collector.finish()["t"]
 
 
-def _segment_sums(flat: Any, lengths: list[int], weights: str, offsets: list[int] | None = None) -> list[int]:
+def _segment_sums(flat: Any, lengths: list[int], weights: str, offsets: list[int] | None = None) -> Any:
     """For each segment of ``flat`` (int64): the sum of its values, each weighted by its position
     within the segment: ``"rows"``, (position + the segment's offset) mod P, plus one; ``"odd"``,
-    1, 3, 5, ...; ``"none"``, 1. A few kernels and one copy to the host: each segment's sum is read
-    off a running sum (int64 wraps mod 2^64, so a difference of running sums is the exact segment
-    sum past a wrap)."""
+    1, 3, 5, ...; ``"none"``, 1. A few kernels, left on the device (:meth:`Pending.read` copies them
+    to the host): each segment's sum is read off a running sum (int64 wraps mod 2^64, so a
+    difference of running sums is the exact segment sum past a wrap)."""
     import torch
 
     device = flat.device
@@ -73,7 +73,7 @@ def _segment_sums(flat: Any, lengths: list[int], weights: str, offsets: list[int
         )
         flat = flat * (pos % _PRIME + 1 if weights == "rows" else 2 * pos + 1)
     running = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), flat.cumsum(0)])
-    return (running[starts + lens] - running[starts]).cpu().tolist()
+    return running[starts + lens] - running[starts]
 
 
 def _signed(v: int, bits: int) -> int:
@@ -147,21 +147,106 @@ class Collector:
         self.seconds += time.perf_counter() - t0
 
     def finish(self) -> dict[str, TensorPrint]:
+        """Every tensor's print, now (the sums launched and read at once)."""
+        return self.launch().read()
+
+    def launch(self) -> Pending:
+        """Sum every group and launch the final sums, without waiting for them: the prints are read
+        by :meth:`Pending.read`, which a caller on a weight sync's path leaves to another thread
+        (``sync_log.later``), so the sync does not wait for the device. Empties the collector."""
         self.flush()
         t0 = time.perf_counter()
-        rows_of: dict[int, int] = {}
-        cols_of: dict[int, int] = {}
         by_device: dict[Any, list[wg.Sums]] = {}
         for s in self._sums:
             by_device.setdefault(s.plain.device, []).append(s)
+        jobs: list[_Job] = []
         for sums in by_device.values():
-            _add_up(rows_of, [(s.rows, s.plain) for s in sums], "rows")
-            _add_up(cols_of, [(s.rows, s.weighted) for s in sums if s.weighted is not None], "none")
+            jobs.append(_launch("rows", [(s.rows, s.plain) for s in sums], "rows"))
+            jobs.append(
+                _launch("cols", [(s.rows, s.weighted) for s in sums if s.weighted is not None], "none")
+            )
             # a whole piece's column sums: one segment each, weighted by column
             columns = [
                 ([(s.rows[0][0], 0, s.columns.numel())], s.columns) for s in sums if s.columns is not None
             ]
-            _add_up(cols_of, columns, "odd")
+            jobs.append(_launch("cols", columns, "odd"))
+        pending = Pending(self._names, self._meta, [j for j in jobs if j is not None], _events(by_device))
+        self._names, self._meta, self._sums = [], [], []
+        self.seconds += time.perf_counter() - t0
+        return pending
+
+
+_Job = tuple[str, list[int], Any]
+"""("rows" or "cols", the tensor index of each segment, the segments' sums on the device)."""
+
+
+def _launch(kind: str, parts: list[tuple[list[wg.PieceRows], Any]], weights: str) -> _Job | None:
+    """Each segment's weighted sum (``_segment_sums``), launched on the device, with the tensor it
+    adds to; None for no parts."""
+    if not parts:
+        return None
+    import torch
+
+    pieces = [p for rows, _ in parts for p in rows]
+    flat = torch.cat([values.to(torch.int64) for _, values in parts])
+    offsets = [first for _, first, _ in pieces]
+    sums = _segment_sums(flat, [n for _, _, n in pieces], weights, offsets)
+    return kind, [i for i, _, _ in pieces], sums
+
+
+def _events(by_device: dict[Any, Any]) -> list[Any] | None:
+    """An event recorded now on each accelerator's current stream (``torch.<type>.Event``: CUDA,
+    NPU), so that a reader in another thread waits for exactly the sums launched so far; [] when
+    every device is the CPU (its kernels have run); None where an accelerator has no such event
+    (then the prints must be read on the launching thread)."""
+    import torch
+
+    events = []
+    for device in by_device:
+        if device.type == "cpu":
+            continue
+        kind = getattr(torch, device.type, None)
+        if kind is None or not hasattr(kind, "Event"):
+            return None
+        with kind.device(device):
+            event = kind.Event()
+            event.record()
+        events.append(event)
+    return events
+
+
+class Pending:
+    """A collector's sums on the device, launched and not yet read (:meth:`Collector.launch`)."""
+
+    def __init__(
+        self,
+        names: list[str],
+        meta: list[tuple[Any, str, int, str | None]],
+        jobs: list[_Job],
+        events: list[Any] | None,
+    ) -> None:
+        self._names = names
+        self._meta = meta
+        self._jobs = jobs
+        self.events = events
+        self.seconds = 0.0
+        """Time spent in :meth:`read` (waiting for the device, then copying)."""
+
+    @property
+    def readable_elsewhere(self) -> bool:
+        """Whether another thread may read the prints (each device's sums are marked by an event)."""
+        return self.events is not None
+
+    def read(self) -> dict[str, TensorPrint]:
+        """The prints: waits for the sums' event on each device, copies them to the host, adds up."""
+        t0 = time.perf_counter()
+        for event in self.events or ():
+            event.synchronize()
+        totals: dict[str, dict[int, int]] = {"rows": {}, "cols": {}}
+        for kind, indices, sums in self._jobs:
+            into = totals[kind]
+            for i, v in zip(indices, sums.cpu().tolist(), strict=True):
+                into[i] = into.get(i, 0) + v
         found = {}
         for i, name in enumerate(self._names):
             shape, dtype, bits, sent = self._meta[i]
@@ -169,25 +254,9 @@ class Collector:
             found[name] = TensorPrint.model_construct(
                 shape=list(shape),
                 dtype=dtype,
-                rows=_signed(rows_of.get(i, 0), 64),
-                cols=_signed(cols_of.get(i, 0), bits) if bits else None,
+                rows=_signed(totals["rows"].get(i, 0), 64),
+                cols=_signed(totals["cols"].get(i, 0), bits) if bits else None,
                 sent_dtype=sent,
             )
-        self._sums.clear()
         self.seconds += time.perf_counter() - t0
         return found
-
-
-def _add_up(into: dict[int, int], parts: list[tuple[list[wg.PieceRows], Any]], weights: str) -> None:
-    """Add each segment's weighted sum (``_segment_sums``) to its tensor's total."""
-    if not parts:
-        return
-    import torch
-
-    pieces = [p for rows, _ in parts for p in rows]
-    flat = torch.cat([values.to(torch.int64) for _, values in parts])
-    offsets = [first for _, first, _ in pieces]
-    for (i, _, _), v in zip(
-        pieces, _segment_sums(flat, [n for _, _, n in pieces], weights, offsets), strict=True
-    ):
-        into[i] = into.get(i, 0) + v

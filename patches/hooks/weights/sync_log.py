@@ -4,18 +4,35 @@ One line per sync in ``<run>/weights/{export,held}-<pid>.jsonl`` (``contracts/we
 on when ``$VERL_CONSISTENCY_RUN_DIR`` names a run folder (every ``verl-consistency run``) and
 ``$VERL_CONSISTENCY_WEIGHT_CHECK`` is not ``0``. A sync is rare, so each record opens, appends and
 closes its file: a killed process loses nothing it wrote before.
+
+A record is written once its prints are read back from the device, and that read waits for the
+device: on a weight sync's path it would hold the sync for the device's share of the check (about
+half of it on an H100, ``bench/bench_weight_check.py``'s "host until filed"). So the sync only
+launches the sums and hands the read and the write to one writer thread per process
+(:func:`write_later`), in order; the sync goes on while the device finishes.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from verl_consistency.contracts import env
-from verl_consistency.contracts.process_local import dist_rank
+from verl_consistency.contracts.process_local import ProcessLocal, dist_rank
 from verl_consistency.contracts.records import JsonlWriter
 from verl_consistency.contracts.weight_records import WEIGHTS_DIR, WeightSyncRecord, log_name
+
+if TYPE_CHECKING:
+    from verl_consistency.patches.hooks.weights.fingerprint import Pending
+
+_WRITER = ProcessLocal(
+    lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="verl-consistency-weights")
+)
+"""This process's one writer thread (a forked child gets its own: a parent's threads do not fork)."""
 
 
 def weights_dir(environ: Mapping[str, str] | None = None) -> Path | None:
@@ -53,3 +70,29 @@ def write(folder: Path, record: WeightSyncRecord) -> None:
         writer.write(record)
     finally:
         writer.close()
+
+
+def write_later(folder: Path, reads: Sequence[Pending], build: Callable[..., WeightSyncRecord]) -> None:
+    """Write ``build(*prints)`` once each of ``reads`` is read: on this process's writer thread, so
+    that the sync does not wait for the device; here and now where a device has no event to wait
+    on. A record that cannot be written is said on stderr; the sync itself goes on."""
+
+    def job() -> None:
+        try:
+            write(folder, build(*[p.read() for p in reads]))
+        except Exception as err:  # a diagnostic must not stop the training it watches
+            print(
+                f"verl-consistency weight check: a record for {folder} was not written ({err!r}); "
+                "the postprocess names the sync it lacks",
+                file=sys.stderr,
+            )
+
+    if all(p.readable_elsewhere for p in reads):
+        _WRITER.get().submit(job)
+    else:
+        job()
+
+
+def drain() -> Any:
+    """Wait until every record handed to the writer thread is written (tests; a process that ends)."""
+    return _WRITER.get().submit(lambda: None).result()
