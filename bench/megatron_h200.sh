@@ -68,6 +68,8 @@ print(patched_verl(Path(tempfile.mkdtemp())))") > "$B/.verl-root" || exit 1
   cp "$REPO/tests/patches/__init__.py" "$REPO/tests/patches/megatron_driver.py" "$B/wt/tests/patches/"
   # the driver imports bench.support.fsdp_driver from the folder above tests/ (wt/)
   cp "$REPO/bench/support/__init__.py" "$REPO/bench/support/fsdp_driver.py" "$B/wt/bench/support/"
+  # and the Transformer Engine stand-in (bench/gpu/no_te/megatron_local_spec.py) from bench.gpu.no_te
+  mkdir -p "$B/wt/bench/gpu/no_te" && cp "$REPO/bench/gpu/no_te/megatron_local_spec.py" "$B/wt/bench/gpu/no_te/"
   for t in statistics tensor; do
     "$PY" -c "import json,sys;t=sys.argv[1];s={'scope':[],'list':[],'data_mode':['all']}
 if t=='statistics': s['summary_mode']='statistics'

@@ -84,6 +84,31 @@
 # The second session (main 493b466, bench/results/gpu-2026-12-06b/): h100-next-fully-async{,-fault}.tar.xz,
 # h100-next-colocate-async.tar.xz (trim_run.py --max-pairs 40 --max-mib 16: every step kept;
 # tests/postprocess/test_async_h100_next.py) and h100-next-check.tar.xz (test_check_h100_next.py).
+# Issue 46, the same ride on verl 0.9.1's Megatron engine (ENGINE=megatron: MEGATRON_OVERRIDES below; TP = PP
+# = 1, mbridge, bshd, the Transformer Engine stand-in bench/gpu/no_te/megatron_local_spec.py in verl's Megatron
+# worker through VERL_USE_EXTERNAL_MODULES; megatron-core 0.16.1 and mbridge 0.15.1 from p4). Here first:
+#   bash bench/gpu/verl_gpu.sh prepare-megatron && bash bench/gpu/verl_gpu.sh pack
+# (p4 is 2.7 MB: c0..c3 stay the same bytes, c4 grows from 23.9 to ~26.6 MB; every call carries ~31 MB of
+# tracked files besides, so c0..c3 at 34.6 MB leave ~1.8 MB of the 64 MiB: a fixture committed before the
+# session needs CHUNK_MB=30). Then, on one warm machine, back to back:
+#   run(carry=[S/packed/cN]):  bash bench/gpu/verl_gpu.sh stage packed/cN                  (N = 0..4, ~2 min held)
+#   run():  bash bench/gpu/verl_gpu.sh setup                                               (~1.5 min)
+#   run():  ENGINE=megatron RIDE_ID=h100-next-megatron-ride TRIM_PAIRS=24 TRIM_MIB=12 RIDE_ARGS="$M8" \
+#             bash bench/gpu/verl_gpu.sh ride                                              (8 steps, 128 requests)
+#   run():  ENGINE=megatron RIDE_ID=h100-next-megatron-fault FAULT=1 STEPS=4 TRIM_PAIRS=24 TRIM_MIB=12 \
+#             RIDE_ARGS="$M8" bash bench/gpu/verl_gpu.sh ride                              (the planted sync fault)
+# Estimate (unmeasured; FSDP's ride was 310 s + postprocess 58 s on an H100, its fault ~205 s): the Megatron
+# worker's start (megatron-core's parallel state, mbridge's HF load) adds ~30-60 s, its unfused local
+# attention is slower than SDPA but the model is 4 x 512 at <= 528 tokens: ride ~6-7 min, fault ~4-5 min,
+# ~16 device-minutes in all with staging. A ride that overruns the call (rc 124) stops Ray itself; then
+# repeat it with STEPS=6. Expected: steps.json's actor/grad_norm > 0 at every step; the ride 128 of 128
+# paired, all healthy, every sync's weight check exact (the export is mbridge's, in HF names); the fault step
+# 1 healthy, steps 2-4 diverged first at layers.2.mlp, model.layers.2.mlp.down_proj.weight named by the weight
+# check (bench/gpu/faults/skip-down-proj.patch edits vLLM's ServerAdapter.update_weights, which the Megatron
+# engine's get_per_tensor_param stream reaches as the FSDP one does; mbridge names Megatron's
+# decoder.layers.2.mlp.linear_fc2.weight so). Each $OUT/<RIDE_ID>.tar.xz: trim/<RIDE_ID>/ goes to
+# tests/postprocess/fixtures/<RIDE_ID>.tar.xz, re-paired in CI by tests/postprocess/test_ride_along_megatron_next.py
+# (skipped while absent); the rest of $OUT to bench/results/<date>/megatron-{ride,fault}/.
 # A whole session for the three open GPU issues, in order of what each proves (2026-12-04 plan, from
 # the walls measured above; ~26 of the 30 device-minutes): the five stage calls (~2 min held) and
 # `setup` (~1.5 min); issue 35: `ride` (~5 min), `FAULT=1 STEPS=4 ride` (~3.5), `CHECK_MODEL=assets
@@ -155,6 +180,26 @@ if [ "$cmd" = prepare ]; then
   exit 0
 fi
 
+if [ "$cmd" = prepare-megatron ]; then
+  # Here, with network to PyPI (issue 46): STAGE/p4/ gets the py3.12 wheels of megatron-core and mbridge at
+  # the next set's pins (install.megatron_core, install.mbridge; ~2.7 MB) and their SHA256.p4; `pack` then
+  # carries p4 in the last chunk. Needs no other part of `prepare` (the stage's p1-p3 stay as they are).
+  set -euo pipefail
+  REPO=$(cd "$HERE/../.." && pwd)
+  STAGE=$(readlink -f "${1:-$REPO/.gpu-stage}")
+  PY=${PY:-$REPO/.venv/bin/python}
+  pin() { "$PY" "$REPO/patches/contracts/pins.py" --set next "$1"; }
+  MC=$(pin install.megatron_core); MB=$(pin install.mbridge)   # (an assignment: set -e stops on a failed pin)
+  rm -rf "$STAGE/p4" && mkdir -p "$STAGE/p4"
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform any -d "$STAGE/p4" \
+    "megatron-core==$MC" "mbridge==$MB"
+  (cd "$STAGE/p4" && sha256sum ./*.whl >SHA256.p4)
+  du -sh "$STAGE/p4"; ls -la "$STAGE/p4"
+  exit 0
+fi
+
 G=/tmp/vgpu
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
@@ -165,7 +210,9 @@ if [ "$cmd" = pack ]; then
   set -euo pipefail
   STAGE=$(readlink -f "${1:-$HERE/../../.gpu-stage}")
   rm -rf "$STAGE/packed" && mkdir -p "$STAGE/packed"
-  (cd "$STAGE" && tar -cf - SHA256 p1 p2 p3) | split -b "${CHUNK_MB:-33}m" -d -a 1 - "$STAGE/packed/stage.tar.part-"
+  # p4 (prepare-megatron), when there, goes last: the chunks before the last are the same bytes as without it
+  parts=(SHA256 p1 p2 p3); [ -d "$STAGE/p4" ] && parts+=(p4)
+  (cd "$STAGE" && tar -cf - "${parts[@]}") | split -b "${CHUNK_MB:-33}m" -d -a 1 - "$STAGE/packed/stage.tar.part-"
   for f in "$STAGE"/packed/stage.tar.part-*; do d=$STAGE/packed/c${f##*-}; mkdir -p "$d" && mv "$f" "$d/"; done
   du -sh "$STAGE"/packed/*
   exit 0
@@ -247,6 +294,44 @@ GPU_OVERRIDES=(data.max_response_length=16 data.dataloader_num_workers=0
   actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2
   transfer_queue.backend.SimpleStorage.num_data_storage_units=2 ray_kwargs.ray_init.num_cpus=16
   trainer.n_gpus_per_node=1 trainer.nnodes=1 "trainer.total_training_steps=${STEPS:-8}" trainer.test_freq=-1)
+
+# ENGINE=megatron (issue 46): verl 0.9.1's Megatron engine for the actor, as tests/patches/megatron_driver.py
+# ran it on the H200 (bench/results/megatron-engine-h200-next.log): verl's engine group (model_engine, as
+# ppo_megatron_trainer.yaml selects it), TP = PP = 1, mbridge (vanilla_mbridge: verl 0.9.1's default
+# Megatron-Bridge needs Transformer Engine), the bshd layout (the stand-in's local attention refuses packed
+# rows, and Megatron's lanes are cut in bshd only; the run then sets actor_rollout_ref.model.use_remove_padding
+# =false itself: entrypoints/run/megatron.py), no sequence parallelism (megatron-core's torch RMSNorm
+# refuses it). tests/entrypoints/test_verl_validation.py plans these with GPU_OVERRIDES and runs verl's checks.
+MEGATRON_OVERRIDES=(model_engine=megatron actor_rollout_ref.actor.strategy=megatron
+  actor_rollout_ref.actor.megatron.use_remove_padding=False actor_rollout_ref.actor.megatron.vanilla_mbridge=True
+  actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1
+  actor_rollout_ref.actor.megatron.sequence_parallel=False
+  +actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel=False)
+# megatron-core and mbridge (p4, the wheels of `prepare-megatron`), unpacked once into $G/mcore and put on
+# PYTHONPATH with the Transformer Engine stand-in (bench/gpu/no_te/megatron_local_spec.py), which verl imports
+# in every process through its own VERL_USE_EXTERNAL_MODULES; the stand-in swaps in megatron-core's local
+# layer spec only in a process that imports mbridge (verl's Megatron worker). Sets ENGINE_OVERRIDES.
+ENGINE_OVERRIDES=()
+megatron_env() {
+  [ "${ENGINE:-fsdp}" = megatron ] || return 0
+  local w d
+  if [ ! -f "$G/.mcore" ]; then
+    for d in "$G/staged/p4" "$G/parts"; do
+      [ -f "$d/SHA256.p4" ] && { (cd "$d" && sha256sum -c SHA256.p4) || exit 3; }
+    done
+    rm -rf "$G/mcore" && mkdir -p "$G/mcore"
+    for w in "$G"/staged/p4/*.whl "$G"/parts/megatron_core-*.whl "$G"/parts/mbridge-*.whl; do
+      [ -f "$w" ] && (cd "$G/mcore" && unzip -q -o "$w")
+    done
+    [ -d "$G/mcore/megatron/core" ] && [ -d "$G/mcore/mbridge" ] ||
+      { echo "ENGINE=megatron: no megatron-core/mbridge wheels staged (prepare-megatron, pack, stage)" >&2; exit 3; }
+    touch "$G/.mcore"; stamp megatron-unpacked
+  fi
+  export PYTHONPATH=$REPO/bench/gpu/no_te:$PYTHONPATH:$G/mcore VERL_USE_EXTERNAL_MODULES=megatron_local_spec
+  python3 -c 'import megatron.core, mbridge; print("megatron-core", megatron.core.__version__, "mbridge", mbridge.__version__)' \
+    2>&1 | tail -1 | tee -a "$OUT/stages.txt"
+  ENGINE_OVERRIDES=("${MEGATRON_OVERRIDES[@]}")
+}
 
 if [ "$cmd" = run ]; then
   # Each argument is MODE:PHASE (default: both modes' log_prob, then both modes' update_actor).
@@ -528,20 +613,28 @@ if [ "$cmd" = ride ]; then
   # FAULT=1: the same with bench/gpu/faults/skip-down-proj.patch applied to the staged verl for this run
   # only (reversed afterwards): every weight sync after the first skips model.layers.2.mlp.down_proj.weight.
   # Writes to $OUT: <id>.tar.xz (logs/<id>/ and trim/<id>/, as `run` does), ride.log, steps.json.
+  # ENGINE=megatron (issue 46): the actor on verl's Megatron engine (MEGATRON_OVERRIDES, megatron_env).
   from_checkout ride
   verl_env
   assets
-  mode=${MODE:-hybrid}; id=${RIDE_ID:-h200-next-$mode-ride-along${FAULT:+-fault}}
+  megatron_env
+  mode=${MODE:-hybrid}; eng=; [ "${ENGINE:-fsdp}" = megatron ] && eng=-megatron
+  id=${RIDE_ID:-h200-next-$mode$eng-ride-along${FAULT:+-fault}}
   log=$G/logs/$id; mkdir -p "$log"; rm -rf "${G:?}/dump/$id" "${G:?}/trim/$id"
   plant_fault
   left=$(( ${BUDGET:-575} - ($(date +%s) - t0) ))
   s=$(date +%s)
   # shellcheck disable=SC2086  # RIDE_ARGS: more verl overrides, split on spaces
   (cd "$REPO" && timeout -k 10 $(( left - 150 )) verl-consistency run "$mode" --device cuda --capture fraction:1 \
-    --dump-root "$G/dump" --run-id "$id" model="$G/assets/model" "${GPU_OVERRIDES[@]}" ${RIDE_ARGS:-}) >"$log/run.log" 2>&1
+    --dump-root "$G/dump" --run-id "$id" model="$G/assets/model" "${GPU_OVERRIDES[@]}" "${ENGINE_OVERRIDES[@]}" \
+    ${RIDE_ARGS:-}) >"$log/run.log" 2>&1
   rc=$?; echo "RIDE $id rc=$rc wall=$(( $(date +%s) - s ))s" | tee -a "$OUT/stages.txt"
+  # a run killed by timeout skips Ray's exit handlers: its cluster would keep the GPU for the next call
+  case $rc in 124|137) ray stop --force >/dev/null 2>&1 ;; esac
   collect "$id" "$log"
   grep -E "step:[0-9]+ |FAULT|Traceback|Error" "$log/run.log" | cut -c1-300 | tail -14 | tee "$OUT/ride.log"
+  # a failed run's last lines whole (a Megatron ride's first try may stop in a worker)
+  [ "$rc" = 0 ] || tail -60 "$log/run.log" | cut -c1-400 >"$OUT/run-tail.log"
   tail -25 "$log/postprocess.log" | tee -a "$OUT/ride.log"
   exit $rc
 fi
@@ -603,4 +696,4 @@ if [ "$cmd" = fullyasync ]; then
   tail -25 "$log/postprocess.log" | tee -a "$OUT/fullyasync.log"
   exit $rc
 fi
-echo "usage: $0 prepare [STAGE] | pack [STAGE] | stage p1|p2|p3|packed/cN | run [MODE:PHASE ...] | cost | lanes | check | token | setup | ride | fullyasync | weightbench | synccost" >&2; exit 2
+echo "usage: $0 prepare [STAGE] | prepare-megatron [STAGE] | pack [STAGE] | stage p1|p2|p3|packed/cN | run [MODE:PHASE ...] | cost | lanes | check | token | setup | ride | fullyasync | weightbench | synccost" >&2; exit 2

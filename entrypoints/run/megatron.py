@@ -9,14 +9,27 @@ context parallelism split a row's positions across ranks. A Megatron collection 
 recipe's way still works: ``--prompts-only`` and one sample per micro batch, each dumped whole.
 The training hook refuses the same at the first dumped micro batch; refusing here saves the
 cluster start-up and says it before a RayJob is written.
+
+verl's V1 worker (``engine_workers.py`` ``ActorRolloutRefWorker.init_model``, verl 0.8.0 and 0.9.1)
+does not read the engine's own ``use_remove_padding``: it overwrites the actor's (and the
+reference's) with ``actor_rollout_ref.model.use_remove_padding``, which every collection run sets
+to true for FSDP's packed lanes. So a Megatron run that asks for the bshd layout gets
+``actor_rollout_ref.model.use_remove_padding=false`` in that row's place (:func:`required`), or
+verl would run it packed whatever the user said. Megatron is named either way verl selects it:
+``actor_rollout_ref.actor.strategy=megatron`` or ``model_engine=megatron`` (the Hydra group of
+``ppo_trainer.yaml`` that ``ppo_megatron_trainer.yaml`` selects).
 """
 
 from __future__ import annotations
 
-from verl_consistency.entrypoints.run.overrides import RunKind, UserOverride
+from verl_consistency.entrypoints.run.overrides import Override, RunKind, UserOverride
 from verl_consistency.patches.hooks.training.megatron_lanes import MEGATRON
 
 STRATEGY_KEY = "actor_rollout_ref.actor.strategy"
+ENGINE_KEY = "model_engine"
+"""verl's Hydra group that picks the actor's, reference's and critic's configs (``dp`` or ``megatron``)."""
+MODEL_REMOVE_PADDING_KEY = "actor_rollout_ref.model.use_remove_padding"
+"""What verl's V1 worker copies into every engine's ``use_remove_padding`` (the run's required row)."""
 
 REMOVE_PADDING_KEY = f"{MEGATRON}.use_remove_padding"
 """The Megatron engine's layout (verl's ``McoreEngineConfig``; default True, THD)."""
@@ -42,10 +55,35 @@ def _false(value: str | None) -> bool:
     return value is not None and value.strip().lower() == "false"
 
 
+def _megatron(parsed: list[UserOverride]) -> UserOverride | None:
+    """The override that puts the actor on Megatron (its strategy or verl's engine group), if any."""
+    return next(
+        (ov for ov in parsed if ov.key in (STRATEGY_KEY, ENGINE_KEY) and str(ov.value) == "megatron"),
+        None,
+    )
+
+
+def required(rows: list[Override], parsed: list[UserOverride]) -> list[Override]:
+    """The run's required rows, with ``model.use_remove_padding=false`` for a Megatron run in bshd.
+
+    verl's V1 worker overwrites the Megatron engine's ``use_remove_padding`` with the model's, so
+    the user's ``actor.megatron.use_remove_padding=False`` holds only if the model's row agrees."""
+    if _megatron(parsed) is None or not _false(_value(parsed, REMOVE_PADDING_KEY)):
+        return rows
+    why = (
+        f"{REMOVE_PADDING_KEY}=False asks for Megatron's bshd layout, and verl's V1 worker "
+        f"(engine_workers.py) overwrites the engine's use_remove_padding with {MODEL_REMOVE_PADDING_KEY}"
+    )
+    return [
+        row.model_copy(update={"value": False, "why": why}) if row.key == MODEL_REMOVE_PADDING_KEY else row
+        for row in rows
+    ]
+
+
 def refusals(parsed: list[UserOverride], kind: RunKind) -> list[str]:
     """One line per problem of a Megatron collection run; none for FSDP or a token-level run."""
-    strategy = next((ov for ov in parsed if ov.key == STRATEGY_KEY), None)
-    if strategy is None or str(strategy.value) != "megatron" or kind is RunKind.TOKEN_LEVEL:
+    strategy = _megatron(parsed)
+    if strategy is None or kind is RunKind.TOKEN_LEVEL:
         return []
     several = [ov for ov in parsed if ov.key in MICRO_BATCH_KEYS and str(ov.value) != "1"]
     needs_lanes = kind is RunKind.RIDE_ALONG or bool(several)

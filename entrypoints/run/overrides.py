@@ -249,10 +249,15 @@ def find_conflicts(
     run: Mapping[str, str],
     kind: RunKind = _C,
     set_name: str | None = None,
+    required: list[Override] | None = None,
 ) -> list[Conflict]:
-    """Every user override that would spoil the data, each with a message naming it and why."""
+    """Every user override that would spoil the data, each with a message naming it and why.
+
+    ``required``: the run's required rows when the plan has adjusted them (a Megatron run's
+    ``entrypoints.run.megatron.required``); :func:`required_rows` otherwise."""
     conflicts: list[Conflict] = []
-    required = required_rows(mode, phase, kind, set_name)
+    if required is None:
+        required = required_rows(mode, phase, kind, set_name)
     refusals = rows_for(REFUSALS, mode, phase, kind, set_name)
     user = list(user)
     for ov in user:

@@ -326,7 +326,8 @@ def _conflicts(
     set_name: str,
 ) -> list[str]:
     """The user's overrides and environment that would spoil the data, and a bad token threshold."""
-    conflicts: list[Conflict] = table.find_conflicts(parsed, mode, phase, run, kind, set_name)
+    required = megatron.required(table.required_rows(mode, phase, kind, set_name), parsed)
+    conflicts: list[Conflict] = table.find_conflicts(parsed, mode, phase, run, kind, set_name, required)
     # DUMP_PHASE and VERL_CONSISTENCY_CAPTURE are the sources of --phase and --capture: the option wins.
     option_sources = {DUMP_PHASE, env.CAPTURE}
     caller_env = {k: v for k, v in o.environ.items() if k not in option_sources}
@@ -376,7 +377,7 @@ def _compose(mode: Mode, o: PlanOptions, c: _Checked) -> RunPlan:
         for row in table.rows_for(table.DEFAULTS, mode, c.phase.phase, c.kind, c.set_name)
         if not any(_touches(row.key, k) for k in user_keys)
     ]
-    required_rows = table.required_rows(mode, c.phase.phase, c.kind, c.set_name)
+    required_rows = megatron.required(table.required_rows(mode, c.phase.phase, c.kind, c.set_name), c.parsed)
     required_keys = {row.key for row in required_rows}
     required = [table.spell(row, c.run) for row in required_rows]
     # A user override that equals a required one is already in `required`: drop the repeat.

@@ -15,6 +15,7 @@ from verl_consistency.entrypoints.run.bypass import verl_default
 from verl_consistency.entrypoints.run.megatron import (
     CP_KEY,
     MICRO_BATCH_KEYS,
+    MODEL_REMOVE_PADDING_KEY,
     REMOVE_PADDING_KEY,
     SP_KEY,
     TP_KEY,
@@ -563,6 +564,34 @@ def test_megatron_ride_along_plans_in_the_bshd_layout_and_is_refused_packed(
     ):
         ok = _dry_run(tmp_path, mode, f"ok{i}", *given, *args)
         assert ok.exit_code == 0, (args, ok.output)
+
+
+def _plan_overrides(tmp_path: Path, run_id: str, *args: str) -> list[str]:
+    import json
+
+    ok = _dry_run(tmp_path, "hybrid", run_id, "--json", *args)
+    assert ok.exit_code == 0, ok.output
+    return list(json.loads(ok.stdout)["overrides"])
+
+
+@pytest.mark.parametrize("named", ["actor_rollout_ref.actor.strategy=megatron", "model_engine=megatron"])
+def test_megatron_in_bshd_puts_the_models_remove_padding_at_false(tmp_path: Path, named: str) -> None:
+    """verl's V1 worker overwrites the Megatron engine's use_remove_padding with the model's, which
+    every collection run sets to true (FSDP's packed lanes): asked for bshd, the run sets the model's
+    to false in its place, and the user may say so too. Either way of naming Megatron is refused
+    packed (verl's ``model_engine`` group as well as the actor's strategy); FSDP keeps true."""
+    packed = _invoke(tmp_path, "hybrid", named)
+    assert packed.exit_code == 2, packed.output
+    assert f"Pass {REMOVE_PADDING_KEY}=False" in " ".join(packed.output.split())
+    bshd = [named, f"{REMOVE_PADDING_KEY}=False"]
+    for i, extra in enumerate(([], [f"{MODEL_REMOVE_PADDING_KEY}=false"])):
+        overrides = _plan_overrides(tmp_path, f"bshd{i}", *bshd, *extra)
+        assert f"{MODEL_REMOVE_PADDING_KEY}=false" in overrides
+        assert f"{MODEL_REMOVE_PADDING_KEY}=true" not in overrides
+    assert f"{MODEL_REMOVE_PADDING_KEY}=true" in _plan_overrides(tmp_path, "fsdp")
+    fsdp = _invoke(tmp_path, "hybrid", f"{MODEL_REMOVE_PADDING_KEY}=false")
+    assert fsdp.exit_code == 2, fsdp.output
+    assert f"requires {MODEL_REMOVE_PADDING_KEY}=true" in " ".join(fsdp.output.split())
 
 
 @pytest.mark.parametrize(

@@ -11,12 +11,17 @@ actor_rollout_ref.rollout.name``; here that fails in ``make test``.
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from verl_consistency.contracts.env import DumpPhase
 from verl_consistency.entrypoints.cli import app
+from verl_consistency.entrypoints.run.megatron import MICRO_BATCH_KEYS, MODEL_REMOVE_PADDING_KEY
 from verl_consistency.entrypoints.run.overrides import ENV, MODEL_PATH_KEY, Mode
 
 from . import verl_validation
@@ -95,3 +100,49 @@ def test_the_checks_catch_what_stopped_the_h200_run() -> None:
         verl_validation.validate(module, [o for o in overrides if not o.startswith(micro[0] + "=")])
     with pytest.raises(MissingMandatoryValue, match=r"actor_rollout_ref\.rollout\.name"):
         verl_validation.validate(module, [o for o in overrides if not o.startswith(micro[1] + "=")])
+
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "verl_gpu.sh"
+
+
+def script_array(name: str) -> list[str]:
+    """A bash array of ``bench/gpu/verl_gpu.sh`` as bash expands it (its ``${VAR:-default}`` defaults)."""
+    text = SCRIPT.read_text()
+    found = re.search(rf"^{name}=\(.*?\)$", text, re.M | re.S)
+    assert found is not None, f"{SCRIPT}: no {name}=(...)"
+    clean = {k: v for k, v in os.environ.items() if k not in ("GPU_UTIL", "STEPS")}
+    out = subprocess.run(
+        ["bash", "-c", f'{found.group(0)}\nprintf "%s\\n" "${{{name}[@]}}"'],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=clean,
+    )
+    return out.stdout.splitlines()
+
+
+def test_the_gpu_megatron_ride_plans_and_passes_verls_checks() -> None:
+    """Issue 46: ``verl_gpu.sh ride`` with ENGINE=megatron runs ``run hybrid --device cuda`` with the
+    script's GPU_OVERRIDES and MEGATRON_OVERRIDES and the user's micro batch of 8. It plans (no
+    refusal), the run puts the model's ``use_remove_padding`` at false (verl's V1 worker copies it
+    into the Megatron engine), and verl's checks pass on the config: Megatron, bshd, mbridge."""
+    if not supported(Mode.HYBRID.value):
+        pytest.skip("hybrid is not run on this pin set")
+    gpu, megatron = script_array("GPU_OVERRIDES"), script_array("MEGATRON_OVERRIDES")
+    assert "trainer.total_training_steps=8" in gpu
+    assert "model_engine=megatron" in megatron
+    m8 = [f"{k}=8" for k in MICRO_BATCH_KEYS]
+    plan = dry_run_plan(Mode.HYBRID, "--device", "cuda", "--capture", "fraction:1", *gpu, *megatron, *m8)
+    overrides: list[str] = plan["overrides"]  # type: ignore[assignment]
+    assert f"{MODEL_REMOVE_PADDING_KEY}=false" in overrides
+    assert f"{MODEL_REMOVE_PADDING_KEY}=true" not in overrides
+    config = verl_validation.validate(str(plan["module"]), overrides)
+    arr = config.actor_rollout_ref
+    assert arr.actor.strategy == "megatron"
+    assert arr.model.use_remove_padding is False
+    assert arr.actor.megatron.use_remove_padding is False
+    assert arr.actor.megatron.vanilla_mbridge is True
+    assert arr.actor.megatron.tensor_model_parallel_size == 1
+    assert arr.actor.ppo_micro_batch_size_per_gpu == 8
+    assert config.trainer.device == "cuda"
+    assert config.trainer.total_training_steps == 8

@@ -43,17 +43,19 @@ Substitutions, each forced by a missing dependency and named here:
 
 * **Transformer Engine is absent** (no wheel for CPU; none on the GPU machine either). mbridge
   0.15.1 hard-codes ``get_gpt_decoder_block_spec(config, use_transformer_engine=True)``
-  (``mbridge/core/llm_bridge.py`` ``_get_transformer_layer_spec``); the driver swaps that one
-  method for the same call with ``use_transformer_engine=False``: megatron-core's own *local*
-  layer specs (``ColumnParallelLinear``/``RowParallelLinear``/``DotProductAttention``/WrappedTorchNorm).
+  (``mbridge/core/llm_bridge.py`` ``_get_transformer_layer_spec``); the stand-in
+  ``bench/gpu/no_te/megatron_local_spec.py`` (shared with ``verl_gpu.sh ride`` with
+  ``ENGINE=megatron``, which runs verl's whole ``main_ppo``) swaps that one method for the same call
+  with ``use_transformer_engine=False``: megatron-core's own *local* layer specs
+  (``ColumnParallelLinear``/``RowParallelLinear``/``DotProductAttention``/WrappedTorchNorm).
 * megatron-core's local ``DotProductAttention`` refuses packed sequences, so the engine runs with
   ``use_remove_padding=False`` (verl's ``bshd`` data format, a documented engine option); its
-  attention mask is converted to the local module's convention (:func:`megatron_mask`).
+  attention mask is converted to the local module's convention (the stand-in's ``megatron_mask``).
 * flash_attn is absent (its padding helpers are all verl's batch packing uses from it): verl's
   own pure-torch copies are served in their place, as in the FSDP driver (on a GPU without the
   FSDP driver's CPU platform for verl 0.9, whose device calls must reach CUDA).
 * the local spec keeps the RMSNorms as modules (TE fuses them into the next linear), so mbridge's
-  Qwen2 name map gets their two local names (``input_layernorm``, ``pre_mlp_layernorm``).
+  Qwen2 name map gets their two local names (``input_layernorm``, ``pre_mlp_layernorm``; the stand-in).
 * megatron-core's torch RMSNorm refuses sequence parallelism: ``sequence_parallel=False``.
 * verl 0.9.1 only: ``pad_bshd_to_minibatch_max=False`` (:func:`_bshd_padding_overrides`).
 * a tiny word-level tokenizer is written next to the model (verl reads ``pad_token_id`` from it),
@@ -102,6 +104,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # before the verl wheel's own top-level ``tests`` package
 
+from bench.gpu.no_te import megatron_local_spec  # noqa: E402
 from bench.support.fsdp_driver import (  # noqa: E402
     BATCH,
     _rollout_batch,
@@ -173,63 +176,6 @@ def _tiny_qwen2(work: Path) -> Path:
         model_dir
     )
     return model_dir
-
-
-def megatron_mask(valid: Any) -> Any:
-    """verl's bshd ``[b, s]`` True-on-tokens mask -> megatron-core's ``[b, 1, s, s]`` True-masked one."""
-    import torch
-
-    if valid is None or valid.dtype != torch.bool or valid.dim() != 2:
-        return valid
-    s = valid.shape[1]
-    future = torch.triu(torch.ones(s, s, dtype=torch.bool, device=valid.device), diagonal=1)
-    return future[None, None] | ~valid[:, None, None, :]
-
-
-def _local_layer_specs() -> None:
-    """mbridge's layer spec without Transformer Engine: megatron-core's local modules."""
-    import inspect
-
-    from mbridge.core import llm_bridge
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-
-    def local_spec(self: Any, vp_stage: int | None = None) -> Any:
-        assert self.config.normalization == "RMSNorm", "only RMSNorm is supported for now"
-        extra = (
-            {"vp_stage": vp_stage}
-            if "vp_stage" in inspect.signature(get_gpt_decoder_block_spec).parameters
-            else {}
-        )
-        return get_gpt_decoder_block_spec(self.config, use_transformer_engine=False, **extra)
-
-    llm_bridge.LLMBridge._get_transformer_layer_spec = local_spec
-    # verl's bshd path passes a [b, s] mask that is True on real tokens (TE's padding convention);
-    # the local DotProductAttention reads a mask as True = masked out and drops its default causal
-    # mask when given one, so unconverted every score is masked: uniform, non-causal attention
-    # (the first Megatron-vs-vLLM compare found exactly this). Convert it to causal | padding.
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-
-    plain_forward = DotProductAttention.forward
-
-    def forward(
-        self: Any, query: Any, key: Any, value: Any, attention_mask: Any, *args: Any, **kw: Any
-    ) -> Any:
-        return plain_forward(self, query, key, value, megatron_mask(attention_mask), *args, **kw)
-
-    DotProductAttention.forward = forward
-    # The local spec keeps the RMSNorms as modules of their own (TE fuses them into the next
-    # linear as ``layer_norm_weight``), so mbridge's Qwen2 name map needs their two local names.
-    from mbridge.models.qwen2 import Qwen2Bridge
-
-    layer = "model.layers.{layer_number}."
-    Qwen2Bridge._OTHER_MAPPING = {
-        **Qwen2Bridge._OTHER_MAPPING,
-        "input_layernorm.weight": [layer + "input_layernorm.weight"],
-    }
-    Qwen2Bridge._MLP_MAPPING = {
-        **Qwen2Bridge._MLP_MAPPING,
-        "pre_mlp_layernorm.weight": [layer + "post_attention_layernorm.weight"],
-    }
 
 
 def _cpu_stand_ins() -> None:
@@ -450,7 +396,7 @@ def main() -> None:
         _tiny_qwen2(work)
     torch.distributed.barrier()
     model_dir = _tiny_qwen2(work)
-    _local_layer_specs()
+    megatron_local_spec.apply()
     if _device() == "cpu":
         _cpu_stand_ins()
     _serve_pure_torch_attention_helpers(cpu_platform=_device() == "cpu")

@@ -1,4 +1,4 @@
-"""The Megatron driver's attention-mask conversion (tests/patches/megatron_driver.py).
+"""The Transformer Engine stand-in's attention-mask conversion (bench/gpu/no_te/megatron_local_spec.py).
 
 verl's bshd path hands the model a ``[b, s]`` mask that is True on real tokens; megatron-core's
 local attention masks where the mask is True and drops its own causal mask when given one. The
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.patches.megatron_driver import megatron_mask
+from bench.gpu.no_te.megatron_local_spec import megatron_mask
 
 pytestmark = pytest.mark.pinset
 
