@@ -70,7 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--shape", choices=sorted(SHAPES), help="a named model shape instead of the sizes")
     ap.add_argument("--device", default="cpu", help="where the tensors live (cuda: the GPU form)")
+    ap.add_argument(
+        "--alone-mb",
+        type=float,
+        help="sum a piece this large alone instead of grouping it (word_groups.ALONE_BYTES; to compare)",
+    )
     args = ap.parse_args(argv)
+    if args.alone_mb is not None:
+        from verl_consistency.patches.hooks.weights import word_groups
+
+        word_groups.ALONE_BYTES["cpu" if args.device == "cpu" else "accelerator"] = int(args.alone_mb * 2**20)
     sizes = (
         dict(SHAPES[args.shape])
         if args.shape
@@ -132,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     mib = sum(t.numel() * t.element_size() for t in tensors.values()) / 2**20
     gpu = f"{torch.cuda.get_device_name()}, " if args.device.startswith("cuda") else ""
     where = f"{gpu}{hardware()}"
-    print(f"weight check per sync: {len(tensors)} tensors, {mib:.0f} MiB fp32 sent, bf16 held; {where}")
+    alone = f"; pieces summed alone from {args.alone_mb} MiB" if args.alone_mb is not None else ""
+    print(
+        f"weight check per sync: {len(tensors)} tensors, {mib:.0f} MiB fp32 sent, bf16 held{alone}; {where}"
+    )
     print(f"baseline (one copy of each tensor into bf16): {base * 1e3:.1f} ms")
     names = {
         "export": "export print (bf16)",

@@ -73,8 +73,9 @@ def test_not_named_nothing_is_swapped() -> None:
 def test_a_process_that_imported_mbridge_first_is_swapped_at_once() -> None:
     """``install`` in a process where mbridge is already loaded (no import left to hook)."""
     code = (
-        "import sys, mbridge; sys.path.insert(0, sys.argv[1]); import megatron_local_spec as m; m.install(); "
-        "from mbridge.core.llm_bridge import LLMBridge; print(LLMBridge._get_transformer_layer_spec.__module__)"
+        "import sys, mbridge; sys.path.insert(0, sys.argv[1]); import megatron_local_spec as m; "
+        "m.install(); from mbridge.core.llm_bridge import LLMBridge; "
+        "print(LLMBridge._get_transformer_layer_spec.__module__)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, str(NO_TE)],

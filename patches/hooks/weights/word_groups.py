@@ -27,10 +27,17 @@ from verl_consistency.contracts import env
 
 DEFAULT_GROUP_MB = 128
 
-ALONE_BYTES = {"cpu": 64 << 10, "accelerator": 8 << 20}
+ALONE_BYTES = {"cpu": 64 << 10, "accelerator": DEFAULT_GROUP_MB << 20}
 """A piece this large is summed on its own, where it lies; a smaller one is copied into a group.
-On an H100 a kernel launch costs the host ~10 us, the time to copy ~12 MB; on a CPU a reduction
-starts in ~2 us while copying runs at a few GB/s (``bench/bench_weight_check.py``)."""
+
+On a CPU a reduction starts in ~2 us while copying runs at a few GB/s, so only small tensors are
+grouped. On an accelerator the check's cost to a sync is the host's time: the device's share is
+read back off the sync's path (``sync_log.write_later``), and every tensor summed alone costs the
+host ~5 torch calls where a grouped one costs a list append. On an H100 (``bench/results/
+gpu-2026-12-07d/``) the sync's own thread spent 10-17 ms a side on Qwen2-0.5B's 291 tensors with
+8 MiB here, 10.6 % of that run's 0.255 s sync; so every piece up to a whole group is grouped (a
+tensor larger than a group is cut into blocks of rows first), and the extra copies run on the
+device while the host goes on."""
 
 
 def alone_bytes(device: Any) -> int:
