@@ -117,15 +117,16 @@ class Collector:
         rows, step = plan.rows, plan.step
         if rows <= step:  # the common case: one piece, the tensor itself
             self._file(plan.key, x, (index, 0, rows), rows * plan.per_row)
-        else:  # larger than a group: blocks of rows, each a piece of its own
+        else:  # larger than a group: blocks of rows, each summed where it lies (a block kept for a
+            # group would keep the whole tensor alive with it: the trainer's may be freed as it passes)
             for first in range(0, rows, step):
                 n = min(step, rows - first)
                 piece = x.narrow(0, first * plan.scale, n * plan.scale)
-                self._file(plan.key, piece, (index, first, n), n * plan.per_row)
+                self._file(plan.key, piece, (index, first, n), n * plan.per_row, alone=True)
         self.seconds += time.perf_counter() - t0
 
-    def _file(self, key: wg.Key, piece: Any, rows: wg.PieceRows, size: int) -> None:
-        if size >= wg.alone_bytes(key.device):  # large: summed where it lies, now (cheaper than a copy)
+    def _file(self, key: wg.Key, piece: Any, rows: wg.PieceRows, size: int, *, alone: bool = False) -> None:
+        if alone or size >= wg.alone_bytes(key.device):  # summed where it lies, now
             self._sums.append(wg.flush(key, wg.Group([piece], [rows])))
             return
         if self._pending and self._pending + size > self._limit:

@@ -35,9 +35,9 @@ grouped. On an accelerator the check's cost to a sync is the host's time: the de
 read back off the sync's path (``sync_log.write_later``), and every tensor summed alone costs the
 host ~5 torch calls where a grouped one costs a list append. On an H100 (``bench/results/
 gpu-2026-12-07d/``) the sync's own thread spent 10-17 ms a side on Qwen2-0.5B's 291 tensors with
-8 MiB here, 10.6 % of that run's 0.255 s sync; so every piece up to a whole group is grouped (a
-tensor larger than a group is cut into blocks of rows first), and the extra copies run on the
-device while the host goes on."""
+8 MiB here, 10.6 % of that run's 0.255 s sync; so every tensor up to a whole group is grouped
+(one larger is cut into blocks of rows, each summed alone: a block kept for a group would keep the
+whole tensor alive), and the extra copies run on the device while the host goes on."""
 
 
 def alone_bytes(device: Any) -> int:
