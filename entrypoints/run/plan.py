@@ -170,6 +170,8 @@ class _Checked:
     flags: list[str]
     parsed: list[UserOverride]
     run: dict[str, str]
+    required: list[table.Override]
+    """The run's required rows, as the user's overrides adjust them (:func:`.megatron.required`)."""
 
 
 def build_plan(mode: Mode, options: PlanOptions) -> RunPlan:
@@ -215,7 +217,8 @@ def _check(mode: Mode, o: PlanOptions) -> _Checked:
     phase = bypass.choose(o.phase, kind, bypass.in_force(mode, set_name, parsed))
     problems += [phase.problem] if phase.problem else []
     run = _run_values(layout, phase.phase, rule.spec())
-    problems += _conflicts(mode, o, phase.phase, parsed, run, kind, set_name)
+    required = megatron.required(table.required_rows(mode, phase.phase, kind, set_name), parsed)
+    problems += _conflicts(mode, o, phase.phase, parsed, run, kind, set_name, required)
     problems += override_checks.given_twice(parsed) + override_checks.ray_env_not_strings(parsed)
     if problems:
         raise PlanError(problems)
@@ -233,6 +236,7 @@ def _check(mode: Mode, o: PlanOptions) -> _Checked:
         flags=flags,
         parsed=parsed,
         run=run,
+        required=required,
     )
 
 
@@ -324,9 +328,9 @@ def _conflicts(
     run: dict[str, str],
     kind: RunKind,
     set_name: str,
+    required: list[table.Override],
 ) -> list[str]:
     """The user's overrides and environment that would spoil the data, and a bad token threshold."""
-    required = megatron.required(table.required_rows(mode, phase, kind, set_name), parsed)
     conflicts: list[Conflict] = table.find_conflicts(parsed, mode, phase, run, kind, set_name, required)
     # DUMP_PHASE and VERL_CONSISTENCY_CAPTURE are the sources of --phase and --capture: the option wins.
     option_sources = {DUMP_PHASE, env.CAPTURE}
@@ -377,9 +381,8 @@ def _compose(mode: Mode, o: PlanOptions, c: _Checked) -> RunPlan:
         for row in table.rows_for(table.DEFAULTS, mode, c.phase.phase, c.kind, c.set_name)
         if not any(_touches(row.key, k) for k in user_keys)
     ]
-    required_rows = megatron.required(table.required_rows(mode, c.phase.phase, c.kind, c.set_name), c.parsed)
-    required_keys = {row.key for row in required_rows}
-    required = [table.spell(row, c.run) for row in required_rows]
+    required_keys = {row.key for row in c.required}
+    required = [table.spell(row, c.run) for row in c.required]
     # A user override that equals a required one is already in `required`: drop the repeat.
     user_kept = [ov.text for ov in c.parsed if ov.key not in required_keys]
 

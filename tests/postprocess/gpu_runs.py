@@ -9,6 +9,7 @@ fault is judged the same way in every mode (:func:`assert_fault_pairs`).
 from __future__ import annotations
 
 import json
+import math
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,3 +78,12 @@ def assert_fault_pairs(manifest: dict[str, Any], module: str, layer: int) -> Non
         assert c["first_divergence_row"]["layer"] == layer
         assert max(profile[k] for k in before) <= HEALTHY_REL_ERR, "the layers before it agree"
         assert profile[str(layer)] > DIVERGED_REL_ERR
+
+
+def assert_weights_move(steps: list[dict[str, Any]], count: int) -> None:
+    """A ride-along's per-step table (``run.json``'s ``steps``): steps 1..count, each with a finite
+    grad_norm above 0."""
+    assert [s["step"] for s in steps] == list(range(1, count + 1))
+    for s in steps:
+        assert math.isfinite(s["grad_norm"])
+        assert s["grad_norm"] > 0, "the weights move at every step"

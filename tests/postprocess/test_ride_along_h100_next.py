@@ -34,14 +34,20 @@ it. When the statistics thresholds change, the verdicts below change with them.
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.postprocess.gpu_runs import FIXTURES, Repaired, assert_fault_pairs, repair, unpack
+from tests.postprocess.gpu_runs import (
+    FIXTURES,
+    Repaired,
+    assert_fault_pairs,
+    assert_weights_move,
+    repair,
+    unpack,
+)
 from verl_consistency.postprocess.compare.verdict import DIVERGED_REL_ERR, HEALTHY_REL_ERR
 
 pytestmark = pytest.mark.msprobe
@@ -99,11 +105,8 @@ def test_fixtures_are_ride_along_runs_of_verls_own_driver(run_id: str, tmp_path:
     assert (run["installed"]["verl"], run["installed"]["vllm"]) == ("0.9.1", "0.23.0")
     assert "--ride-along" in run["invocation"]
     assert set(M8) <= set(run["invocation"]), "the user's micro batch of 8 on both sides"
-    steps = run["steps"]
-    assert [s["step"] for s in steps] == list(range(1, STEPS[run_id] + 1))
-    for s in steps:
-        assert math.isfinite(s["grad_norm"])
-        assert s["grad_norm"] > 0, "the weights move at every step"
+    assert_weights_move(run["steps"], STEPS[run_id])
+    for s in run["steps"]:
         assert s["not_finite"] == []
 
 

@@ -154,7 +154,7 @@ class Collector:
     def launch(self) -> Pending:
         """Sum every group and launch the final sums, without waiting for them: the prints are read
         by :meth:`Pending.read`, which a caller on a weight sync's path leaves to another thread
-        (``sync_log.later``), so the sync does not wait for the device. Empties the collector."""
+        (``sync_log.write_later``), so the sync does not wait for the device. Empties the collector."""
         self.flush()
         t0 = time.perf_counter()
         by_device: dict[Any, list[wg.Sums]] = {}

@@ -6,8 +6,8 @@ on when ``$VERL_CONSISTENCY_RUN_DIR`` names a run folder (every ``verl-consisten
 closes its file: a killed process loses nothing it wrote before.
 
 A record is written once its prints are read back from the device, and that read waits for the
-device: on a weight sync's path it would hold the sync for the device's share of the check (about
-half of it on an H100, ``bench/bench_weight_check.py``'s "host until filed"). So the sync only
+device: on a weight sync's path it would hold the sync for the device's share of the check (on
+an H100, 2.6-3.4 ms of a side's 13-20 ms: ``bench/results/gpu-2026-12-07d/``, ``read_s``). So the sync only
 launches the sums and hands the read and the write to one writer thread per process
 (:func:`write_later`), in order; the sync goes on while the device finishes.
 """
