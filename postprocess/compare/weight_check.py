@@ -139,7 +139,7 @@ def _last_load(
     return None
 
 
-def not_comparable(sent: TensorPrint, held_rec: WeightSyncRecord, name: str) -> str | None:
+def _not_comparable(sent: TensorPrint, held_rec: WeightSyncRecord, name: str) -> str | None:
     """Why vLLM's print of ``name`` cannot be compared with the trainer's, or None. Without arrival
     prints the two must be of the same dtype: the trainer prints in verl's ``rollout.dtype``, and a
     parameter vLLM keeps in another dtype (or a trainer that printed as sent) has nothing to meet."""
@@ -216,7 +216,7 @@ def _check_version(
     row = VersionCheck(version, exported=len(export.tensors), workers=sorted(h.pid for h, _ in held))
     for h, history in sorted(held, key=lambda x: x[0].pid):
         for name, sent in export.tensors.items():
-            reason = h.unmapped.get(name) or not_comparable(sent, h, name)
+            reason = h.unmapped.get(name) or _not_comparable(sent, h, name)
             if reason is not None:
                 row.not_checked[name] = reason
                 continue
