@@ -62,18 +62,35 @@ def _segment_sums(flat: Any, lengths: list[int], weights: str, offsets: list[int
 
     device = flat.device
     n = flat.numel()
-    lens = torch.tensor(lengths, dtype=torch.int64, device=device)
+    lens = _ints_on(lengths, device)
     starts = torch.cumsum(lens, 0) - lens
     if weights != "none":
-        first = (
-            -starts if offsets is None else torch.tensor(offsets, dtype=torch.int64, device=device) - starts
-        )
+        first = -starts if offsets is None else _ints_on(offsets, device) - starts
         pos = torch.arange(n, dtype=torch.int64, device=device) + torch.repeat_interleave(
             first, lens, output_size=n
         )
         flat = flat * (pos % _PRIME + 1 if weights == "rows" else 2 * pos + 1)
     running = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), flat.cumsum(0)])
     return running[starts + lens] - running[starts]
+
+
+def _ints_on(values: list[int], device: Any) -> Any:
+    """``values`` as int64 on ``device``, copied without waiting. ``torch.tensor(values,
+    device=cuda)`` copies from pageable memory, and torch synchronises the stream after such a copy:
+    the sync's own thread would wait there for every kernel queued before it, the sync's and the
+    check's own, which :meth:`Collector.launch` exists to leave to the writer thread. From pinned
+    memory the copy is queued like a kernel (torch's host allocator keeps the pinned block until the
+    copy has run)."""
+    import torch
+
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cpu":
+        return host
+    try:
+        host = host.pin_memory()
+    except RuntimeError:  # no pinned memory on this accelerator: the waiting copy
+        return host.to(device)
+    return host.to(device, non_blocking=True)
 
 
 def _signed(v: int, bits: int) -> int:
