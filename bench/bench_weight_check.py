@@ -15,6 +15,7 @@ the GPU form is ``bench/gpu/verl_gpu.sh synccost``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import time
 from collections.abc import Callable
@@ -29,11 +30,47 @@ SHAPES = {"0.5b": {"layers": 24, "hidden": 896, "vocab": 151936, "intermediate":
 """``--shape``: Qwen2-0.5B's (the GPU runs' model: ``verl_gpu.sh synccost``'s SYNC_MODEL=0.5b)."""
 
 
-def _model_tensors(
+def _qwen2_shapes(
     layers: int, hidden: int, vocab: int, intermediate: int | None = None, kv_heads: int | None = None
+) -> dict[str, tuple[int, ...]]:
+    """Qwen2's ``state_dict`` names and shapes (tied ``lm_head`` included, as torch lists it), for a
+    machine without transformers: the device's bare image, where this bench runs in one call
+    before anything is staged. Equal to the model's own (``tests/bench/test_bench_weight_check.py``)."""
+    inter, kv = intermediate or hidden * 3, (kv_heads or max(hidden // 256, 1)) * 64
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
+    for i in range(layers):
+        at = f"model.layers.{i}."
+        shapes |= {
+            f"{at}self_attn.q_proj.weight": (hidden, hidden),
+            f"{at}self_attn.q_proj.bias": (hidden,),
+            f"{at}self_attn.k_proj.weight": (kv, hidden),
+            f"{at}self_attn.k_proj.bias": (kv,),
+            f"{at}self_attn.v_proj.weight": (kv, hidden),
+            f"{at}self_attn.v_proj.bias": (kv,),
+            f"{at}self_attn.o_proj.weight": (hidden, hidden),
+            f"{at}mlp.gate_proj.weight": (inter, hidden),
+            f"{at}mlp.up_proj.weight": (inter, hidden),
+            f"{at}mlp.down_proj.weight": (hidden, inter),
+            f"{at}input_layernorm.weight": (hidden,),
+            f"{at}post_attention_layernorm.weight": (hidden,),
+        }
+    return shapes | {"model.norm.weight": (hidden,), "lm_head.weight": (vocab, hidden)}
+
+
+def _model_tensors(
+    layers: int,
+    hidden: int,
+    vocab: int,
+    intermediate: int | None = None,
+    kv_heads: int | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     import torch
 
+    if importlib.util.find_spec("transformers") is None:  # random tensors of the same names and shapes,
+        torch.manual_seed(0)  # made where they are used (2.4 GB on a host CPU: seconds a run)
+        shapes = _qwen2_shapes(layers, hidden, vocab, intermediate, kv_heads)
+        return {n: torch.randn(s, device=device) for n, s in shapes.items()}
     from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2, tiny_qwen2_config
 
     config = tiny_qwen2_config(
@@ -75,7 +112,20 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="sum a piece this large alone instead of grouping it (word_groups.ALONE_BYTES; to compare)",
     )
+    ap.add_argument(
+        "--waiting-copies",
+        action="store_true",
+        help="copy the segment sums' lengths to the device as before 60a8768 (a pageable copy, which "
+        "synchronises the stream), to compare",
+    )
     args = ap.parse_args(argv)
+    if args.waiting_copies:
+        from verl_consistency.patches.hooks.weights import fingerprint
+
+        def waiting(values: list[int], device: Any) -> Any:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        fingerprint._ints_on = waiting
     if args.alone_mb is not None:
         from verl_consistency.patches.hooks.weights import word_groups
 
@@ -85,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.shape
         else {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab}
     )
-    tensors = {n: t.to(args.device) for n, t in _model_tensors(**sizes).items()}
+    tensors = {n: t.to(args.device) for n, t in _model_tensors(**sizes, device=args.device).items()}
     held = {n: torch.empty_like(t, dtype=torch.bfloat16) for n, t in tensors.items()}
 
     def sync() -> None:
@@ -142,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = f"{torch.cuda.get_device_name()}, " if args.device.startswith("cuda") else ""
     where = f"{gpu}{hardware()}"
     alone = f"; pieces summed alone from {args.alone_mb} MiB" if args.alone_mb is not None else ""
+    alone += "; lengths copied by a waiting copy" if args.waiting_copies else ""
     print(
         f"weight check per sync: {len(tensors)} tensors, {mib:.0f} MiB fp32 sent, bf16 held{alone}; {where}"
     )
