@@ -54,8 +54,8 @@
 #
 # Since the H200 fixtures (~25 MB) travel with every call, p1/p2 (60 MB each) no longer fit a call's
 # 64 MiB: `bash bench/gpu/verl_gpu.sh pack` (here, after `prepare`) cuts SHA256 + p1..p3 into chunks of
-# 33 MB, .gpu-stage/packed/c0..c4, and the calls become (install() joins the chunks):
-#   run(carry=[S/packed/cN]):     bash bench/gpu/verl_gpu.sh stage packed/cN      (N = 0..4, back to back)
+# 30 MB, .gpu-stage/packed/c0..c5, and the calls become (install() joins the chunks):
+#   run(carry=[S/packed/cN]):     bash bench/gpu/verl_gpu.sh stage packed/cN      (each chunk, back to back)
 #   run():                        bash bench/gpu/verl_gpu.sh check               (issue 22, ~5 min)
 #   run():                        bash bench/gpu/verl_gpu.sh cost                (issue 21, ~6 min)
 #   run():                        bash bench/gpu/verl_gpu.sh lanes               (issue 32, ~2 min)
@@ -88,10 +88,10 @@
 # = 1, mbridge, bshd, the Transformer Engine stand-in bench/gpu/no_te/megatron_local_spec.py in verl's Megatron
 # worker through VERL_USE_EXTERNAL_MODULES; megatron-core 0.16.1 and mbridge 0.15.1 from p4). Here first:
 #   bash bench/gpu/verl_gpu.sh prepare-megatron && bash bench/gpu/verl_gpu.sh pack
-# (p4 is 2.7 MB: c0..c3 stay the same bytes, c4 grows from 23.9 to ~26.6 MB; every call carries ~31 MB of
-# tracked files besides, so c0..c3 at 34.6 MB leave ~1.8 MB of the 64 MiB: a fixture committed before the
-# session needs CHUNK_MB=30). Then, on one warm machine, back to back:
-#   run(carry=[S/packed/cN]):  bash bench/gpu/verl_gpu.sh stage packed/cN                  (N = 0..4, ~2 min held)
+# (p4 is 2.7 MB: the chunks are c0..c5 of 30 MB. The device tool counts a call's files as the disk holds
+# them: ~33 MB of tracked files, so the earlier 33 MB chunks, 34.6 MB each, were refused on 2026-12-07 as
+# "larger than 64 MiB"). Then, on one warm machine, back to back:
+#   run(carry=[S/packed/cN]):  bash bench/gpu/verl_gpu.sh stage packed/cN                  (N = 0..5, ~2 min held)
 #   run():  bash bench/gpu/verl_gpu.sh setup                                               (~1.5 min)
 #   run():  ENGINE=megatron RIDE_ID=h100-next-megatron-ride TRIM_PAIRS=24 TRIM_MIB=12 RIDE_ARGS="$M8" \
 #             bash bench/gpu/verl_gpu.sh ride                                              (8 steps, 128 requests)
@@ -204,7 +204,7 @@ G=/tmp/vgpu
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 if [ "$cmd" = pack ]; then
-  # Here, after `prepare`: the stage's parts as one tar cut into chunks of CHUNK_MB (default 33)
+  # Here, after `prepare`: the stage's parts as one tar cut into chunks of CHUNK_MB (default 30)
   # under STAGE/packed/c0, c1, ... A device call carries the checkout's tracked files too (~25 MB
   # since the H200 fixtures) and at most 64 MiB in all, so p1/p2 (60 MB each) no longer fit a call.
   set -euo pipefail
@@ -212,7 +212,7 @@ if [ "$cmd" = pack ]; then
   rm -rf "$STAGE/packed" && mkdir -p "$STAGE/packed"
   # p4 (prepare-megatron), when there, goes last: the chunks before the last are the same bytes as without it
   parts=(SHA256 p1 p2 p3); [ -d "$STAGE/p4" ] && parts+=(p4)
-  (cd "$STAGE" && tar -cf - "${parts[@]}") | split -b "${CHUNK_MB:-33}m" -d -a 1 - "$STAGE/packed/stage.tar.part-"
+  (cd "$STAGE" && tar -cf - "${parts[@]}") | split -b "${CHUNK_MB:-30}m" -d -a 1 - "$STAGE/packed/stage.tar.part-"
   for f in "$STAGE"/packed/stage.tar.part-*; do d=$STAGE/packed/c${f##*-}; mkdir -p "$d" && mv "$f" "$d/"; done
   du -sh "$STAGE"/packed/*
   exit 0
