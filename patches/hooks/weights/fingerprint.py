@@ -80,7 +80,9 @@ def _ints_on(values: list[int], device: Any) -> Any:
     the sync's own thread would wait there for every kernel queued before it, the sync's and the
     check's own, which :meth:`Collector.launch` exists to leave to the writer thread. From pinned
     memory the copy is queued like a kernel (torch's host allocator keeps the pinned block until the
-    copy has run)."""
+    copy has run). The bench on an H100 showed no difference (``bench/results/gpu-2026-12-07e/``:
+    there the device had finished before the host asked); a sync whose own copies are still queued
+    is the case this is for."""
     import torch
 
     host = torch.tensor(values, dtype=torch.int64)

@@ -37,7 +37,9 @@ host ~5 torch calls where a grouped one costs a list append. On an H100 (``bench
 gpu-2026-12-07d/``) the sync's own thread spent 10-17 ms a side on Qwen2-0.5B's 291 tensors with
 8 MiB here, 10.6 % of that run's 0.255 s sync; so every tensor up to a whole group is grouped
 (one larger is cut into blocks of rows, each summed alone: a block kept for a group would keep the
-whole tensor alive), and the extra copies run on the device while the host goes on."""
+whole tensor alive), and the extra copies run on the device while the host goes on. On the same
+shape the bench's share of the sync's thread went from ~21.9 to ~12.6 ms a sync
+(``bench/results/gpu-2026-12-07e/``)."""
 
 
 def alone_bytes(device: Any) -> int:
