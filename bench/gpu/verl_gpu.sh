@@ -205,8 +205,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 
 if [ "$cmd" = pack ]; then
   # Here, after `prepare`: the stage's parts as one tar cut into chunks of CHUNK_MB (default 30)
-  # under STAGE/packed/c0, c1, ... A device call carries the checkout's tracked files too (~25 MB
-  # since the H200 fixtures) and at most 64 MiB in all, so p1/p2 (60 MB each) no longer fit a call.
+  # under STAGE/packed/c0, c1, ... A device call carries the checkout's tracked files too (~33 MB as
+  # the device tool counts them, on disk) and at most 64 MiB in all, so p1/p2 (60 MB each) no longer fit a call.
   set -euo pipefail
   STAGE=$(readlink -f "${1:-$HERE/../../.gpu-stage}")
   rm -rf "$STAGE/packed" && mkdir -p "$STAGE/packed"
