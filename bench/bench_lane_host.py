@@ -21,11 +21,18 @@ as the training side's ``BatchDumper`` holds it (``patches/hooks/training/gc_pau
 its one young collection after the step counts with the collections; ``--keep-gc`` leaves the
 collector on (the step as before issue 43).
 
+A dumped step's lane files are rendered and written by the lane writer's helper process, as the
+training side's ``BatchDumper`` does for FSDP (``patches/hooks/lanes/lane_writer.py``, issue 43): the
+helper writes while the next (undumped) step runs, and is drained after that step, outside its
+timing; what the drain still waited for is added to the dumped step (``dumped+wait``), and the
+helper's own CPU time is printed. ``--inline-write`` writes in the bench's process (before issue 43's
+helper).
+
 ``--msprobe-hooks`` puts msprobe's own module hooks back in the dumped steps (``lean_hooks.disengage``
 after the step's start): the lanes' step before issue 43's lean hook pair, in the same checkout.
 
 Run: ``OMP_NUM_THREADS=1 python -m bench.bench_lane_host [--lanes 8] [--reps 7] [--profile F] [--keep-gc]
-[--msprobe-hooks]``.
+[--msprobe-hooks] [--inline-write]``.
 To compare two checkouts, run it in each, alternately, in one session.
 """
 
@@ -65,6 +72,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="msprobe's own module hooks in the dumped steps, not the lean pair (lean_hooks.py)",
     )
+    ap.add_argument(
+        "--inline-write",
+        action="store_true",
+        help="write the lanes' files in this process, not the lane writer's helper (lane_writer.py)",
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -72,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from bench.support.vllm_qwen2 import forward_step
     from verl_consistency.patches.hooks.lanes import lean_hooks, msprobe_lanes
+    from verl_consistency.patches.hooks.lanes.lane_writer import LaneWriter
     from verl_consistency.patches.hooks.rollout.request_scope import start_lanes
     from verl_consistency.patches.hooks.training import gc_pause
 
@@ -88,6 +101,18 @@ def main(argv: list[str] | None = None) -> None:
     cpus: dict[str, list[float]] = {"off": [], "off-after": [], "dumped": []}
     debugger: Any = None
     pause, resume = (_nothing, _nothing) if args.keep_gc else (gc_pause.pause, gc_pause.resume)
+    helper = None if args.inline_write else LaneWriter()
+    waits: list[float] = []
+
+    def drain_and_clean() -> None:
+        """Outside the timing: what the helper still writes of the last dumped step (its wait
+        kept in ``waits``), then the step folders removed."""
+        if helper is not None:
+            begin = time.perf_counter()
+            helper.drain()
+            waits.append(time.perf_counter() - begin)
+        for folder in (work / "dump").glob("step*"):
+            shutil.rmtree(folder)
 
     def step(label: str, prof: cProfile.Profile | None = None) -> None:
         dump = label == "dumped"
@@ -99,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
             # the collector off, as the training side's BatchDumper.start does (gc_pause.py)
             pause(debugger.service.hook_manager)
             start_lanes(debugger, model, lanes)
+            debugger.service.data_collector.writer = helper  # as BatchDumper sets it for FSDP
             if args.msprobe_hooks:
                 lean_hooks.disengage(debugger.service)
         with torch.no_grad():
@@ -112,8 +138,8 @@ def main(argv: list[str] | None = None) -> None:
         clock.on = False
         walls[label].append(time.perf_counter() - wall)
         cpus[label].append(time.process_time() - cpu)
-        for folder in (work / "dump").glob("step*"):  # outside the timing
-            shutil.rmtree(folder)
+        if not dump:  # the helper wrote the last dumped step while this one ran
+            drain_and_clean()
 
     for _ in range(3):
         step("off")
@@ -129,23 +155,34 @@ def main(argv: list[str] | None = None) -> None:
         dist.init_process_group("gloo", init_method=f"file://{work}/dist-store", rank=0, world_size=1)
     debugger = PrecisionDebugger(config_path=str(work / "msprobe.json"))
     start_lanes(debugger, model, lanes)  # warm-up, and the module calls a step makes
+    debugger.service.data_collector.writer = helper
     if args.msprobe_hooks:
         lean_hooks.disengage(debugger.service)
     with torch.no_grad():
         forward_step(model, ids, positions, lens)
     debugger.stop()
     debugger.step()
+    if helper is not None:
+        helper.drain()
     (first,) = (work / "dump").glob("step*/*/req0/dump.json")
     calls = sum(1 for name in json.loads(first.read_text())["data"] if name.startswith("Module."))
     shutil.rmtree(work / "dump")
     step("dumped")
+    drain_and_clean()
     prof = cProfile.Profile() if args.profile else None
     walls["dumped"].clear()
     cpus["dumped"].clear()
+    waits.clear()
     clock.reset()
+    helper_cpu = _cpu_seconds(helper)
     for _ in range(args.reps):
         step("dumped", prof)
         step("off-after")
+    if helper is not None:
+        helper_cpu = _cpu_seconds(helper) - helper_cpu
+        helper.close()
+        walls["dumped+wait"] = [w + d for w, d in zip(walls["dumped"], waits, strict=True)]
+        cpus["helper"] = [helper_cpu / args.reps]
     dist.destroy_process_group()
     shutil.rmtree(work, ignore_errors=True)
     _report(args, calls, sum(lens), walls, cpus, clock)
@@ -158,6 +195,20 @@ def main(argv: list[str] | None = None) -> None:
 
 def _nothing(*_args: Any) -> None:
     return None
+
+
+def _cpu_seconds(helper: Any) -> float:
+    """The lane writer helper's CPU seconds so far (Linux ``/proc``; 0 without a helper or ``/proc``)."""
+    proc = getattr(helper, "_proc", None)
+    if proc is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    import os
+
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _report(
@@ -182,11 +233,20 @@ def _report(
     )
     for label in ("off", "off-after", "dumped"):
         print(f"  {label:<10} wall {wall[label] * 1e3:7.1f} ms   cpu {cpu[label] * 1e3:7.1f} ms")
-    per_wall = (wall["dumped"] - wall["off-after"]) / calls * 1e6
+    writes = "in this process (--inline-write)" if args.inline_write else "by the lane writer's helper"
+    dumped = "dumped"
+    if "dumped+wait" in wall:
+        dumped = "dumped+wait"
+        print(
+            f"  dumped+wait wall {wall[dumped] * 1e3:6.1f} ms   (the helper's wait after the next step "
+            f"added; its own cpu {cpu['helper'] * 1e3:.1f} ms a dumped step, on another core)"
+        )
+    print(f"lane files written {writes}")
+    per_wall = (wall[dumped] - wall["off-after"]) / calls * 1e6
     per_cpu = (cpu["dumped"] - cpu["off-after"]) / calls * 1e6
-    print(f"host per module call: wall {per_wall:.0f} us, cpu {per_cpu:.0f} us (dumped - off-after)")
+    print(f"host per module call: wall {per_wall:.0f} us, cpu {per_cpu:.0f} us ({dumped} - off-after)")
     print(
-        f"ratio lane-host dumped/off-after: {wall['dumped'] / wall['off-after']:.2f} wall, "
+        f"ratio lane-host {dumped}/off-after: {wall[dumped] / wall['off-after']:.2f} wall, "
         f"{cpu['dumped'] / cpu['off-after']:.2f} cpu ({args.lanes} lanes, {calls} module calls; cpu)"
     )
     gc_ms = [round(s / args.reps * 1e3, 1) for s in clock.gc_seconds]

@@ -49,6 +49,12 @@ KEEP_VERSIONS = "VERL_CONSISTENCY_KEEP_VERSIONS"
 runs the weights its rollout used (``patches.hooks.older_weights``; default 8, verl's
 ``max_off_policy_threshold``; 0: every request is dumped at the trainer's own weights)."""
 
+LANE_WRITE = "VERL_CONSISTENCY_LANE_WRITE"
+"""Where a dumped FSDP micro batch's lane files are rendered and written: ``helper`` (default) in a
+helper process while training goes on, drained at the end of each engine call
+(``patches.hooks.lanes.lane_writer``, issue 43); ``inline``: in the training process, before the
+next micro batch starts."""
+
 WEIGHT_CHECK = "VERL_CONSISTENCY_WEIGHT_CHECK"
 """``0`` turns the per-tensor weight check off (``patches/hooks/training/weight_export.py``,
 ``rollout/weight_held.py``); it is on in every run folder otherwise: a fingerprint of each tensor at

@@ -17,7 +17,11 @@ for all lanes), so that step ``2i`` and step ``2i + 1`` must hold the same lanes
   mask, ``PackedLayout(..., thd=False)`` (row on dim 0, positions on dim 1);
 * ``thd-prompt-rows``, ``padded-prompt-rows``: both training layouts over prompt + response rows
   (ride-along), each lane cut to its request's prompt rows (``PackedLayout(..., prompts=...)``);
-* ``empty``: lanes started and stopped with no forward between (only msprobe's initial files).
+* ``empty``: lanes started and stopped with no forward between (only msprobe's initial files);
+  ``empty-training`` the same in the training hook's order.
+
+Each training-hook case runs a third time, one pass with its lanes' files written by the helper
+process (``lane_writer.LaneWriter``, as ``BatchDumper`` sets it for FSDP): ``helper_step``.
 
 ``OUT/result.json`` lists each case's two steps, the front msprobe held during each, and the lanes.
 """
@@ -37,6 +41,7 @@ from bench.support.vllm_qwen2 import Qwen2ForCausalLM, run_step
 from tests.selective.scenario import LENGTHS, PACKING, SCHEDULER_DICT, scoped_debugger, tiny_config
 from verl_consistency.entrypoints.engines.tiny_model import tiny_qwen2
 from verl_consistency.patches.hooks.lanes import msprobe_lanes
+from verl_consistency.patches.hooks.lanes.lane_writer import LaneWriter
 from verl_consistency.patches.hooks.rollout.request_scope import start_lanes
 from verl_consistency.patches.hooks.training.micro_batch_dump import PackedLayout
 
@@ -69,23 +74,40 @@ def main(out: Path) -> None:
     batch = [prompts[r] for r in PACKING]
     cases: list[dict[str, Any]] = []
 
+    helper = LaneWriter()
+
     def twice(name: str, model: Any, lanes: list[msprobe_lanes.Lane], forward: Callable[[], Any]) -> None:
-        steps, fronts = [], []
-        for path in PATHS:
-            msprobe_lanes.DEFAULT_PATH = path  # type: ignore[assignment]
+        steps, fronts, written = [], [], None
+        # a training-hook case runs a third time, one pass with the files written by the helper
+        for path in (*PATHS, "helper") if model is hf else PATHS:
+            msprobe_lanes.DEFAULT_PATH = "auto" if path == "helper" else path  # type: ignore[assignment]
             if model is hf:  # the training hook's order: install, then start(model=...)
-                msprobe_lanes.install(debugger.service, lanes)
+                front = msprobe_lanes.install(debugger.service, lanes)
+                if path == "helper":
+                    assert isinstance(front, msprobe_lanes.LaneStats)
+                    front.writer = helper  # as micro_batch_dump.BatchDumper sets it for FSDP
                 debugger.start(model=model)
             else:  # the dispatch hook's: request_scope.start_lanes
                 start_lanes(debugger, model, lanes)
-            fronts.append(type(debugger.service.data_collector).__name__)
-            steps.append(int(debugger.service.current_iter))
+            step = int(debugger.service.current_iter)
             with torch.no_grad():
                 forward()
             debugger.stop()
             debugger.step()
+            if path == "helper":
+                written = step
+                helper.drain()
+            else:
+                fronts.append(type(debugger.service.data_collector).__name__)
+                steps.append(step)
         cases.append(
-            {"case": name, "steps": steps, "fronts": fronts, "lanes": [lane.request_id for lane in lanes]}
+            {
+                "case": name,
+                "steps": steps,
+                "helper_step": written,
+                "fronts": fronts,
+                "lanes": [lane.request_id for lane in lanes],
+            }
         )
 
     vllm_lanes = msprobe_lanes.packed_lanes(SCHEDULER_DICT, PACKING, PACKING, request_rows=True)
@@ -109,6 +131,8 @@ def main(out: Path) -> None:
     twice("thd-prompt-rows", hf, thd_rows, lambda: hf(**_packed_training_batch(rows)))
     twice("padded-prompt-rows", hf, padded_rows, lambda: hf(**_padded_training_batch(rows)))
     twice("empty", stand_in, vllm_lanes, lambda: None)
+    twice("empty-training", hf, thd, lambda: None)
+    helper.close()
     (out / "result.json").write_text(json.dumps({"cases": cases, "pid": os.getpid()}))
 
 

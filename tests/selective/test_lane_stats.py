@@ -93,7 +93,7 @@ def _record_differences(got: dict[str, Any], want: dict[str, Any], where: str) -
 
 def test_each_case_ran_both_paths(run: tuple[Path, dict[str, dict[str, Any]]]) -> None:
     _, cases = run
-    assert sorted(cases) == sorted([*CASES, "empty"])
+    assert sorted(cases) == sorted([*CASES, "empty", "empty-training"])
     for case in cases.values():
         assert case["fronts"] == ["LaneFanout", "LaneStats"], case
 
@@ -144,6 +144,26 @@ def test_a_step_without_module_calls_leaves_msprobes_initial_files(
             want = _lane_file(out, reference_step, lane, name).read_text()
             assert _lane_file(out, one_pass_step, lane, name).read_text() == want, name
         assert json.loads(_lane_file(out, one_pass_step, lane).read_text())["data"] == {}
+
+
+TRAINING_CASES = ("thd", "padded", "thd-prompt-rows", "padded-prompt-rows", "empty-training")
+
+
+@pytest.mark.parametrize("case", TRAINING_CASES)
+def test_the_helper_process_writes_each_lane_byte_for_byte_as_in_line(
+    run: tuple[Path, dict[str, dict[str, Any]]], case: str
+) -> None:
+    """The training side hands a step's lane files to a helper process (``lane_writer``, issue 43):
+    once drained, every lane's three files are the in-line one pass's, byte for byte."""
+    out, cases = run
+    _, one_pass_step = cases[case]["steps"]
+    helper_step = cases[case]["helper_step"]
+    assert helper_step is not None
+    assert helper_step != one_pass_step
+    for lane in range(len(cases[case]["lanes"])):
+        for name in ("dump.json", "construct.json", "stack.json"):
+            want = _lane_file(out, one_pass_step, lane, name).read_bytes()
+            assert _lane_file(out, helper_step, lane, name).read_bytes() == want, (case, lane, name)
 
 
 @pytest.mark.parametrize("case", ["thd-prompt-rows", "padded-prompt-rows"])

@@ -41,8 +41,9 @@ from typing import TYPE_CHECKING, Any
 
 from verl_consistency.contracts.records import lane_folder
 from verl_consistency.patches.hooks.lanes.call_stack import remembering
-from verl_consistency.patches.hooks.lanes.lane_json import LANE_RECORD, StepTemplate, save_text, stack_text
+from verl_consistency.patches.hooks.lanes.lane_json import LANE_RECORD, StepTemplate, save_text
 from verl_consistency.patches.hooks.lanes.lane_stats import LaneStatQueue
+from verl_consistency.patches.hooks.lanes.lane_writer import LaneFiles, LaneWriter, write_files
 from verl_consistency.patches.hooks.lanes.msprobe_shortcuts import (
     PlainTensors,
     dtype_kind,
@@ -118,6 +119,9 @@ class LaneStats:
         self._plain: PlainTensors | None = None
         self._tensor_type = "torch.Tensor"  # msprobe's Const.TENSOR_TYPE, read in aim()
         self.lean_hooks: Any = None  # lean_hooks.LeanHooks, set by msprobe_lanes.install
+        self.writer: LaneWriter | None = None
+        """Writes the lanes' files in a helper process (the training side sets it after each
+        ``msprobe_lanes.install``, which clears it); None: :meth:`write_json` writes them itself."""
 
     # -- set-up --------------------------------------------------------------------------------
     def aim(self, config: Any, lanes: Sequence[Lane]) -> None:
@@ -270,30 +274,34 @@ class LaneStats:
         same for every lane, encoded once; each into the lane's folder (its msprobe ``DataWriter``'s
         paths), as msprobe's ``DataWriter.write_json`` writes them. Like it, nothing is written
         again when nothing changed since the last write (msprobe writes at ``stop()`` and again at
-        ``step()``)."""
+        ``step()``).
+
+        With a :attr:`writer` (the training side sets one: ``lane_writer.LaneWriter``) the files are
+        rendered and written by its helper process, after this returns; its owner drains it before
+        anything reads them. Without one they are written here."""
         template = self.collector.data_writer
         if not template.data_updated:
             return
         template.data_updated = False
         entries = self.queue.materialise()
-        shapes = [entry.shapes for entry in entries]
-        values = [entry.values or [[None] * 4] * len(self.lanes) for entry in entries]
-        step = self._template(template.cache_data) if template.cache_data else None
         extra = getattr(self.collector.config, "extra_info", True)
-        stack = stack_text(template.cache_stack) if extra and template.cache_stack else None
-        construct = None
-        if extra and template.cache_construct:
-            construct = json.dumps(template.cache_construct, indent=1)
-        shared = [entry.shared for entry in entries]
-        lanes = range(len(self.active))
-        texts = step.render_lanes(shapes, values, lanes, shared) if step is not None else None
-        for writer in self.active:
-            if texts is not None:
-                save_text(writer.dump_file_path, next(texts))
-            if stack is not None:
-                save_text(writer.stack_file_path, stack)
-            if construct is not None:
-                save_text(writer.construct_file_path, construct)
+        active = self.active
+        files = LaneFiles(
+            template=self._template(template.cache_data) if template.cache_data else None,
+            shapes=[entry.shapes for entry in entries],
+            values=[entry.values or [[None] * 4] * len(self.lanes) for entry in entries],
+            shared=[entry.shared for entry in entries],
+            dump_paths=[writer.dump_file_path for writer in active],
+            stack_paths=[writer.stack_file_path for writer in active],
+            construct_paths=[writer.construct_file_path for writer in active],
+            stack=dict(template.cache_stack) if extra and template.cache_stack else None,
+            construct=dict(template.cache_construct) if extra and template.cache_construct else None,
+            where=os.path.dirname(os.path.dirname(active[0].dump_file_path)) if active else "a step",
+        )
+        if self.writer is not None:
+            self.writer.submit(files)
+        else:
+            write_files(files)
 
     def _template(self, cache_data: dict[str, Any]) -> StepTemplate:
         """The step's template, the last step's again when this step's records are the same.

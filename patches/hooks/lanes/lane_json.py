@@ -64,6 +64,11 @@ class StepTemplate:
         first = {index: 4 * n for n, index in enumerate(self.unique)}
         self.pos4 = [first[index] for index in self.indices]
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What rendering needs, for the lane writer's helper process (``lane_writer``): not the
+        step's record dicts (``nodes``) nor the text pieces the format was made from."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("nodes", "parts", "_kinds")}
+
     def _mark(self, node: Any, is_record: Callable[[Any], int | None]) -> Any:
         if isinstance(node, dict):
             index = is_record(node)

@@ -55,6 +55,7 @@ from verl_consistency.contracts.records import lane_folder
 from verl_consistency.patches.hooks.lanes import lean_hooks, lean_walk
 from verl_consistency.patches.hooks.lanes.cuts import Cut, Lane
 from verl_consistency.patches.hooks.lanes.lane_collector import LaneStats, lane_paths
+from verl_consistency.patches.hooks.lanes.lane_writer import LaneWriteError, LaneWriter  # noqa: F401  (the way in)
 from verl_consistency.patches.hooks.lanes.msprobe_shortcuts import modes_context
 
 
@@ -252,6 +253,7 @@ def install(service: Any, lanes: Sequence[Lane], path: Path | None = None) -> La
         raise ValueError(f"lane path {chosen!r}: expected 'auto' or 'fanout'")
     front: LaneFanout | LaneStats = stats if chosen == "auto" and one_pass(service.config) else fanout
     front.aim(service.config, lanes)
+    stats.writer = None  # in line unless the caller hands the step's files to a helper (lane_writer)
     if front is stats:  # msprobe's module hooks, lean, from the step's start (lean_hooks.py)
         stats.lean_hooks = lean_hooks.service_hooks(service)
     else:

@@ -8,6 +8,7 @@ see :mod:`.micro_batch_dump`'s docstring).
 
 from __future__ import annotations
 
+import atexit
 import os
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import orjson
 
 from verl_consistency.contracts import capture, env, layout, records
+from verl_consistency.patches.hooks.lanes.msprobe_lanes import LaneWriter
 
 
 class TrainingDumpError(RuntimeError):
@@ -72,6 +74,50 @@ class Session:
             self.debugger = PrecisionDebugger(config_path=str(self.config_path), dump_path=str(self.dump_dir))
             self._own_config = None
         self._saved_config: Any = None
+        self.write_mode = _write_mode(environ)
+        self._lane_writer: LaneWriter | None = None
+        self._unlogged: list[records.UpdateActorRecord] = []
+
+    def lane_writer(self) -> LaneWriter | None:
+        """The helper process that writes dumped steps' lane files (``lane_writer``), made once;
+        None under ``VERL_CONSISTENCY_LANE_WRITE=inline``."""
+        if self.write_mode == "inline":
+            return None
+        if self._lane_writer is None:
+            self._lane_writer = LaneWriter()
+            atexit.register(self.close_writer)
+        return self._lane_writer
+
+    def log(self, record: records.UpdateActorRecord) -> None:
+        """Append a dumped step's record, once its files are on disk: with steps still being written
+        by the helper, after them (:meth:`finish_writes`), in order."""
+        if self._unlogged or (self._lane_writer is not None and self._lane_writer.busy):
+            self._unlogged.append(record)
+        else:
+            self.writer.write(record)
+
+    def finish_writes(self) -> None:
+        """Wait for the helper's steps, then append the records that waited for them, in order.
+        A step the helper could not write raises ``LaneWriteError`` naming it; the records waiting
+        then are not appended (their steps' files may be incomplete)."""
+        unlogged, self._unlogged = self._unlogged, []
+        if self._lane_writer is not None:
+            self._lane_writer.drain()
+        for record in unlogged:
+            self.writer.write(record)
+
+    def close_writer(self) -> None:
+        """At exit: the helper's steps written and their records appended, then the helper ended."""
+        writer, self._lane_writer = self._lane_writer, None
+        if writer is None:
+            return
+        try:
+            unlogged, self._unlogged = self._unlogged, []
+            writer.drain()
+            for record in unlogged:
+                self.writer.write(record)
+        finally:
+            writer.close()
 
     def _build_config(self, debugger: Any) -> Any:
         """Our DebuggerConfig, built the way msprobe builds its own, for a borrowed instance."""
@@ -95,8 +141,20 @@ class Session:
             self._saved_config = None
 
 
+def _write_mode(environ: dict[str, str] | os._Environ[str]) -> str:
+    raw = environ.get(env.LANE_WRITE, "").strip() or "helper"
+    if raw not in ("helper", "inline"):
+        raise TrainingDumpError(f"{env.LANE_WRITE}={raw!r}: expected 'helper' (the default) or 'inline'")
+    return raw
+
+
 _SESSION: Session | None = None
 _SESSION_PID: int | None = None
+
+
+def existing() -> Session | None:
+    """This process's session if one was made (nothing is set up here)."""
+    return _SESSION if _SESSION is not None and os.getpid() == _SESSION_PID else None
 
 
 def session() -> Session:
@@ -111,6 +169,7 @@ def reset_for_tests() -> None:
     """Forget the process-wide session (tests run several configurations in one process)."""
     global _SESSION, _SESSION_PID
     if _SESSION is not None:
+        _SESSION.close_writer()
         _SESSION.writer.close()
     _SESSION = None
     _SESSION_PID = None

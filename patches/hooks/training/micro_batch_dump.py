@@ -33,6 +33,10 @@ Everything else lives here, where it is tested:
   refused there, by name); a micro batch of one prompt-only row is dumped whole, as before.
 * a dumped micro batch runs with Python's automatic garbage collector off, from ``start`` to the
   end of msprobe's write in ``stop``, and one young collection after it (``gc_pause``, issue 43).
+* an FSDP micro batch's lane files are rendered and written by a helper process
+  (``lanes/lane_writer``, issue 43) while the next micro batches run; ``replay`` (after the engine's
+  loop) waits for them, and each record is appended once its step's files are on disk
+  (``dump_session.Session.log``). ``VERL_CONSISTENCY_LANE_WRITE=inline`` writes them in ``stop``.
 
 msprobe's ``PrecisionDebugger`` is one instance per process. In verl 0.8.0 the vLLM workers run in
 their own processes (vLLM's ``mp`` executor under the ``vLLMHttpServer`` actor), so the actor's
@@ -329,7 +333,9 @@ class BatchDumper:
         try:
             self.session.enter()
             if lanes:
-                msprobe_lanes.install(self.session.service, lanes)
+                front = msprobe_lanes.install(self.session.service, lanes)
+                if self.backend == "fsdp" and isinstance(front, msprobe_lanes.LaneStats):
+                    front.writer = self.session.lane_writer()  # drained after the loop: replay()
             else:
                 msprobe_lanes.uninstall(self.session.service)
             self.session.debugger.start(model=model)
@@ -385,7 +391,7 @@ class BatchDumper:
                 phase=self.phase,
                 request_ids=list(lane_ids) if lane_ids else [ids[0] if ids else None],
             )
-        self.session.writer.write(
+        self.session.log(
             records.UpdateActorRecord(
                 timestamp=records.now(),
                 pid=os.getpid(),
@@ -427,6 +433,13 @@ class BatchDumper:
         ``forward_step`` runs each deferred micro batch under ``no_grad`` (its output discarded),
         and the engine's own shards are copied back, bit for bit.
         """
+        try:
+            self._replay(engine, loss_function)
+        finally:
+            # the lanes' files of this call, written by the helper (lane_writer), and their records
+            self.session.finish_writes()
+
+    def _replay(self, engine: Any, loss_function: Any) -> None:
         if not self._deferred:
             return
         import torch
@@ -455,6 +468,9 @@ def batch_dumper(engine: Any, *, backend: Backend, forward_only: bool) -> BatchD
     next one.
     """
     gc_pause.resume()  # a dumped step of an earlier call that never reached its stop (it raised)
+    earlier = dump_session.existing()
+    if earlier is not None:  # an earlier call that raised before its replay: its lanes' files
+        earlier.finish_writes()
     if not env.flag(env.DUMP_ON) or not is_actor_engine(engine):
         return NO_DUMP
     version = weight_sync.trainer_version()
