@@ -153,7 +153,7 @@ def test_the_bench_runs_on_cpu_in_the_demo_venv(tmp_path, repo):
         [
             *(str(Path(venv) / "bin" / "python"), "-m", "bench.gpu.fsdp_cost", "--device", "cpu", "--tiny"),
             *("--requests", "8", "--micro-batches", "1,4,8", "--reps", "1", "--work", str(tmp_path / "w")),
-            *("--out", str(out)),
+            *("--out", str(out), "--inline-write-too"),
         ],
         cwd=repo,
         capture_output=True,
@@ -174,11 +174,21 @@ def test_the_bench_runs_on_cpu_in_the_demo_venv(tmp_path, repo):
     assert rows[("dumps", 8)]["lane_folders"] == 8
     # the same rows are dumped whatever the micro batch: per-request dumps of the same size
     assert rows[("dumps", 1)]["bytes_dumped"] == pytest.approx(rows[("dumps", 8)]["bytes_dumped"], rel=0.05)
+    # --inline-write-too: the same passes with the lanes' files written in the training process
+    # (before issue 43's lane writer), checked as the others are: the same lanes, the same records
+    # (the bytes to a step number's digits: the step folders' names are in the files)
+    for mb in (4, 8):
+        inline = rows[("dumps-inline", mb)]
+        assert (inline["steps"], inline["lane_folders"]) == (rows[("dumps", mb)]["steps"], 8)
+        assert inline["bytes_dumped"] == pytest.approx(rows[("dumps", mb)]["bytes_dumped"], rel=0.005)
+    assert ("dumps-inline", 1) not in rows
+    assert result["summary"]["ratios"]["mb8 dumps-inline/off"] > 0
     assert result["summary"]["ratios"]["dumps mb1/mb8"] > 0
     diffs = result["summary"]["log_prob_max_abs_diff"]
     # dumps change nothing: at the same micro batch the same fp32 kernels run on the same shapes
     same = {k: v for k, v in diffs.items() if k.startswith("dumps")}
-    assert set(same) == {f"dumps-mb{mb} vs off-mb{mb}" for mb in (1, 4, 8)}, diffs
+    inline = {f"dumps-inline-mb{mb} vs off-mb{mb}" for mb in (4, 8)}
+    assert set(same) == {f"dumps-mb{mb} vs off-mb{mb}" for mb in (1, 4, 8)} | inline, diffs
     assert all(v == 0 for v in same.values()), diffs
     # across micro batches the rows are the same but the shapes are not: CPU GEMMs block and
     # order their reductions by shape, so log p may move by a few ulp (a CI machine: 4.77e-07,

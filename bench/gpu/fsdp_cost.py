@@ -211,9 +211,11 @@ def sync(device: str) -> None:
 
 
 def infer(
-    engine: Any, batch: Any, micro_batch: int, device: str, dumps: bool
+    engine: Any, batch: Any, micro_batch: int, device: str, dumps: bool, inline: bool = False
 ) -> tuple[float, Any, float | None]:
-    """One log_prob pass; returns (wall s, padded log-probs on the CPU, peak GiB on the GPU)."""
+    """One log_prob pass; returns (wall s, padded log-probs on the CPU, peak GiB on the GPU).
+    ``inline``: the lanes' files written in the training process (``VERL_CONSISTENCY_LANE_WRITE=inline``,
+    the form before issue 43's lane writer), not by the helper process."""
     import torch
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import no_padding_2_padding
@@ -224,6 +226,8 @@ def infer(
         os.environ[env.DUMP_ON] = "1"
     else:
         os.environ.pop(env.DUMP_ON, None)
+    if inline:
+        os.environ[env.LANE_WRITE] = "inline"
     td = engine_input(batch, micro_batch)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -236,12 +240,16 @@ def infer(
         wall = time.perf_counter() - t0
     finally:
         os.environ.pop(env.DUMP_ON, None)
+        os.environ.pop(env.LANE_WRITE, None)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
     log_probs = no_padding_2_padding(tu.get(out["model_output"], "log_probs"), td).float().cpu()
     return wall, log_probs, peak
 
 
 # ----------------------------------------------------------------------------- the schedule
+
+INLINE = "dumps-inline"
+"""A dumped pass whose lanes' files are written in the training process (``--inline-write-too``)."""
 
 
 @dataclass
@@ -273,11 +281,11 @@ class Bench:
 def one_pass(b: Bench, label: str, mb: int, index: int, warm: bool = False) -> Rep:
     """One pass, its failure recorded (not raised): the other passes still run and are reported."""
     rep = Rep(label, mb, index)
-    dumps = label == "dumps"
+    dumps = label.startswith("dumps")
     batch, ids = (b.warm_batch, b.warm_ids) if warm and dumps else (b.batch, b.ids)
     before = Counter(b.fronts)
     try:
-        wall, log_probs, peak = infer(b.engine, batch, mb, b.device, dumps)
+        wall, log_probs, peak = infer(b.engine, batch, mb, b.device, dumps, inline=label == INLINE)
         rep.wall_s, rep.peak_gib = round(wall, 4), None if peak is None else round(peak, 2)
         if not bool(log_probs.isfinite().all()) or log_probs.shape[0] != len(ids):
             rep.problems.append(
@@ -322,7 +330,7 @@ def estimate(b: Bench, label: str, mb: int) -> float:
     warm = [r.wall_s for r in b.warmups if r.label == label and r.micro_batch == mb and r.wall_s]
     if not warm:
         return 0.0
-    scale = len(b.ids) / len(b.warm_ids) if label == "dumps" else 1.0
+    scale = len(b.ids) / len(b.warm_ids) if label.startswith("dumps") else 1.0
     return warm[-1] * scale
 
 
@@ -333,9 +341,9 @@ def run_schedule(b: Bench) -> None:
     for mb in mbs:
         one_pass(b, "off", mb, 0, warm=True)
 
-    def timed(label: str) -> None:
+    def timed(label: str, which: list[int] = mbs) -> None:
         for r in range(reps):
-            for mb in mbs if r % 2 == 0 else mbs[::-1]:
+            for mb in which if r % 2 == 0 else which[::-1]:
                 need = estimate(b, label, mb) * 1.15 + 5
                 if b.elapsed() + need > b.args.budget_s:
                     rep = Rep(label, mb, r, error=f"skipped: ~{need:.0f} s needed, {b.elapsed():.0f} s used")
@@ -350,6 +358,8 @@ def run_schedule(b: Bench) -> None:
     for mb in mbs:  # msprobe's set-up and first hooks, on a few requests
         one_pass(b, "dumps", mb, 0, warm=True)
     timed("dumps")
+    if b.args.inline_write_too and mbs[1:]:  # issue 43's lane writer against the in-line write
+        timed(INLINE, mbs[1:])
     for mb in mbs:  # the undumped pass again, with msprobe's hooks registered (for information)
         if b.elapsed() + estimate(b, "off", mb) + 5 < b.args.budget_s:
             one_pass(b, "off-after", mb, 0)

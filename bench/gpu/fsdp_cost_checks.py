@@ -19,7 +19,7 @@ from typing import Any
 class Rep:
     """One timed ``infer_batch`` over every request."""
 
-    label: str  # "dumps", "off" or "off-after"
+    label: str  # "dumps", "dumps-inline", "off" or "off-after"
     micro_batch: int
     index: int
     wall_s: float | None = None
@@ -69,6 +69,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         help="after the timed passes, profile one more dumped pass per micro batch above 1 (cProfile "
         "tables to this file)",
+    )
+    ap.add_argument(
+        "--inline-write-too",
+        action="store_true",
+        help="after the dumped passes, as many with the lanes' files written in the training process "
+        "(VERL_CONSISTENCY_LANE_WRITE=inline: before issue 43's lane writer), at each micro batch above 1",
     )
     ap.add_argument(
         "--no-split",
@@ -189,7 +195,7 @@ def count_fronts() -> Counter[str]:
 def check_fronts(rep: Rep, lanes_path: str) -> None:
     """A dumped pass whose micro batches hold several rows went through the lane path asked for:
     ``auto`` is the one-pass ``LaneStats`` (statistics), ``fanout`` one msprobe collector per lane."""
-    if rep.label != "dumps" or rep.micro_batch == 1 or rep.wall_s is None:
+    if not rep.label.startswith("dumps") or rep.micro_batch == 1 or rep.wall_s is None:
         return
     want = "LaneStats" if lanes_path == "auto" else "LaneFanout"
     if set(rep.fronts) != {want}:

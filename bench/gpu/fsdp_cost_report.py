@@ -14,7 +14,7 @@ from typing import Any
 def summarize(b: Any, tokens: int) -> dict[str, Any]:
     n = len(b.ids)
     rows, medians = [], {}
-    for label in ("off", "dumps", "off-after"):
+    for label in ("off", "dumps", "dumps-inline", "off-after"):
         for mb in b.args.micro_batches:
             mine = [r for r in b.reps if r.label == label and r.micro_batch == mb]
             walls = [r.wall_s for r in mine if r.wall_s is not None]
@@ -47,6 +47,9 @@ def summarize(b: Any, tokens: int) -> dict[str, Any]:
     for mb in b.args.micro_batches:
         on, off = medians.get(("dumps", mb)), medians.get(("off", mb))
         ratios[f"mb{mb} dumps/off"] = round(on / off, 3) if on and off else None
+        inline = medians.get(("dumps-inline", mb))
+        if inline:
+            ratios[f"mb{mb} dumps-inline/off"] = round(inline / off, 3) if off else None
     return {"rows": rows, "ratios": ratios, "log_prob_max_abs_diff": logprob_diffs(b)}
 
 
@@ -97,6 +100,7 @@ RATIO_NOTES = {
     "dumps": "  (wall at micro batch 1 / wall at the other, both dumping every request: issue 21's figure)",
     "off": "  (the same without dumps)",
     "dumps/off": "  (dump overhead at this micro batch)",
+    "dumps-inline/off": "  (the same, the lanes' files written in the training process, not the lane writer)",
 }
 
 
@@ -111,7 +115,7 @@ def table(result: dict[str, Any]) -> str:
         f"transformers {hw.get('transformers')}, mindstudio-probe {hw.get('mindstudio-probe')}, "
         f"{hw.get('cpu_cores')} CPU cores",
         f"command: {c.get('command')}",
-        f"{'pass':<10}{'mb':>4}  {'wall s per repetition':<30}{'median s':>9}{'seq/s':>9}{'MB dumped':>10}"
+        f"{'pass':<13}{'mb':>4}  {'wall s per repetition':<30}{'median s':>9}{'seq/s':>9}{'MB dumped':>10}"
         f"{'steps':>7}{'lanes':>7}{'dumped':>7}{'peak GiB':>9}",
     ]
     for r in s.get("rows", []):
@@ -120,12 +124,12 @@ def table(result: dict[str, Any]) -> str:
         sps = "-" if r["seq_per_s"] is None else f"{r['seq_per_s']:.1f}"
         peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
         lines.append(
-            f"{r['label']:<10}{r['micro_batch']:>4}  {walls:<30}{med:>9}{sps:>9}"
+            f"{r['label']:<13}{r['micro_batch']:>4}  {walls:<30}{med:>9}{sps:>9}"
             f"{r['bytes_dumped'] / 1e6:>10.1f}"
             f"{r['steps']:>7}{r['lane_folders']:>7}{r['requests_dumped']:>7}{peak:>9}"
         )
     for k, v in s.get("ratios", {}).items():
-        note = RATIO_NOTES["dumps/off"] if k.endswith("dumps/off") else RATIO_NOTES[k.split()[0]]
+        note = RATIO_NOTES.get(k.split()[-1]) or RATIO_NOTES[k.split()[0]]
         lines.append(f"ratio {k}: {v}{note}")
     for k, v in s.get("log_prob_max_abs_diff", {}).items():
         lines.append(f"max |log p diff| {k}: {v:.3g}")

@@ -435,6 +435,9 @@ if [ "$cmd" = cost ]; then
   # PROFILE_PASSES=1: after the timed passes, one more dumped pass per micro batch above 1 under cProfile,
   # alone ($OUT/fsdp-cost-passes-profile.txt): a dumped step's host time without set-up and micro batch 1
   passes=(); [ -n "${PROFILE_PASSES:-}" ] && passes=(--profile "$OUT/fsdp-cost-passes-profile.txt")
+  # issue 43's lane writer (a helper process writes the lanes' files) against the in-line write, in the
+  # same run: REPS more dumped passes at each micro batch above 1 (INLINE_TOO=0 leaves them out)
+  [ "${INLINE_TOO:-1}" = 1 ] && passes+=(--inline-write-too)
   (cd "$REPO" && timeout -k 10 $(( left - 5 )) python3 "${prof[@]}" -m bench.gpu.fsdp_cost --device "${DEVICE:-cuda}" \
     --requests "${REQUESTS:-64}" --micro-batches "${MBS:-1,8,16}" --reps "${REPS:-3}" --work "$G/cost" \
     --budget-s $(( left - 25 )) --out "$OUT/fsdp-cost.json" "${passes[@]}" ${COST_ARGS:-}) >"$OUT/fsdp-cost-full.log" 2>&1

@@ -74,14 +74,14 @@ class Session:
             self.debugger = PrecisionDebugger(config_path=str(self.config_path), dump_path=str(self.dump_dir))
             self._own_config = None
         self._saved_config: Any = None
-        self.write_mode = _write_mode(environ)
+        _write_mode(environ)  # a wrong value stops here, before any step
         self._lane_writer: LaneWriter | None = None
         self._unlogged: list[records.UpdateActorRecord] = []
 
     def lane_writer(self) -> LaneWriter | None:
         """The helper process that writes dumped steps' lane files (``lane_writer``), made once;
         None under ``VERL_CONSISTENCY_LANE_WRITE=inline``."""
-        if self.write_mode == "inline":
+        if _write_mode(os.environ) == "inline":  # read at each step: a bench switches it per pass
             return None
         if self._lane_writer is None:
             self._lane_writer = LaneWriter()
