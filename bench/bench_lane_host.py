@@ -85,7 +85,6 @@ def main(argv: list[str] | None = None) -> None:
     from bench.support.vllm_qwen2 import forward_step
     from verl_consistency.patches.hooks.lanes import lean_hooks, msprobe_lanes
     from verl_consistency.patches.hooks.lanes.lane_writer import LaneWriter
-    from verl_consistency.patches.hooks.rollout.request_scope import start_lanes
     from verl_consistency.patches.hooks.training import gc_pause
 
     torch.set_num_threads(1)
@@ -103,6 +102,13 @@ def main(argv: list[str] | None = None) -> None:
     pause, resume = (_nothing, _nothing) if args.keep_gc else (gc_pause.pause, gc_pause.resume)
     helper = None if args.inline_write else LaneWriter()
     waits: list[float] = []
+
+    def start_training_step() -> None:
+        """As the training side's ``BatchDumper`` starts a dumped FSDP micro batch: the lanes, the
+        helper that writes their files, then msprobe."""
+        front = msprobe_lanes.install(debugger.service, lanes)
+        front.writer = helper
+        debugger.start(model=model)
 
     def drain_and_clean() -> None:
         """Outside the timing: what the helper still writes of the last dumped step (its wait
@@ -123,8 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         if dump:
             # the collector off, as the training side's BatchDumper.start does (gc_pause.py)
             pause(debugger.service.hook_manager)
-            start_lanes(debugger, model, lanes)
-            debugger.service.data_collector.writer = helper  # as BatchDumper sets it for FSDP
+            start_training_step()
             if args.msprobe_hooks:
                 lean_hooks.disengage(debugger.service)
         with torch.no_grad():
@@ -154,8 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     if not dist.is_initialized():
         dist.init_process_group("gloo", init_method=f"file://{work}/dist-store", rank=0, world_size=1)
     debugger = PrecisionDebugger(config_path=str(work / "msprobe.json"))
-    start_lanes(debugger, model, lanes)  # warm-up, and the module calls a step makes
-    debugger.service.data_collector.writer = helper
+    start_training_step()  # warm-up, and the module calls a step makes
     if args.msprobe_hooks:
         lean_hooks.disengage(debugger.service)
     with torch.no_grad():

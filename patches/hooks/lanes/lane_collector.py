@@ -241,7 +241,8 @@ class LaneStats:
     def initialize_json_file(self, framework: Any = None) -> None:
         """msprobe's start of a step's files (``DataWriter.initialize_json_file``): the template's
         header, and in each lane's folder a ``dump.json`` with no data and empty ``stack.json`` and
-        ``construct.json``, the same text for every lane, written as the step's end writes."""
+        ``construct.json``, the same text for every lane, written as the step's end writes (by the
+        :attr:`writer`'s helper, if any, before it writes the step's end)."""
         config, template = self.collector.config, self.collector.data_writer
         template.reset_cache()
         template.cache_data = {
@@ -255,11 +256,17 @@ class LaneStats:
             self.lean_hooks.engage(self)
         empty = json.dumps(template.cache_data, indent=1)
         extra = getattr(config, "extra_info", True)
+        texts = []
         for writer in self.active:
-            save_text(writer.dump_file_path, empty)
+            texts.append((writer.dump_file_path, empty))
             if extra:
-                save_text(writer.stack_file_path, "{}")
-                save_text(writer.construct_file_path, "{}")
+                texts += [(writer.stack_file_path, "{}"), (writer.construct_file_path, "{}")]
+        if self.writer is not None:  # written by the helper before the step's own files (in order)
+            where = os.path.dirname(os.path.dirname(texts[0][0])) if texts else "a step"
+            self.writer.submit(LaneFiles.plain(texts, where))
+        else:
+            for path, text in texts:
+                save_text(path, text)
 
     def reset_status(self) -> None:
         self.collector.reset_status()

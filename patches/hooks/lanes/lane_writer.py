@@ -43,8 +43,9 @@ from typing import IO, Any
 
 from verl_consistency.patches.hooks.lanes.lane_json import StepTemplate, save_text, stack_text
 
-MAX_PENDING = 4
-"""Steps handed over and not yet written, at most; the training thread waits beyond this."""
+MAX_PENDING = 8
+"""Hand-overs not yet written, at most (two a step: its initial files, then its end); the training
+thread waits beyond this."""
 
 _HEADER = struct.Struct("<Q")
 _PATH_ENV = "VERL_CONSISTENCY_LANE_WRITER_PATH"
@@ -56,12 +57,13 @@ class LaneWriteError(RuntimeError):
 
 @dataclass
 class LaneFiles:
-    """One dumped step's lane files, as ``LaneStats.write_json`` has them once the values are on the host.
+    """One dumped step's lane files, as ``LaneStats.write_json`` has them once the values are on the host
+    (or, with ``texts`` only, the step's initial files).
 
-    ``template`` renders lane ``k``'s ``dump.json`` from ``shapes``, ``values`` and ``shared``
-    (``StepTemplate.render_lanes``) into ``dump_paths[k]``; ``stack`` (msprobe's ``cache_stack``)
-    and ``construct`` (its ``cache_construct``) are the same for every lane. ``where`` names the
-    step in an error."""
+        ``template`` renders lane ``k``'s ``dump.json`` from ``shapes``, ``values`` and ``shared``
+        (``StepTemplate.render_lanes``) into ``dump_paths[k]``; ``stack`` (msprobe's ``cache_stack``)
+        and ``construct`` (its ``cache_construct``) are the same for every lane. ``where`` names the
+        step in an error."""
 
     template: StepTemplate | None
     shapes: list[Any]
@@ -73,10 +75,19 @@ class LaneFiles:
     stack: dict[Any, Any] | None
     construct: dict[Any, Any] | None
     where: str
+    texts: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    """Files written first, as they are: a step's initial files (``LaneStats.initialize_json_file``)."""
+
+    @classmethod
+    def plain(cls, texts: list[tuple[str, str]], where: str) -> LaneFiles:
+        """Only these files, as they are."""
+        return cls(None, [], [], [], [], [], [], None, None, where, texts)
 
 
 def write_files(files: LaneFiles) -> None:
     """Write the step's lane files as msprobe's ``DataWriter.write_json`` would for each lane."""
+    for path, text in files.texts:
+        save_text(path, text)
     stack = stack_text(files.stack) if files.stack else None
     construct = json.dumps(files.construct, indent=1) if files.construct else None
     texts = None
@@ -136,7 +147,7 @@ class LaneWriter:
         self._outbox.put(frame)
 
     def drain(self) -> None:
-        """Wait until every step handed over is written; raise the first error any of them met."""
+        """Wait until every step handed over is written; raise the errors they met."""
         while self._pending:
             self._receive()
         self._raise_failed()
