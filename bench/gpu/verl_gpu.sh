@@ -51,6 +51,9 @@
 # clocks: the table's `host split mbN` lines say where the added time went (the lanes' per-tensor step and
 # write, automatic collections, msprobe's hook walk by difference; verl's own gc.collect() calls apart), no
 # profiler needed (COST_ARGS=--no-split skips them, ~2 dumped passes' time).
+# Since issue 43's lane writer the lanes' files are written by a helper process (hooks/lanes/lane_writer.py),
+# and `cost` also times REPS dumped passes with them written in line (`dumps-inline` rows and a
+# `ratio mbN dumps-inline/off` line: the A/B in one run; INLINE_TOO=0 leaves them out, ~2-4 s a pass).
 #
 # Since the H200 fixtures (~25 MB) travel with every call, p1/p2 (60 MB each) no longer fit a call's
 # 64 MiB: `bash bench/gpu/verl_gpu.sh pack` (here, after `prepare`) cuts SHA256 + p1..p3 into chunks of
