@@ -175,3 +175,14 @@ def test_inline_is_the_only_other_write_mode(tmp_path: Path, monkeypatch: Any) -
     monkeypatch.setenv(env.LANE_WRITE, "thread")
     with pytest.raises(dump_session.TrainingDumpError, match="VERL_CONSISTENCY_LANE_WRITE='thread'"):
         dump_session.Session(os.environ)
+
+
+def test_a_helper_that_cannot_start_says_how_to_write_in_line(tmp_path: Path, monkeypatch: Any) -> None:
+    import sys
+
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    writer = LaneWriter()
+    template = StepTemplate(CACHE, lambda n: n.get(LANE_RECORD))
+    with pytest.raises(LaneWriteError, match=r"could not start the lane writer.*LANE_WRITE=inline"):
+        writer.submit(_files(tmp_path / "step0", 1, 1.0, template))
+    assert not writer.busy  # nothing was handed over

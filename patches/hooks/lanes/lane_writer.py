@@ -179,7 +179,13 @@ class LaneWriter:
             "from verl_consistency.patches.hooks.lanes.lane_writer import serve; serve()"
         )
         pipe = subprocess.PIPE
-        self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=pipe, stdout=pipe, env=env)
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=pipe, stdout=pipe, env=env)
+        except OSError as exc:
+            raise LaneWriteError(
+                f"could not start the lane writer process ({sys.executable!r}: {exc}); set "
+                "VERL_CONSISTENCY_LANE_WRITE=inline to write the lanes' files in the training process"
+            ) from exc
         self._outbox = queue.Queue()
         self._sender = threading.Thread(
             target=self._send_all, args=(self._proc.stdin, self._outbox), name="lane-writer-send", daemon=True
