@@ -27,9 +27,13 @@ TIMED = (
     ("lanes.lane_stats", "LaneStatQueue", "add"),
     ("lanes.lane_stats", "LaneStatQueue", "add_per_lane"),
     ("lanes.lane_collector", "LaneStats", "write_json"),
+    ("lanes.lane_writer", "LaneWriter", "drain"),
     ("training.gc_pause", "GcPause", "resume"),
 )
 """(module under ``verl_consistency.patches.hooks``, class, method): the lanes' host work per dumped step.
+
+``LaneWriter.drain`` is the training thread's wait for the lane writer's helper (the files of the
+steps it still writes, at the end of an engine call); ``write_json`` then holds only the hand-over.
 
 ``GcPause.resume`` ends a dumped step with one young collection (``training/gc_pause.py``): its
 ``gc.collect(0)``
@@ -158,6 +162,8 @@ def split_line(split: dict[str, float], extra_s: float | None, steps: int) -> st
     if extra_s is not None and extra_s <= 0:  # the pass was no slower than the undumped median: noise
         extra_s = None
     parts = [("_analyze_tensor", "lanes' per-tensor step (add included)"), ("write_json", "lanes' write")]
+    if split.get("drain"):
+        parts.append(("drain", "the wait for the lane writer's helper"))
     parts.append(("gc", "collections (automatic, and the one after a step)"))
     words = []
     for key, what in parts:
