@@ -55,6 +55,10 @@ helper process while training goes on, drained at the end of each engine call
 (``patches.hooks.lanes.lane_writer``, issue 43); ``inline``: in the training process, before the
 next micro batch starts."""
 
+LANE_WRITER_PATH = "VERL_CONSISTENCY_LANE_WRITER_PATH"
+"""Set by the training process for the lane writer's helper only: the ``sys.path`` it imports this
+bundle with (JSON). Not a user setting."""
+
 WEIGHT_CHECK = "VERL_CONSISTENCY_WEIGHT_CHECK"
 """``0`` turns the per-tensor weight check off (``patches/hooks/training/weight_export.py``,
 ``rollout/weight_held.py``); it is on in every run folder otherwise: a fingerprint of each tensor at

@@ -41,6 +41,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import IO, Any
 
+from verl_consistency.contracts.env import LANE_WRITER_PATH as _PATH_ENV
 from verl_consistency.patches.hooks.lanes.lane_json import StepTemplate, save_text, stack_text
 
 MAX_PENDING = 8
@@ -48,7 +49,6 @@ MAX_PENDING = 8
 thread waits beyond this."""
 
 _HEADER = struct.Struct("<Q")
-_PATH_ENV = "VERL_CONSISTENCY_LANE_WRITER_PATH"
 
 
 class LaneWriteError(RuntimeError):
