@@ -117,7 +117,11 @@ def test_a_helper_that_ends_is_named_with_the_steps_it_did_not_write(tmp_path: P
     writer.submit(_files(tmp_path / "step1", 1, 1.0, template))
     with pytest.raises(LaneWriteError, match=r"ended with exit code -9 .*step1.*LANE_WRITE=inline"):
         writer.drain()
+    # the next step starts a new helper, which is sent the template again
+    writer.submit(_files(tmp_path / "step2", 1, 1.0, template))
+    writer.drain()
     writer.close()
+    assert json.loads((tmp_path / "step2" / "req0" / "dump.json").read_text())["data"]
 
 
 @pytest.mark.msprobe

@@ -172,6 +172,7 @@ class LaneWriter:
     def _start(self) -> None:
         if self._proc is not None:
             return
+        self._template = None  # a new helper (the first, or after one ended) holds no template yet
         env = dict(os.environ)
         env[_PATH_ENV] = json.dumps([p for p in sys.path if isinstance(p, str)])
         code = (
