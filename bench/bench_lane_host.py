@@ -203,11 +203,11 @@ def _nothing(*_args: Any) -> None:
 
 def _cpu_seconds(helper: Any) -> float:
     """The lane writer helper's CPU seconds so far (Linux ``/proc``; 0 without a helper or ``/proc``)."""
-    proc = getattr(helper, "_proc", None)
-    if proc is None:
+    pid = helper.pid if helper is not None else None
+    if pid is None:
         return 0.0
     try:
-        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
     import os

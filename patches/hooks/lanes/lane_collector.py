@@ -99,6 +99,11 @@ def _noop(*_args: Any, **_kwargs: Any) -> None:
     return None
 
 
+def _step_folder(lane_files: Sequence[str]) -> str:
+    """The rank folder above a step's lane folders (``.../step{N}/rank{R}``), to name it in an error."""
+    return os.path.dirname(os.path.dirname(lane_files[0])) if lane_files else "a step"
+
+
 class LaneStats:
     """Stands where msprobe expects its ``DataCollector``: one real collector walks each module call
     once; each lane's ``dump.json`` is written from it at the step's end.
@@ -262,8 +267,7 @@ class LaneStats:
             if extra:
                 texts += [(writer.stack_file_path, "{}"), (writer.construct_file_path, "{}")]
         if self.writer is not None:  # written by the helper before the step's own files (in order)
-            where = os.path.dirname(os.path.dirname(texts[0][0])) if texts else "a step"
-            self.writer.submit(LaneFiles.plain(texts, where))
+            self.writer.submit(LaneFiles.plain(texts, _step_folder([path for path, _ in texts])))
         else:
             for path, text in texts:
                 save_text(path, text)
@@ -301,9 +305,9 @@ class LaneStats:
             dump_paths=[writer.dump_file_path for writer in active],
             stack_paths=[writer.stack_file_path for writer in active],
             construct_paths=[writer.construct_file_path for writer in active],
-            stack=dict(template.cache_stack) if extra and template.cache_stack else None,
-            construct=dict(template.cache_construct) if extra and template.cache_construct else None,
-            where=os.path.dirname(os.path.dirname(active[0].dump_file_path)) if active else "a step",
+            stack=template.cache_stack if extra and template.cache_stack else None,
+            construct=template.cache_construct if extra and template.cache_construct else None,
+            where=_step_folder([writer.dump_file_path for writer in active]),
         )
         if self.writer is not None:
             self.writer.submit(files)

@@ -7,12 +7,13 @@ write was 16 % of what a dumped FSDP log_prob pass at micro batch 8 adds and 33 
 what a dumped pass is short of. A thread would not help: the render is Python, and the forward's
 host work holds the same interpreter lock. A process has its own.
 
-What: :class:`LaneWriter` starts one helper process (this module run as ``python -m``) the first
-time a step is handed to it, and sends each step's :class:`LaneFiles` (the template once, then per
-step the lanes' shapes and values and the stack and construct records: ~10 bytes a value) down a
-pipe from a sender thread, so the training thread never waits on the pipe. The helper writes each
-step with :func:`write_files`, the very function the training process runs when it writes in line,
-and answers each step with ``None`` or the error it met, in order.
+What: :class:`LaneWriter` starts one helper process (``python -c``, running this module's
+:func:`serve`) the first time a step is handed to it, and sends each step's :class:`LaneFiles`
+(the template once, then per step the lanes' shapes and values and the stack and construct
+records: ~10 bytes a value) down a pipe from a sender thread, so the training thread never waits
+on the pipe. The helper writes each step with :func:`write_files`, the very function the training
+process runs when it writes in line, and answers each step with ``None`` or the error it met, in
+order.
 
 What a caller must do (the training side's ``micro_batch_dump.BatchDumper``): :meth:`LaneWriter.drain`
 before anything reads the files or says they exist. A step's files are complete once drain returns;
@@ -57,13 +58,14 @@ class LaneWriteError(RuntimeError):
 
 @dataclass
 class LaneFiles:
-    """One dumped step's lane files, as ``LaneStats.write_json`` has them once the values are on the host
-    (or, with ``texts`` only, the step's initial files).
+    """One dumped step's lane files, as ``LaneStats.write_json`` has them once the values are on the
+    host (or, with ``texts`` only, the step's initial files).
 
-        ``template`` renders lane ``k``'s ``dump.json`` from ``shapes``, ``values`` and ``shared``
-        (``StepTemplate.render_lanes``) into ``dump_paths[k]``; ``stack`` (msprobe's ``cache_stack``)
-        and ``construct`` (its ``cache_construct``) are the same for every lane. ``where`` names the
-        step in an error."""
+    ``template`` renders lane ``k``'s ``dump.json`` from ``shapes``, ``values`` and ``shared``
+    (``StepTemplate.render_lanes``) into ``dump_paths[k]``; ``stack`` (msprobe's ``cache_stack``)
+    and ``construct`` (its ``cache_construct``) are the same for every lane. ``where`` names the
+    step in an error. Handed over whole when submitted (pickled then), so the dicts may be msprobe's
+    own."""
 
     template: StepTemplate | None
     shapes: list[Any]
@@ -118,6 +120,11 @@ class LaneWriter:
         self._template: StepTemplate | None = None  # the last one sent (the helper keeps it)
         self._template_id = 0
         self._pid = os.getpid()
+
+    @property
+    def pid(self) -> int | None:
+        """The helper's process id while one runs (a bench reads its CPU time)."""
+        return self._proc.pid if self._proc is not None else None
 
     @property
     def busy(self) -> bool:

@@ -108,15 +108,13 @@ class Session:
 
     def close_writer(self) -> None:
         """At exit: the helper's steps written and their records appended, then the helper ended."""
-        writer, self._lane_writer = self._lane_writer, None
+        writer = self._lane_writer
         if writer is None:
             return
         try:
-            unlogged, self._unlogged = self._unlogged, []
-            writer.drain()
-            for record in unlogged:
-                self.writer.write(record)
+            self.finish_writes()
         finally:
+            self._lane_writer = None
             writer.close()
 
     def _build_config(self, debugger: Any) -> Any:
